@@ -1,0 +1,218 @@
+/**
+ * A consumer: what to read (a {@link Source}), how to decode it (a `Schema`), what to do with it
+ * (the handler, usually an idempotent commit) and how to treat failures (a complete
+ * {@link Classification} of the handler's typed errors and a {@link RetryPolicy}). `make` checks
+ * and normalises the options once; `run` runs the engine until it is interrupted (graceful
+ * drain) or its source fails.
+ *
+ * The engine's contract, in one sentence: every delivery ends in exactly one {@link Outcome},
+ * whose broker command is sent only after the handler's effect has exited, and an ack only after
+ * it succeeded. It keeps no unbounded buffer (at most `prefetch` reserved deliveries wait, at
+ * most `concurrency` run) and builds nothing per message beyond the fibers that run it.
+ *
+ * @since 0.1.0
+ */
+import { Data, Duration, type Effect, Exit, Result, Schema } from "effect"
+import type { Classification, Tagged } from "./Classification.ts"
+import type { Metadata } from "./Envelope.ts"
+import * as ErrorSummary from "./ErrorSummary.ts"
+import * as Engine from "./internal/engine.ts"
+import type { Outcome, RejectReason } from "./Outcome.ts"
+import * as Retry from "./Retry.ts"
+import type { Source, SourceError } from "./Source.ts"
+
+/** Options shared by every consumer. */
+export interface BaseOptions<A, E extends Tagged, R, RS> {
+  /**
+   * The consumer's name: the deduplication scope and the name in logs and outcomes. 1 to 100
+   * characters from `A-Z a-z 0-9 _ -`.
+   */
+  readonly name: string
+  /** Where deliveries come from, e.g. `JetStreamSource.make(...)`. */
+  readonly source: Source<RS>
+  /** Decodes the JSON payload. A payload that is not JSON, or fails this schema, is `Rejected`. */
+  readonly schema: Schema.Decoder<A>
+  /** The handler. Its typed errors are classified by `classify`; defects count as transient. */
+  readonly handle: (event: A) => Effect.Effect<unknown, E, R>
+  /** One entry for every `_tag` the handler can fail with. */
+  readonly classify: NoInfer<Classification<E>>
+  /** Attempts and backoff. Default: `Retry.defaultPolicy` (5 attempts, 200 ms doubling to 30 s, jittered). */
+  readonly retry?: Retry.RetryPolicy | undefined
+  /** Handlers running at once, 1 to 10 000. Default: 16. */
+  readonly concurrency?: number | undefined
+  /**
+   * Deliveries reserved ahead and waiting locally, 1 to 10 000. Default: `concurrency`. A waiting
+   * delivery already runs down its lease, so keep `prefetch × slowest handler` under the lease.
+   */
+  readonly prefetch?: number | undefined
+  /** Bound on one handler attempt; a timeout counts as transient. Default: 30 seconds. */
+  readonly handlerTimeout?: Duration.Input | undefined
+  /** Bound on waiting for the broker to confirm a command (ack, nak, dead-letter). Default: 5 seconds. */
+  readonly settleTimeout?: Duration.Input | undefined
+  /**
+   * On interruption, how long running handlers may take to finish before they are interrupted
+   * (their messages are then released, not acked). Default: 10 seconds.
+   */
+  readonly drainTimeout?: Duration.Input | undefined
+  /** Expiry handling (BE-JOB-005). */
+  readonly expiry?: {
+    /** Allowance for producer/consumer clock skew. Default: 0. */
+    readonly skew?: Duration.Input | undefined
+    /** What settles expired work: `"ack"` (default) or `"deadLetter"`. */
+    readonly onExpired?: "ack" | "deadLetter" | undefined
+  } | undefined
+  /** Called once with every outcome, after its broker command; its failures are ignored. */
+  readonly onOutcome?: ((outcome: Outcome) => Effect.Effect<void>) | undefined
+}
+
+/** `metadata` may be omitted exactly when the decoded event already is {@link Metadata}. */
+export type MetadataOption<A> = [A] extends [Metadata] ? {
+    /** Reads the event's id, time and expiry. Default: the event itself. */
+    readonly metadata?: ((event: A) => Metadata) | undefined
+  }
+  : {
+    /** Reads the event's id, time and expiry. */
+    readonly metadata: (event: A) => Metadata
+  }
+
+/** Everything `make` accepts. */
+export type Options<A, E extends Tagged, R, RS = never> = BaseOptions<A, E, R, RS> & MetadataOption<A>
+
+/** A problem with a consumer's options. */
+export type OptionProblem = Retry.OptionProblem
+
+/** A consumer whose options were found unusable; `run` fails with it before any I/O. */
+export class InvalidOptions extends Data.TaggedError("InvalidOptions")<{
+  readonly consumer: string
+  readonly problems: ReadonlyArray<OptionProblem>
+}> {
+  override get message(): string {
+    return `consumer ${JSON.stringify(this.consumer)} has invalid options: ` +
+      this.problems.map((p) => `${p.option} ${p.problem}`).join("; ")
+  }
+}
+
+const TypeId: unique symbol = Symbol.for("@jetworker/core/Consumer")
+
+/** A checked, normalised consumer definition. */
+export interface Consumer<in out A, in out E extends Tagged, out R> {
+  readonly [TypeId]: typeof TypeId
+  readonly name: string
+  /** The normalised settings the engine runs with. */
+  readonly definition: Engine.Definition<A, E, R>
+  /** What `make` found wrong; empty for a usable consumer. */
+  readonly problems: ReadonlyArray<OptionProblem>
+}
+
+const NAME = /^[A-Za-z0-9_-]{1,100}$/
+
+const durationOption = (
+  problems: Array<OptionProblem>,
+  option: string,
+  input: Duration.Input | undefined,
+  fallback: Duration.Duration,
+  allowZero: boolean
+): Duration.Duration => {
+  if (input === undefined) return fallback
+  const duration = Duration.fromInput(input)
+  if (duration._tag === "None" || !Duration.isFinite(duration.value) ||
+    Duration.toMillis(duration.value) < (allowZero ? 0 : 1)) {
+    problems.push({ option, problem: `must be a finite duration${allowZero ? "" : " above zero"}` })
+    return fallback
+  }
+  return duration.value
+}
+
+const intOption = (
+  problems: Array<OptionProblem>,
+  option: string,
+  value: number | undefined,
+  fallback: number,
+  max: number
+): number => {
+  if (value === undefined) return fallback
+  if (!Number.isInteger(value) || value < 1 || value > max) {
+    problems.push({ option, problem: `must be an integer from 1 to ${max}, got ${value}` })
+    return fallback
+  }
+  return value
+}
+
+const utf8 = new TextDecoder("utf-8", { fatal: true })
+
+/** Turns a schema into the engine's payload decoder: bytes -> JSON -> `A`, or a rejection. */
+const payloadDecoder = <A>(schema: Schema.Decoder<A>) => {
+  const decode = Schema.decodeUnknownExit(schema)
+  return (payload: Uint8Array): Result.Result<A, Engine.Rejection> => {
+    let json: unknown
+    try {
+      json = JSON.parse(utf8.decode(payload))
+    } catch (error) {
+      const reason: RejectReason = "MalformedPayload"
+      return Result.fail({
+        reason,
+        error: ErrorSummary.make("MalformedPayload", `the payload is not UTF-8 JSON: ${String(error)}`, {
+          bytes: payload.byteLength
+        })
+      })
+    }
+    const exit = decode(json)
+    if (Exit.isSuccess(exit)) return Result.succeed(exit.value)
+    const summary = ErrorSummary.fromCause(exit.cause)
+    return Result.fail({ reason: "SchemaInvalid", error: { ...summary, tag: "SchemaInvalid" } })
+  }
+}
+
+/** Checks and normalises `options` into a consumer. Never throws: problems are kept for `run`. */
+export const make = <A, E extends Tagged, R, RS = never>(options: Options<A, E, R, RS>): Consumer<A, E, R | RS> => {
+  const problems: Array<OptionProblem> = []
+  if (!NAME.test(options.name)) {
+    problems.push({ option: "name", problem: `must be 1 to 100 characters from A-Z a-z 0-9 _ -, got ${JSON.stringify(options.name)}` })
+  }
+  const retry = options.retry ?? Retry.defaultPolicy
+  problems.push(...Retry.validate(retry))
+  const concurrency = intOption(problems, "concurrency", options.concurrency, 16, 10_000)
+  const prefetch = intOption(problems, "prefetch", options.prefetch, concurrency, 10_000)
+  const handlerTimeout = durationOption(problems, "handlerTimeout", options.handlerTimeout, Duration.seconds(30), false)
+  const settleTimeout = durationOption(problems, "settleTimeout", options.settleTimeout, Duration.seconds(5), false)
+  const drainTimeout = durationOption(problems, "drainTimeout", options.drainTimeout, Duration.seconds(10), true)
+  const skew = durationOption(problems, "expiry.skew", options.expiry?.skew, Duration.zero, true)
+  const metadata = (options as { readonly metadata?: ((event: A) => Metadata) | undefined }).metadata ??
+    ((event: A) => event as unknown as Metadata)
+  return {
+    [TypeId]: TypeId,
+    name: options.name,
+    problems,
+    definition: {
+      name: options.name,
+      source: options.source as Source<R | RS>,
+      decode: payloadDecoder(options.schema),
+      metadata,
+      handle: options.handle as (event: A) => Effect.Effect<unknown, E, R | RS>,
+      classify: options.classify,
+      retry,
+      concurrency,
+      prefetch,
+      handlerTimeout,
+      settleTimeout,
+      drainTimeout,
+      skewMillis: Duration.toMillis(skew),
+      expiredTo: options.expiry?.onExpired === "deadLetter" ? "DeadLetter" : "Ack",
+      onOutcome: options.onOutcome
+    }
+  }
+}
+
+/**
+ * Runs the consumer until interrupted or until its source fails. On interruption it stops
+ * reserving messages, releases those still buffered, lets running handlers finish for up to
+ * `drainTimeout`, then interrupts the rest (their transactions roll back and their messages are
+ * released, never acked). Fails with {@link InvalidOptions} before any I/O when `make` found
+ * problems.
+ */
+export const run = <A, E extends Tagged, R>(
+  consumer: Consumer<A, E, R>
+): Effect.Effect<never, InvalidOptions | SourceError, R> =>
+  consumer.problems.length > 0
+    ? Engine.fail(new InvalidOptions({ consumer: consumer.name, problems: consumer.problems }))
+    : Engine.run(consumer.definition)

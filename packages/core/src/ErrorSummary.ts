@@ -1,0 +1,91 @@
+/**
+ * A JSON-safe, bounded description of why a delivery failed: what the dead-letter record, the
+ * outcome and the logs carry instead of the error object itself (errors are never outcomes).
+ * It keeps the error's tag, message and its own scalar fields, and never its stack.
+ *
+ * @since 0.1.0
+ */
+import { Cause } from "effect"
+
+/** Structured cause of a failure, safe to serialise and to show an operator. */
+export interface ErrorSummary {
+  /** `Failure` for a typed error, `Defect` for an unexpected throw or die, `Interrupted` for interruption. */
+  readonly kind: "Failure" | "Defect" | "Interrupted"
+  /** The error's `_tag` (or its class name for a defect). */
+  readonly tag: string
+  /** A one-line human-readable message, at most 500 characters. */
+  readonly message: string
+  /** The error's own scalar fields (strings, numbers, booleans), at most 20 of them. */
+  readonly fields: Readonly<Record<string, string | number | boolean>>
+}
+
+const MAX_MESSAGE = 500
+const MAX_FIELDS = 20
+const MAX_FIELD_LENGTH = 200
+
+const oneLine = (text: string, max: number): string => {
+  const flat = text.replace(/\s+/g, " ").trim()
+  return flat.length > max ? `${flat.slice(0, max - 1)}…` : flat
+}
+
+const scalarFields = (value: object): Record<string, string | number | boolean> => {
+  const fields: Record<string, string | number | boolean> = {}
+  let count = 0
+  for (const [key, field] of Object.entries(value)) {
+    if (count >= MAX_FIELDS) break
+    if (key === "_tag" || key === "message" || key === "stack" || key === "cause") continue
+    if (typeof field === "string") fields[key] = oneLine(field, MAX_FIELD_LENGTH)
+    else if (typeof field === "number" || typeof field === "boolean") fields[key] = field
+    else continue
+    count++
+  }
+  return fields
+}
+
+const tagOf = (value: unknown, fallback: string): string => {
+  if (typeof value === "object" && value !== null) {
+    const tag = (value as { readonly _tag?: unknown })._tag
+    if (typeof tag === "string") return tag
+    if (value instanceof Error) return value.name
+  }
+  return fallback
+}
+
+const messageOf = (value: unknown): string => {
+  if (value instanceof Error) return value.message
+  if (typeof value === "object" && value !== null) {
+    const message = (value as { readonly message?: unknown }).message
+    if (typeof message === "string") return message
+  }
+  return String(value)
+}
+
+/** Summarises one error value (a typed failure or a defect). */
+export const fromError = (error: unknown, kind: "Failure" | "Defect" = "Failure"): ErrorSummary => {
+  const tag = tagOf(error, kind === "Defect" ? "Defect" : "UnknownError")
+  const message = oneLine(messageOf(error), MAX_MESSAGE)
+  return {
+    kind,
+    tag,
+    message: message.length > 0 ? message : tag,
+    fields: typeof error === "object" && error !== null ? scalarFields(error) : {}
+  }
+}
+
+/** Summarises a `Cause`, preferring its first typed failure, then its first defect. */
+export const fromCause = (cause: Cause.Cause<unknown>): ErrorSummary => {
+  for (const reason of cause.reasons) {
+    if (reason._tag === "Fail") return fromError(reason.error, "Failure")
+  }
+  for (const reason of cause.reasons) {
+    if (reason._tag === "Die") return fromError(reason.defect, "Defect")
+  }
+  return { kind: "Interrupted", tag: "Interrupted", message: "the work was interrupted", fields: {} }
+}
+
+/** Builds a summary directly, for failures the engine itself detects. */
+export const make = (
+  tag: string,
+  message: string,
+  fields: Readonly<Record<string, string | number | boolean>> = {}
+): ErrorSummary => ({ kind: "Failure", tag, message: oneLine(message, MAX_MESSAGE), fields })

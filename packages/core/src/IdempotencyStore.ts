@@ -1,0 +1,95 @@
+/**
+ * The idempotency store: commits a handler's effects together with a deduplication row keyed by
+ * (scope, id), so that an event's irreversible effect happens at most once however often it is
+ * delivered (BE-JOB-002). Duplicate detection and the commit of the protected result are one
+ * atomic step; a failed commit leaves no row. `@jetworker/sql-pg` implements it on PostgreSQL
+ * (the row and the effects in one transaction).
+ *
+ * This module holds the contract only: no I/O, no database.
+ *
+ * @since 0.1.0
+ */
+import { Context, Data, Effect, Option } from "effect"
+import { CurrentDelivery } from "./CurrentDelivery.ts"
+
+/** The deduplication key: a scope (the consumer name) and the event's stable id. */
+export interface Key {
+  readonly scope: string
+  readonly id: string
+}
+
+const DuplicateTypeId: unique symbol = Symbol.for("@jetworker/core/IdempotencyStore/Duplicate")
+
+/** The result of a commit when the key was already committed: nothing was done. */
+export interface Duplicate {
+  readonly [DuplicateTypeId]: typeof DuplicateTypeId
+  readonly _tag: "Duplicate"
+  readonly key: Key
+}
+
+/** Whether a handler's result says "this was a duplicate" (so the outcome is `Duplicate`). */
+export const isDuplicate = (value: unknown): value is Duplicate =>
+  typeof value === "object" && value !== null && DuplicateTypeId in value
+
+/** Builds the {@link Duplicate} marker. */
+export const duplicate = (key: Key): Duplicate => ({ [DuplicateTypeId]: DuplicateTypeId, _tag: "Duplicate", key })
+
+/** Why the store could not decide or commit. */
+export class IdempotencyError extends Data.TaggedError("IdempotencyError")<{
+  /**
+   * `Unavailable`: the store cannot be reached or the commit's result is unknown (retry: the key
+   * tells a later attempt what happened). `Conflict`: a serialisation or deadlock failure (retry).
+   * `Misconfigured`: the store's tables are missing or wrong (no retry helps).
+   */
+  readonly reason: "Unavailable" | "Conflict" | "Misconfigured"
+  readonly message: string
+}> {
+  /** Whether a later attempt may succeed. */
+  get isRetryable(): boolean {
+    return this.reason !== "Misconfigured"
+  }
+}
+
+/** An idempotency store. */
+export class IdempotencyStore extends Context.Service<IdempotencyStore, {
+  /**
+   * Runs `effect` and records `key` in one atomic commit, or does nothing and returns
+   * {@link Duplicate} when `key` is already recorded. A concurrent commit of the same key waits
+   * for the other to finish: it is a duplicate when the other commits, and proceeds when the
+   * other rolls back. When `effect` fails, or the commit does, nothing is recorded.
+   */
+  readonly commit: <A, E, R>(key: Key, effect: Effect.Effect<A, E, R>) => Effect.Effect<
+    A | Duplicate,
+    E | IdempotencyError,
+    R
+  >
+  /** Whether `key` has been committed. */
+  readonly isCommitted: (key: Key) => Effect.Effect<boolean, IdempotencyError>
+}>()("@jetworker/core/IdempotencyStore") {}
+
+/**
+ * Runs `effect` at most once per event: `effect` and the deduplication row for `id` commit
+ * together. The scope is the current delivery's consumer name unless `scope` is given.
+ * Returns the effect's value, or {@link Duplicate} when this event was already committed; the
+ * engine turns the latter into the `Duplicate` outcome.
+ */
+export const commit = <A, E, R>(
+  id: string,
+  effect: Effect.Effect<A, E, R>,
+  options?: { readonly scope?: string | undefined }
+): Effect.Effect<A | Duplicate, E | IdempotencyError, R | IdempotencyStore> =>
+  Effect.gen(function*() {
+    const store = yield* IdempotencyStore
+    let scope = options?.scope
+    if (scope === undefined) {
+      const current = yield* Effect.serviceOption(CurrentDelivery)
+      if (Option.isNone(current)) {
+        return yield* new IdempotencyError({
+          reason: "Misconfigured",
+          message: "IdempotencyStore.commit outside a delivery needs an explicit scope"
+        })
+      }
+      scope = current.value.consumer
+    }
+    return yield* store.commit({ scope, id }, effect)
+  })

@@ -1,0 +1,222 @@
+/**
+ * Outcomes: the one final state every delivery ends in, and the pure mapping from an outcome to
+ * the broker command that settles it. Outcomes are values to log, count and assert on; they are
+ * never errors, and errors are never outcomes. A transient failure's nak is not an outcome of its
+ * own: the delivery ends `Released` with reason `Retrying` and the message comes back later.
+ *
+ * | outcome      | broker command                         | effect committed?      |
+ * |--------------|----------------------------------------|------------------------|
+ * | Committed    | Ack (confirmed)                        | yes, exactly once      |
+ * | Duplicate    | Ack                                    | no (it already was)    |
+ * | Expired      | Ack, or DeadLetter when so configured  | no                     |
+ * | Rejected     | DeadLetter (publish, then term)        | no                     |
+ * | DeadLettered | DeadLetter (publish, then term)        | no                     |
+ * | Released     | Nak(delay), or Leave for redelivery    | no (rolled back)       |
+ *
+ * @since 0.1.0
+ */
+import { Data, type DateTime, Duration } from "effect"
+import type { ErrorSummary } from "./ErrorSummary.ts"
+
+/** Where a delivery came from: enough for an operator to find the message again. */
+export interface MessageRef {
+  /** The consumer (and deduplication scope) that handled the delivery. */
+  readonly consumer: string
+  /** The subject the message was published on. */
+  readonly subject: string
+  /** The broker's position of the message (JetStream stream sequence). */
+  readonly sequence: number
+  /** How many times the broker has delivered the message, this delivery included (1-based). */
+  readonly deliveryCount: number
+  /** The event's stable id, when the payload could be decoded far enough to read it. */
+  readonly eventId: string | undefined
+}
+
+/** Why an undecodable or invalid message was rejected. */
+export type RejectReason = "MalformedPayload" | "SchemaInvalid"
+
+/** Why a message was dead-lettered. */
+export type DeadLetterReason =
+  /** The handler failed with an error classified as permanent. */
+  | "PermanentError"
+  /** Transient failures used up every attempt of the retry policy. */
+  | "AttemptsExhausted"
+
+/** Why a message was released (not acked) for the broker to redeliver. */
+export type ReleaseReason =
+  /** A transient failure with attempts left: naked with the policy's delay. */
+  | "Retrying"
+  /** Shutdown or another interruption cut the handler; its transaction rolled back. */
+  | "Interrupted"
+  /** The lease could not be kept; another consumer may own the message now. */
+  | "LeaseLost"
+  /** The dead-letter publish failed, so the message was not terminated. */
+  | "DeadLetterFailed"
+
+/** Every variant of {@link Outcome}, each with what an operator needs. */
+export type Outcome = Data.TaggedEnum<{
+  /** The handler's effects are committed; the message was acked. */
+  Committed: {
+    readonly message: MessageRef
+    /** Whether the server confirmed the ack; if not, expect a harmless `Duplicate` later. */
+    readonly confirmed: boolean
+    /** Wall time from receipt to settlement, in milliseconds. */
+    readonly durationMillis: number
+  }
+  /** An earlier delivery already committed this event; acked with no new effect. */
+  Duplicate: {
+    readonly message: MessageRef
+    readonly confirmed: boolean
+    readonly durationMillis: number
+  }
+  /** The event expired before its effect; no effect, acked or dead-lettered per contract. */
+  Expired: {
+    readonly message: MessageRef
+    readonly expiresAt: DateTime.Utc
+    /** Consumer clock time at which expiry was detected. */
+    readonly detectedAt: DateTime.Utc
+    /** Whether the check that caught it ran before the handler or after a wait inside it. */
+    readonly stage: "BeforeHandler" | "AfterWait"
+    readonly confirmed: boolean
+    readonly durationMillis: number
+  }
+  /** The payload could not be decoded or failed its schema; dead-lettered, then terminated. */
+  Rejected: {
+    readonly message: MessageRef
+    readonly reason: RejectReason
+    readonly error: ErrorSummary
+    readonly confirmed: boolean
+    readonly durationMillis: number
+  }
+  /** A permanent error or exhausted attempts; dead-lettered with the cause, then terminated. */
+  DeadLettered: {
+    readonly message: MessageRef
+    readonly reason: DeadLetterReason
+    readonly error: ErrorSummary
+    readonly confirmed: boolean
+    readonly durationMillis: number
+  }
+  /** Not acked on purpose; the broker redelivers it (after `retryIn`, or after its ack wait). */
+  Released: {
+    readonly message: MessageRef
+    readonly reason: ReleaseReason
+    readonly error: ErrorSummary | undefined
+    /** The nak delay asked of the broker; undefined when the message was left for the ack wait. */
+    readonly retryIn: Duration.Duration | undefined
+    readonly confirmed: boolean
+    readonly durationMillis: number
+  }
+}>
+
+/** Constructors, guards (`$is`) and exhaustive matching (`$match`) for {@link Outcome}. */
+export const { Committed, DeadLettered, Duplicate, Expired, Rejected, Released, $is, $match } = Data
+  .taggedEnum<Outcome>()
+
+type DistributiveOmit<T, K extends PropertyKey> = T extends unknown ? Omit<T, K> : never
+
+/** An outcome before it is settled: every field but `confirmed` and `durationMillis`. */
+export type Verdict = DistributiveOmit<Outcome, "confirmed" | "durationMillis">
+
+/** Builds a {@link Verdict}. */
+export const verdict = <const T extends Outcome["_tag"]>(
+  tag: T,
+  fields: Omit<Extract<Outcome, { readonly _tag: T }>, "_tag" | "confirmed" | "durationMillis">
+): Extract<Verdict, { readonly _tag: T }> => ({ _tag: tag, ...fields }) as unknown as Extract<Verdict, { readonly _tag: T }>
+
+/** Completes a verdict into an outcome once its command has been sent. */
+export const settled = (verdict: Verdict, confirmed: boolean, durationMillis: number): Outcome =>
+  ({ ...verdict, confirmed, durationMillis }) as Outcome
+
+/** The tag of an outcome: `"Committed" | "Duplicate" | ...`. */
+export type Tag = Outcome["_tag"]
+
+/** Every outcome tag, in table order. */
+export const tags: ReadonlyArray<Tag> = ["Committed", "Duplicate", "Expired", "Rejected", "DeadLettered", "Released"]
+
+/** The record a dead-letter channel stores next to the original message. */
+export interface DeadLetterRecord {
+  readonly outcome: "Rejected" | "DeadLettered" | "Expired"
+  readonly reason: RejectReason | DeadLetterReason | "Expired"
+  readonly error: ErrorSummary
+  readonly message: MessageRef
+  readonly failedAt: DateTime.Utc
+}
+
+/** A broker command: what to tell the broker about one delivery. */
+export type Command = Data.TaggedEnum<{
+  /** Acknowledge: the message is done. */
+  Ack: {}
+  /** Negative acknowledgement: redeliver after `delay`. */
+  Nak: { readonly delay: Duration.Duration }
+  /** Publish `record` and the original message to the dead-letter channel (confirmed), then terminate it. */
+  DeadLetter: { readonly record: DeadLetterRecord }
+  /** Say nothing: the broker redelivers once the ack wait runs out. */
+  Leave: {}
+}>
+
+/** Constructors for {@link Command}. */
+export const Command = Data.taggedEnum<Command>()
+
+/** The dead-letter record an outcome carries to the channel, when it goes there. */
+const deadLetterRecord = (
+  outcome: Extract<Verdict, { readonly _tag: "Rejected" | "DeadLettered" | "Expired" }>,
+  error: ErrorSummary,
+  reason: DeadLetterRecord["reason"],
+  failedAt: DateTime.Utc
+): DeadLetterRecord => ({ outcome: outcome._tag, reason, error, message: outcome.message, failedAt })
+
+/**
+ * The broker command that settles `outcome` (or its verdict): the single place where outcomes meet broker
+ * commands. `expiredTo` says what the contract wants for expired work; `now` stamps the
+ * dead-letter record.
+ */
+export const toCommand = (
+  outcome: Verdict,
+  options: { readonly expiredTo: "Ack" | "DeadLetter"; readonly now: DateTime.Utc }
+): Command => {
+  switch (outcome._tag) {
+    case "Committed":
+    case "Duplicate":
+      return Command.Ack()
+    case "Expired":
+      return options.expiredTo === "Ack" ? Command.Ack() : Command.DeadLetter({
+        record: deadLetterRecord(
+          outcome,
+          {
+            kind: "Failure",
+            tag: "Expired",
+            message: "the event expired before its effect",
+            fields: { stage: outcome.stage }
+          },
+          "Expired",
+          options.now
+        )
+      })
+    case "Rejected":
+      return Command.DeadLetter({ record: deadLetterRecord(outcome, outcome.error, outcome.reason, options.now) })
+    case "DeadLettered":
+      return Command.DeadLetter({ record: deadLetterRecord(outcome, outcome.error, outcome.reason, options.now) })
+    case "Released":
+      return outcome.retryIn === undefined ? Command.Leave() : Command.Nak({ delay: outcome.retryIn })
+  }
+}
+
+/** A one-line description of an outcome for logs and tables. */
+export const describe = (outcome: Outcome): string => {
+  const ref = `${outcome.message.consumer}#${outcome.message.sequence}` +
+    (outcome.message.eventId === undefined ? "" : ` (${outcome.message.eventId})`)
+  switch (outcome._tag) {
+    case "Committed":
+    case "Duplicate":
+      return `${outcome._tag} ${ref}${outcome.confirmed ? "" : ", ack unconfirmed"}`
+    case "Expired":
+      return `Expired ${ref} ${outcome.stage}`
+    case "Rejected":
+    case "DeadLettered":
+      return `${outcome._tag} ${ref}: ${outcome.reason}: ${outcome.error.tag}: ${outcome.error.message}`
+    case "Released":
+      return `Released ${ref}: ${outcome.reason}` +
+        (outcome.retryIn === undefined ? "" : ` (retry in ${Duration.format(outcome.retryIn)})`) +
+        (outcome.error === undefined ? "" : `: ${outcome.error.tag}: ${outcome.error.message}`)
+  }
+}

@@ -1,0 +1,40 @@
+/**
+ * Named points in a delivery's life, where tests and diagnostics can watch (or, in the crash
+ * tests, kill the process). The default probe does nothing and costs one service lookup per
+ * point. The points, in order, for a delivery that commits:
+ *
+ * - `received`: decoded, about to run the handler;
+ * - `before-commit`: inside the idempotent transaction, effects done, `COMMIT` not yet sent;
+ * - `after-commit`: the handler returned (transaction committed), the ack not yet sent;
+ * - `after-ack`: the broker confirmed the ack.
+ *
+ * @since 0.1.0
+ */
+import { Context, Effect } from "effect"
+
+/** A named point in a delivery's life. */
+export type Point = "received" | "before-commit" | "after-commit" | "after-ack"
+
+/** Every point, in the order a committing delivery passes them. */
+export const points: ReadonlyArray<Point> = ["received", "before-commit", "after-commit", "after-ack"]
+
+/** Which delivery reached a point. */
+export interface Hit {
+  readonly point: Point
+  readonly consumer: string
+  readonly sequence: number
+  readonly eventId: string | undefined
+}
+
+/** What a probe does at each point. */
+export interface ProbeShape {
+  readonly hit: (hit: Hit) => Effect.Effect<void>
+}
+
+/** The probe in effect; does nothing unless a test or diagnostic provides one. */
+export const Probe = Context.Reference<ProbeShape>("@jetworker/core/Probe", {
+  defaultValue: () => ({ hit: () => Effect.void })
+})
+
+/** Reports reaching `hit.point` to the current probe. */
+export const hit = (hit: Hit): Effect.Effect<void> => Probe.use((probe) => probe.hit(hit))

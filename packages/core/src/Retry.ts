@@ -1,0 +1,145 @@
+/**
+ * Retry policies: how many attempts a message gets and how long to wait between them, built on
+ * `Schedule` (exponential growth, 80–120% jitter, a cap, a finite number of attempts).
+ *
+ * Attempts are counted by the broker's delivery count, never in local memory, so the budget holds
+ * across crashes and restarts: attempt `n` is the `n`-th delivery. After a transient failure the
+ * engine may retry a few times inside the same delivery (`inProcess`, short delays only, while the
+ * lease is comfortably held); once those are spent the message is naked with the delay for its
+ * attempt, and when the last attempt fails the outcome is `DeadLettered`. A handler therefore runs
+ * at most `attempts × (1 + inProcess.times)` times.
+ *
+ * @since 0.1.0
+ */
+import { Duration, Effect, Schedule } from "effect"
+
+/** A validated retry policy. Build it with {@link exponential}. */
+export interface RetryPolicy {
+  /** Deliveries the message gets before it is dead-lettered (at least 1). */
+  readonly attempts: number
+  /** Delay before the second attempt. */
+  readonly base: Duration.Duration
+  /** Growth of the delay per attempt. */
+  readonly factor: number
+  /** Upper bound of any delay, jitter included. */
+  readonly cap: Duration.Duration
+  /** Whether delays are spread by a random factor of 0.8 to 1.2. */
+  readonly jitter: boolean
+  /** Extra quick retries inside one delivery, before it is naked. */
+  readonly inProcess: {
+    /** How many (0 turns them off). */
+    readonly times: number
+    /** Only delays up to this long are waited in process; longer ones become a nak. */
+    readonly maxDelay: Duration.Duration
+  }
+}
+
+/** Options of {@link exponential}; every field has a default. */
+export interface ExponentialOptions {
+  /** Delay before the second attempt. Default: 200 millis. */
+  readonly base?: Duration.Input | undefined
+  /** Growth per attempt. Default: 2. */
+  readonly factor?: number | undefined
+  /** Largest delay. Default: 30 seconds. */
+  readonly cap?: Duration.Input | undefined
+  /** Deliveries before dead-lettering, 1 to 1000. Default: 5. */
+  readonly attempts?: number | undefined
+  /** Random spread of each delay (0.8–1.2). Default: true. */
+  readonly jitter?: boolean | undefined
+  /** Quick retries inside a delivery, 0 to 10. Default: 2. */
+  readonly inProcessRetries?: number | undefined
+  /** Longest delay waited in process. Default: 1 second. */
+  readonly inProcessMaxDelay?: Duration.Input | undefined
+}
+
+/** A problem found while validating options; collected, never thrown. */
+export interface OptionProblem {
+  readonly option: string
+  readonly problem: string
+}
+
+/** The default policy: 5 attempts, 200 ms doubling to at most 30 s, jittered, 2 in-process retries. */
+export const defaultPolicy: RetryPolicy = {
+  attempts: 5,
+  base: Duration.millis(200),
+  factor: 2,
+  cap: Duration.seconds(30),
+  jitter: true,
+  inProcess: { times: 2, maxDelay: Duration.seconds(1) }
+}
+
+/**
+ * An exponential, jittered, capped policy with a finite number of attempts. Out-of-range options
+ * are kept as given and reported by {@link validate} (the consumer refuses to start with them).
+ */
+export const exponential = (options: ExponentialOptions = {}): RetryPolicy => ({
+  attempts: options.attempts ?? defaultPolicy.attempts,
+  base: options.base === undefined ? defaultPolicy.base : Duration.fromInputUnsafe(options.base),
+  factor: options.factor ?? defaultPolicy.factor,
+  cap: options.cap === undefined ? defaultPolicy.cap : Duration.fromInputUnsafe(options.cap),
+  jitter: options.jitter ?? defaultPolicy.jitter,
+  inProcess: {
+    times: options.inProcessRetries ?? defaultPolicy.inProcess.times,
+    maxDelay: options.inProcessMaxDelay === undefined
+      ? defaultPolicy.inProcess.maxDelay
+      : Duration.fromInputUnsafe(options.inProcessMaxDelay)
+  }
+})
+
+/** Problems with a policy (empty when it is usable). */
+export const validate = (policy: RetryPolicy): ReadonlyArray<OptionProblem> => {
+  const problems: Array<OptionProblem> = []
+  const intIn = (option: string, value: number, min: number, max: number) => {
+    if (!Number.isInteger(value) || value < min || value > max) {
+      problems.push({ option, problem: `must be an integer from ${min} to ${max}, got ${value}` })
+    }
+  }
+  intIn("retry.attempts", policy.attempts, 1, 1000)
+  intIn("retry.inProcessRetries", policy.inProcess.times, 0, 10)
+  if (!(Number.isFinite(policy.factor) && policy.factor >= 1 && policy.factor <= 10)) {
+    problems.push({ option: "retry.factor", problem: `must be from 1 to 10, got ${policy.factor}` })
+  }
+  if (!Duration.isFinite(policy.base) || Duration.toMillis(policy.base) < 1) {
+    problems.push({ option: "retry.base", problem: "must be a finite duration of at least 1 millisecond" })
+  }
+  if (!Duration.isFinite(policy.cap) || Duration.isLessThan(policy.cap, policy.base)) {
+    problems.push({ option: "retry.cap", problem: "must be finite and at least retry.base" })
+  }
+  if (!Duration.isFinite(policy.inProcess.maxDelay)) {
+    problems.push({ option: "retry.inProcessMaxDelay", problem: "must be a finite duration" })
+  }
+  return problems
+}
+
+/** The delays of `policy` as a `Schedule`: exponential, jittered when asked, then capped. Unbounded. */
+export const delays = (policy: RetryPolicy): Schedule.Schedule<Duration.Duration> => {
+  const grown = Schedule.exponential(policy.base, policy.factor)
+  const spread = policy.jitter ? Schedule.jittered(grown) : grown
+  return Schedule.modifyDelay(spread, ({ duration }) => Effect.succeed(Duration.min(duration, policy.cap)))
+}
+
+/**
+ * The in-process retry schedule for one delivery: the policy's delays, at most
+ * `inProcess.times` of them, and only while the next delay is at most `inProcess.maxDelay`.
+ */
+export const inProcessSchedule = (policy: RetryPolicy): Schedule.Schedule<Duration.Duration> =>
+  delays(policy).pipe(
+    Schedule.upTo({ times: policy.inProcess.times }),
+    Schedule.while(({ duration }) => Duration.isLessThanOrEqualTo(duration, policy.inProcess.maxDelay))
+  )
+
+/**
+ * The delay before attempt `attempt + 1`, i.e. the nak delay after attempt `attempt` failed
+ * (1-based, as the broker counts deliveries). Steps the policy's schedule `attempt` times.
+ */
+export const delayAfter = (policy: RetryPolicy, attempt: number): Effect.Effect<Duration.Duration> =>
+  Effect.gen(function*() {
+    const step = yield* Schedule.toStep(delays(policy))
+    let delay = policy.base
+    const steps = Math.max(1, Math.min(attempt, 64))
+    for (let i = 0; i < steps; i++) {
+      const result = yield* Effect.result(step(0, undefined))
+      if (result._tag === "Success") delay = result.success[1]
+    }
+    return delay
+  })

@@ -1,0 +1,55 @@
+/**
+ * A source of deliveries: the engine's abstract broker intake. Opening a source in a scope
+ * reserves messages on demand, never more than `prefetch` ahead of what the engine has taken;
+ * closing the intake stops reserving and releases whatever it still holds. `@jetworker/nats`
+ * implements it for a JetStream pull consumer.
+ *
+ * @since 0.1.0
+ */
+import { Data, type Duration, type Effect, type Scope } from "effect"
+import type { Delivery } from "./Delivery.ts"
+
+/** Why a source failed; the engine stops when its source fails, so the process can restart. */
+export class SourceError extends Data.TaggedError("SourceError")<{
+  readonly reason:
+    | "ConnectionClosed"
+    | "StreamNotFound"
+    | "ConsumerNotFound"
+    | "ConsumerDeleted"
+    | "ContractMismatch"
+    | "Unknown"
+  readonly message: string
+}> {}
+
+/** An open intake of deliveries. */
+export interface Intake {
+  /** The broker's lease on each delivery (JetStream: AckWait). */
+  readonly lease: Duration.Duration
+  /**
+   * The next delivery, waiting for one when none is buffered. Fails with `SourceError` when the
+   * source can deliver no more (connection closed for good, consumer deleted) or has been closed.
+   * Never call it concurrently with itself.
+   */
+  readonly take: Effect.Effect<Delivery, SourceError>
+  /** Stops reserving new messages and releases those still buffered. Idempotent. */
+  readonly close: Effect.Effect<void>
+}
+
+/** What the engine tells a source when it opens it. */
+export interface OpenOptions {
+  /** Bound on reserved deliveries waiting locally. */
+  readonly prefetch: number
+  /** Deliveries the retry policy plans; the broker's own limit must be above it. */
+  readonly attempts: number
+}
+
+/** A broker-side consumer the engine can open; `R` is what opening it needs (e.g. a connection). */
+export interface Source<out R = never> {
+  /** A name for logs and outcomes, such as `LEDGER/ledger-applier`. */
+  readonly name: string
+  /**
+   * Opens the intake, after checking the broker-side consumer against `options` (a mismatch is a
+   * `SourceError` with reason `ContractMismatch`). Closing the scope closes the intake.
+   */
+  readonly open: (options: OpenOptions) => Effect.Effect<Intake, SourceError, Scope.Scope | R>
+}

@@ -1,0 +1,119 @@
+/**
+ * A scoped NATS connection with its JetStream client and manager, as a Layer. The connection
+ * reconnects forever by default (nats.js gives up after ~20 s otherwise); its finalizer drains it
+ * within `drainTimeout` and then closes it, so it must be released after everything that acks
+ * through it (the consumer's scope is inner to this one). Connection status changes are logged.
+ * Credentials are `Redacted` and never logged.
+ *
+ * @since 0.1.0
+ */
+import { type JetStreamClient, type JetStreamManager, jetstream, jetstreamManager } from "@nats-io/jetstream"
+import { connect, type NatsConnection as Connection } from "@nats-io/transport-node"
+import { Config, Context, Duration, Effect, Layer, Option, Redacted } from "effect"
+import * as NatsError from "./NatsError.ts"
+
+/** How to connect. Every duration is a `Duration.Input`. */
+export interface Options {
+  /** Server URLs, e.g. `nats://127.0.0.1:4222`; give every node of a cluster. */
+  readonly servers: string | ReadonlyArray<string>
+  /** Connection name shown by the server. Default: `jetworker`. */
+  readonly name?: string | undefined
+  /** Token authentication. */
+  readonly token?: Redacted.Redacted<string> | undefined
+  /** User for user/password authentication. */
+  readonly user?: string | undefined
+  /** Password for user/password authentication. */
+  readonly password?: Redacted.Redacted<string> | undefined
+  /** Reconnect attempts before giving up; -1 is forever. Default: -1. */
+  readonly maxReconnectAttempts?: number | undefined
+  /** Wait between reconnect attempts (plus up to 100 ms of jitter). Default: 250 millis. */
+  readonly reconnectTimeWait?: Duration.Input | undefined
+  /** Bound on establishing the first connection. Default: 5 seconds. */
+  readonly connectTimeout?: Duration.Input | undefined
+  /** Bound on JetStream API requests and publishes. Default: 5 seconds. */
+  readonly apiTimeout?: Duration.Input | undefined
+  /** Bound on draining at release; then the connection is closed. Default: 5 seconds. */
+  readonly drainTimeout?: Duration.Input | undefined
+}
+
+/** The connection and its JetStream handles. */
+export interface Shape {
+  readonly connection: Connection
+  readonly jetstream: JetStreamClient
+  readonly manager: JetStreamManager
+  /** The API timeout in milliseconds, for adapter code that calls nats.js directly. */
+  readonly apiTimeoutMillis: number
+}
+
+/** The NATS connection service. */
+export class NatsConnection extends Context.Service<NatsConnection, Shape>()("@jetworker/nats/NatsConnection") {}
+
+const millis = (input: Duration.Input | undefined, fallback: number): number =>
+  input === undefined ? fallback : Duration.toMillis(Duration.fromInputUnsafe(input))
+
+/** Connects with `options`; the scope's close drains, then closes, the connection. */
+export const make = (options: Options) =>
+  Effect.gen(function*() {
+    const apiTimeoutMillis = millis(options.apiTimeout, 5_000)
+    const drainMillis = millis(options.drainTimeout, 5_000)
+    const connection = yield* Effect.acquireRelease(
+      Effect.tryPromise({
+        try: () =>
+          connect({
+            servers: typeof options.servers === "string" ? options.servers : [...options.servers],
+            name: options.name ?? "jetworker",
+            maxReconnectAttempts: options.maxReconnectAttempts ?? -1,
+            reconnectTimeWait: millis(options.reconnectTimeWait, 250),
+            reconnectJitter: 100,
+            timeout: millis(options.connectTimeout, 5_000),
+            ...(options.token === undefined ? {} : { token: Redacted.value(options.token) }),
+            ...(options.user === undefined ? {} : { user: options.user }),
+            ...(options.password === undefined ? {} : { pass: Redacted.value(options.password) })
+          }),
+        catch: (error) => NatsError.fromUnknown("connect", error)
+      }),
+      (connection) =>
+        Effect.promise(() => connection.drain().catch(() => undefined)).pipe(
+          Effect.timeoutOption(Duration.millis(drainMillis)),
+          Effect.flatMap((drained) =>
+            Option.isSome(drained) ? Effect.void : Effect.promise(() => connection.close().catch(() => undefined))
+          )
+        )
+    )
+    // Log connection status changes for operators; the fiber ends with the scope.
+    yield* Effect.forkScoped(
+      Effect.promise(async () => {
+        for await (const status of connection.status()) {
+          if (status.type === "disconnect" || status.type === "reconnect" || status.type === "error") {
+            Effect.runFork(Effect.logWarning(`nats connection ${status.type}`))
+          }
+        }
+      })
+    )
+    const manager = yield* Effect.tryPromise({
+      try: () => jetstreamManager(connection, { timeout: apiTimeoutMillis, checkAPI: false }),
+      catch: (error) => NatsError.fromUnknown("jetstreamManager", error)
+    })
+    return NatsConnection.of({
+      connection,
+      jetstream: jetstream(connection, { timeout: apiTimeoutMillis }),
+      manager,
+      apiTimeoutMillis
+    })
+  })
+
+/** A Layer holding one connection for its lifetime. */
+export const layer = (options: Options): Layer.Layer<NatsConnection, NatsError.NatsError> =>
+  Layer.effect(NatsConnection, make(options))
+
+/** Like {@link layer}, with the servers read from `NATS_URL` (default `nats://127.0.0.1:4222`). */
+export const layerConfig = (
+  options: Omit<Options, "servers"> = {}
+): Layer.Layer<NatsConnection, NatsError.NatsError | Config.ConfigError> =>
+  Layer.effect(
+    NatsConnection,
+    Effect.gen(function*() {
+      const url = yield* Config.String("NATS_URL").pipe(Config.withDefault("nats://127.0.0.1:4222"))
+      return yield* make({ ...options, servers: url.split(",").map((server) => server.trim()) })
+    })
+  )

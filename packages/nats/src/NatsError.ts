@@ -1,0 +1,107 @@
+/**
+ * The NATS adapter's one error type. nats.js rejects with many error classes (some not exported);
+ * this module maps them to a `reason` callers can branch on, and says whether retrying can help.
+ * It never inspects error messages when a name or code tells the same thing.
+ *
+ * @since 0.1.0
+ */
+import { Data } from "effect"
+
+/** What went wrong talking to NATS. */
+export type Reason =
+  /** No reply within the bound; the request may or may not have taken effect. */
+  | "Timeout"
+  /** Nobody answered the subject (JetStream down, stream or consumer gone, leader election). */
+  | "NoResponders"
+  /** The connection is closed or draining. */
+  | "ConnectionClosed"
+  /** The server could not be reached. */
+  | "ConnectionRefused"
+  /** The stream does not exist. */
+  | "StreamNotFound"
+  /** The consumer does not exist. */
+  | "ConsumerNotFound"
+  /** The JetStream API refused the request (see `code`). */
+  | "ApiError"
+  /** The server's reply was not what JetStream promises (e.g. a PubAck for another stream). */
+  | "InvalidReply"
+  /** Authentication or permissions. */
+  | "NotAuthorized"
+  | "Unknown"
+
+const RETRYABLE: ReadonlySet<Reason> = new Set([
+  "Timeout",
+  "NoResponders",
+  "ConnectionClosed",
+  "ConnectionRefused"
+])
+
+/** A failed NATS or JetStream operation. */
+export class NatsError extends Data.TaggedError("NatsError")<{
+  readonly reason: Reason
+  /** What was being done, e.g. `publish to LEDGER_DLQ`. */
+  readonly operation: string
+  readonly message: string
+  /** The JetStream API error code, when the server sent one (e.g. 10059). */
+  readonly code?: number | undefined
+}> {
+  /** Whether a later attempt may succeed. */
+  get isRetryable(): boolean {
+    return RETRYABLE.has(this.reason)
+  }
+}
+
+const nameOf = (error: unknown): string =>
+  typeof error === "object" && error !== null && typeof (error as { name?: unknown }).name === "string"
+    ? (error as { name: string }).name
+    : ""
+
+const apiCodeOf = (error: unknown): number | undefined => {
+  if (typeof error !== "object" || error === null) return undefined
+  const api = (error as { api_error?: { err_code?: unknown } }).api_error
+  if (api !== undefined && typeof api.err_code === "number") return api.err_code
+  const code = (error as { code?: unknown }).code
+  return typeof code === "number" ? code : undefined
+}
+
+const causeOf = (error: unknown): unknown =>
+  typeof error === "object" && error !== null ? (error as { cause?: unknown }).cause : undefined
+
+/** Maps anything nats.js threw or rejected with to a {@link NatsError}. */
+export const fromUnknown = (operation: string, error: unknown): NatsError => {
+  const name = nameOf(error)
+  const message = error instanceof Error ? error.message : String(error)
+  const make = (reason: Reason, code?: number) => new NatsError({ reason, operation, message, code })
+  const code = apiCodeOf(error)
+  switch (name) {
+    case "TimeoutError":
+      return make("Timeout")
+    case "NoResponders":
+    case "NoRespondersError":
+    case "JetStreamNotEnabled":
+      return make("NoResponders")
+    case "ClosedConnectionError":
+    case "DrainingConnectionError":
+      return make("ConnectionClosed")
+    case "ConnectionError":
+      return make("ConnectionRefused")
+    case "AuthorizationError":
+    case "PermissionViolationError":
+    case "UserAuthenticationExpiredError":
+      return make("NotAuthorized")
+    case "StreamNotFoundError":
+      return make("StreamNotFound", code)
+    case "ConsumerNotFoundError":
+      return make("ConsumerNotFound", code)
+    case "RequestError": {
+      const inner = nameOf(causeOf(error))
+      if (inner === "NoResponders" || inner === "NoRespondersError") return make("NoResponders")
+      if (inner === "TimeoutError") return make("Timeout")
+      return make("Unknown")
+    }
+  }
+  if (code === 10059) return make("StreamNotFound", code)
+  if (code === 10014) return make("ConsumerNotFound", code)
+  if (name === "JetStreamApiError" || code !== undefined) return make("ApiError", code)
+  return make("Unknown")
+}

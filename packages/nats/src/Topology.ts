@@ -1,0 +1,152 @@
+/**
+ * Declares streams and durable pull consumers on the server: creates them when missing and
+ * brings their mutable settings to what is declared when they differ. Options are camelCase
+ * durations and counts; the snake_case nanosecond config of JetStream stays inside this module.
+ * It refuses (typed error) to change what the server cannot change in place, such as a stream's
+ * storage or a consumer's ack policy. For a consumer owned by a platform team, skip this and let
+ * the source check the live config instead.
+ *
+ * @since 0.1.0
+ */
+import {
+  AckPolicy,
+  type ConsumerConfig,
+  type ConsumerInfo,
+  DeliverPolicy,
+  DiscardPolicy,
+  type StreamConfig,
+  type StreamInfo,
+  StorageType
+} from "@nats-io/jetstream"
+import { nanos } from "@nats-io/transport-node"
+import { Duration, Effect } from "effect"
+import { NatsConnection } from "./NatsConnection.ts"
+import * as NatsError from "./NatsError.ts"
+
+/** A stream declaration. */
+export interface StreamOptions {
+  /** Stream name: letters, digits, `_` and `-`. */
+  readonly name: string
+  /** The subjects it captures. */
+  readonly subjects: ReadonlyArray<string>
+  /** Default: `"file"`. */
+  readonly storage?: "file" | "memory" | undefined
+  /** `Nats-Msg-Id` deduplication window; must cover the producers' republish horizon. Default: 2 minutes. */
+  readonly duplicateWindow?: Duration.Input | undefined
+  /** Oldest message kept. Default: 0 (no age limit). */
+  readonly maxAge?: Duration.Input | undefined
+  /** Size limit in bytes; -1 for none. Default: -1. */
+  readonly maxBytes?: number | undefined
+  /** Message count limit; -1 for none. Default: -1. */
+  readonly maxMessages?: number | undefined
+  /** What happens at a limit: drop the oldest, or refuse new messages. Default: `"old"`. */
+  readonly discard?: "old" | "new" | undefined
+  /** Replicas in a cluster. Default: 1. */
+  readonly replicas?: number | undefined
+}
+
+/** A durable pull consumer declaration (explicit acks). */
+export interface ConsumerOptions {
+  readonly stream: string
+  /** Durable name: letters, digits, `_` and `-`. */
+  readonly name: string
+  /** The lease on each delivery. Default: 30 seconds. */
+  readonly ackWait?: Duration.Input | undefined
+  /** Deliveries before the server gives up; -1 for no limit. Must exceed the retry policy's attempts. Default: -1. */
+  readonly maxDeliver?: number | undefined
+  /** Unacked deliveries outstanding across all instances. Default: 1000. */
+  readonly maxAckPending?: number | undefined
+  /** Only messages on this subject (a subset of the stream's). */
+  readonly filterSubject?: string | undefined
+  /** Where a new consumer starts. Default: `"all"`. */
+  readonly deliverPolicy?: "all" | "new" | undefined
+}
+
+const NAME = /^[A-Za-z0-9_-]{1,200}$/
+
+const invalid = (operation: string, message: string) =>
+  new NatsError.NatsError({ reason: "ApiError", operation, message })
+
+const ns = (input: Duration.Input | undefined, fallback: Duration.Input): number =>
+  nanos(Duration.toMillis(Duration.fromInputUnsafe(input ?? fallback)))
+
+const call = <A>(operation: string, f: () => Promise<A>): Effect.Effect<A, NatsError.NatsError> =>
+  Effect.tryPromise({ try: f, catch: (error) => NatsError.fromUnknown(operation, error) })
+
+/** The server config a stream declaration stands for. */
+export const streamConfig = (options: StreamOptions): Partial<StreamConfig> & { name: string } => ({
+  name: options.name,
+  subjects: [...options.subjects],
+  storage: options.storage === "memory" ? StorageType.Memory : StorageType.File,
+  duplicate_window: ns(options.duplicateWindow, "2 minutes"),
+  max_age: ns(options.maxAge, 0),
+  max_bytes: options.maxBytes ?? -1,
+  max_msgs: options.maxMessages ?? -1,
+  discard: options.discard === "new" ? DiscardPolicy.New : DiscardPolicy.Old,
+  num_replicas: options.replicas ?? 1
+})
+
+/** Creates the stream, or updates its mutable settings to the declaration. Returns the live info. */
+export const ensureStream = (options: StreamOptions): Effect.Effect<StreamInfo, NatsError.NatsError, NatsConnection> =>
+  Effect.gen(function*() {
+    const operation = `ensure stream ${options.name}`
+    if (!NAME.test(options.name)) return yield* invalid(operation, `invalid stream name ${JSON.stringify(options.name)}`)
+    if (options.subjects.length === 0) return yield* invalid(operation, "a stream needs at least one subject")
+    const { manager } = yield* NatsConnection
+    const wanted = streamConfig(options)
+    const existing = yield* call(operation, () => manager.streams.info(options.name)).pipe(
+      Effect.catchIf((error) => error.reason === "StreamNotFound", () => Effect.succeed(undefined))
+    )
+    if (existing === undefined) return yield* call(operation, () => manager.streams.add(wanted))
+    const live = existing.config
+    if (live.storage !== wanted.storage) {
+      return yield* invalid(operation, `stream exists with storage ${live.storage}; it cannot change in place`)
+    }
+    const same = JSON.stringify([...live.subjects].sort()) === JSON.stringify([...wanted.subjects!].sort()) &&
+      live.duplicate_window === wanted.duplicate_window && live.max_age === wanted.max_age &&
+      live.max_bytes === wanted.max_bytes && live.max_msgs === wanted.max_msgs && live.discard === wanted.discard &&
+      live.num_replicas === wanted.num_replicas
+    if (same) return existing
+    const { name: _name, storage: _storage, ...mutable } = wanted
+    return yield* call(operation, () => manager.streams.update(options.name, mutable))
+  })
+
+/** The server config a consumer declaration stands for. */
+export const consumerConfig = (options: ConsumerOptions): Partial<ConsumerConfig> => ({
+  durable_name: options.name,
+  ack_policy: AckPolicy.Explicit,
+  ack_wait: ns(options.ackWait, "30 seconds"),
+  max_deliver: options.maxDeliver ?? -1,
+  max_ack_pending: options.maxAckPending ?? 1000,
+  deliver_policy: options.deliverPolicy === "new" ? DeliverPolicy.New : DeliverPolicy.All,
+  ...(options.filterSubject === undefined ? {} : { filter_subject: options.filterSubject })
+})
+
+/** Creates the durable consumer, or updates its mutable settings to the declaration. Returns the live info. */
+export const ensureConsumer = (
+  options: ConsumerOptions
+): Effect.Effect<ConsumerInfo, NatsError.NatsError, NatsConnection> =>
+  Effect.gen(function*() {
+    const operation = `ensure consumer ${options.stream}/${options.name}`
+    if (!NAME.test(options.name)) return yield* invalid(operation, `invalid consumer name ${JSON.stringify(options.name)}`)
+    const { manager } = yield* NatsConnection
+    const wanted = consumerConfig(options)
+    const existing = yield* call(operation, () => manager.consumers.info(options.stream, options.name)).pipe(
+      Effect.catchIf((error) => error.reason === "ConsumerNotFound", () => Effect.succeed(undefined))
+    )
+    if (existing === undefined) return yield* call(operation, () => manager.consumers.add(options.stream, wanted))
+    const live = existing.config
+    if (live.ack_policy !== AckPolicy.Explicit) {
+      return yield* invalid(operation, `consumer exists with ack policy ${live.ack_policy}; it cannot change in place`)
+    }
+    const same = live.ack_wait === wanted.ack_wait && (live.max_deliver ?? -1) === wanted.max_deliver &&
+      live.max_ack_pending === wanted.max_ack_pending && (live.filter_subject ?? undefined) === wanted.filter_subject
+    if (same) return existing
+    return yield* call(operation, () =>
+      manager.consumers.update(options.stream, options.name, {
+        ack_wait: wanted.ack_wait!,
+        max_deliver: wanted.max_deliver!,
+        max_ack_pending: wanted.max_ack_pending!,
+        ...(wanted.filter_subject === undefined ? {} : { filter_subject: wanted.filter_subject })
+      }))
+  })
