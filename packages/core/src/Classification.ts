@@ -2,8 +2,8 @@
  * Classification of a handler's typed errors into transient (worth retrying) and permanent (no
  * retry can fix it). A classification is a record with one entry per `_tag` in the handler's error
  * union, so the compiler rejects one that forgets a tag (or names one that cannot occur). An entry
- * is a {@link Disposition} or a function of the error, for errors such as `SqlError` whose
- * retryability depends on their reason. Defects (thrown exceptions, `Effect.die`) are not typed
+ * is a {@link Disposition}, or `"isRetryable"` for errors that say themselves whether retrying can
+ * help (such as `SqlError`, through its reason). Defects (thrown exceptions, `Effect.die`) are not typed
  * errors; the engine treats them as transient, so they end in `DeadLettered` once the attempts are
  * spent.
  *
@@ -21,6 +21,20 @@ export interface Tagged {
 /** The tags of an error union. */
 export type Tags<E> = E extends { readonly _tag: infer T extends string } ? T : never
 
+/** An error that says itself whether a retry can help. */
+export interface SaysRetryable {
+  readonly isRetryable: boolean
+}
+
+/**
+ * How one error tag is classified: `"transient"`, `"permanent"`, or `"isRetryable"` (transient
+ * exactly when the error's own `isRetryable` is true, permanent when it is false or missing). A
+ * classification is plain data, so the compiler can check it against the handler's inferred
+ * error type; an error whose retryability depends on its fields says so with an `isRetryable`
+ * getter, as `SqlError` does.
+ */
+export type Entry = Disposition | "isRetryable"
+
 /**
  * A complete classification of the error union `E`: one entry for every tag of `E`.
  *
@@ -28,23 +42,22 @@ export type Tags<E> = E extends { readonly _tag: infer T extends string } ? T : 
  * const classify: Classification<UnknownAccount | InsufficientFunds | SqlError> = {
  *   UnknownAccount: "permanent",
  *   InsufficientFunds: "permanent",
- *   SqlError: Classification.byRetryable
+ *   SqlError: "isRetryable"
  * }
  */
 export type Classification<E extends Tagged> = {
-  readonly [K in Tags<E>]: Disposition | ((error: Extract<E, { readonly _tag: K }>) => Disposition)
+  readonly [K in Tags<E>]: Entry
 }
-
-/** Classifies an error that says whether it is retryable (`SqlError` does, through its reason). */
-export const byRetryable = (error: { readonly isRetryable: boolean }): Disposition =>
-  error.isRetryable ? "transient" : "permanent"
 
 /**
  * The disposition of `error` under `classification`. A tag missing at run time (possible only
  * when the types were bypassed) counts as permanent, so it cannot cause a retry loop.
  */
 export const classify = <E extends Tagged>(classification: Classification<E>, error: E): Disposition => {
-  const entry = (classification as Record<string, Disposition | ((error: E) => Disposition) | undefined>)[error._tag]
+  const entry = (classification as Record<string, Entry | undefined>)[error._tag]
   if (entry === undefined) return "permanent"
-  return typeof entry === "function" ? entry(error) : entry
+  if (entry === "isRetryable") {
+    return (error as Partial<SaysRetryable>).isRetryable === true ? "transient" : "permanent"
+  }
+  return entry
 }

@@ -1,4 +1,4 @@
-import { assert, describe, it, layer } from "@effect/vitest"
+import { assert, describe, layer } from "@effect/vitest"
 import { Consumer, Envelope, Retry } from "@jetworker/core"
 import { DeadLetter, JetStreamSource, NatsConnection } from "@jetworker/nats"
 import { OutcomeLog, TestStream } from "@jetworker/testing"
@@ -8,7 +8,11 @@ const NatsLive = NatsConnection.layer({ servers: process.env.NATS_URL ?? "nats:/
 
 const Event = Envelope.schema("test.event", Schema.Struct({ n: Schema.Number }))
 
-class Boom extends Data.TaggedError("Boom")<{ readonly permanent: boolean }> {}
+class Boom extends Data.TaggedError("Boom")<{ readonly permanent: boolean }> {
+  get isRetryable(): boolean {
+    return !this.permanent
+  }
+}
 
 const envelope = (id: string, n: number) =>
   JSON.stringify({ id, type: "test.event", time: new Date().toISOString(), data: { n } })
@@ -25,10 +29,11 @@ describe("JetStreamSource", () => {
           source: JetStreamSource.make({ stream: stream.stream, consumer: stream.consumer }),
           schema: Event,
           handle: (event) =>
-            event.data.n < 0
-              ? Effect.fail(new Boom({ permanent: true }))
-              : Ref.update(seen, (ns) => [...ns, event.data.n]),
-          classify: { Boom: (error) => (error.permanent ? "permanent" : "transient") },
+            Effect.gen(function*() {
+              if (event.data.n < 0) return yield* new Boom({ permanent: true })
+              yield* Ref.update(seen, (ns) => [...ns, event.data.n])
+            }),
+          classify: { Boom: "isRetryable" },
           retry: Retry.exponential({ attempts: 3, base: "10 millis" }),
           concurrency: 4,
           onOutcome: log.record

@@ -1,0 +1,159 @@
+/**
+ * The idempotency store on PostgreSQL (BE-JOB-002). `commit(key, effect)` runs in one
+ * transaction: it first inserts the deduplication row `(scope, id)` with
+ * `INSERT ... ON CONFLICT DO NOTHING`, then runs `effect` on the same transaction, then commits
+ * both together. When the row already exists the effect does not run and the result is
+ * `Duplicate`. A concurrent commit of the same key blocks on the primary key until the first
+ * transaction ends: it is a `Duplicate` when that one commits and proceeds when it rolls back
+ * (PostgreSQL's behaviour under READ COMMITTED), so exactly one commit of a key ever succeeds.
+ *
+ * For the atomicity to hold, `effect` must write through the same `SqlClient` the store was built
+ * with (its statements then join the transaction). Called inside an already open transaction,
+ * the row joins that transaction (a savepoint) and commits with it.
+ *
+ * Errors: the effect's own errors pass through unchanged, even `SqlError`s; a failure of the
+ * store's own statements (the dedup insert, `BEGIN`, `COMMIT`) becomes core's `IdempotencyError`,
+ * classified by the SQL error's reason (`Unavailable`, `Conflict` or `Misconfigured`).
+ *
+ * It deliberately does not create its table (see `Migrations`), retry, or delete rows on its own:
+ * rows stay until {@link purge} removes them, and they must outlive the redelivery horizon.
+ *
+ * @since 0.1.0
+ */
+import * as CurrentDelivery from "@jetworker/core/CurrentDelivery"
+import {
+  duplicate,
+  type Duplicate,
+  IdempotencyError,
+  IdempotencyStore,
+  type Key
+} from "@jetworker/core/IdempotencyStore"
+import * as Probe from "@jetworker/core/Probe"
+import { Duration, Effect, Layer, Option } from "effect"
+import { SqlClient } from "effect/sql"
+import { box, classify, unbox, type UserFailure } from "./internal/errors.ts"
+import * as Table from "./internal/table.ts"
+
+/** Options of the store. */
+export interface Options {
+  /**
+   * The deduplication table, a lowercase identifier optionally qualified by a schema
+   * (`"schema.table"`). It must have the shape the migrations create. Default: `"jetworker_dedup"`.
+   */
+  readonly table?: string | undefined
+}
+
+/** The name of the table the store uses when none is given. */
+export const defaultTable: string = Table.defaultTable
+
+const resolveTable = (table: string | undefined): Effect.Effect<string, IdempotencyError> => {
+  const name = table ?? Table.defaultTable
+  const quoted = Table.quote(name)
+  return quoted === undefined
+    ? Effect.fail(new IdempotencyError({ reason: "Misconfigured", message: Table.invalidMessage(name) }))
+    : Effect.succeed(quoted)
+}
+
+/** Builds the store on the current `SqlClient`; fails with `Misconfigured` when the table name is invalid. */
+export const make: (options?: Options) => Effect.Effect<
+  IdempotencyStore["Service"],
+  IdempotencyError,
+  SqlClient.SqlClient
+> = Effect.fnUntraced(function*(options?: Options) {
+  const table = yield* resolveTable(options?.table)
+  const sql = yield* SqlClient.SqlClient
+  // Built once: each call only binds its two parameters (and the text's prepared statement is cached).
+  const insertText =
+    `INSERT INTO ${table} (scope, id) VALUES ($1, $2) ON CONFLICT (scope, id) DO NOTHING RETURNING true AS inserted`
+  const selectText = `SELECT true AS found FROM ${table} WHERE scope = $1 AND id = $2`
+  const toStoreError = unbox(table)
+
+  const beforeCommit = (key: Key): Effect.Effect<void> =>
+    Effect.flatMap(Effect.serviceOption(CurrentDelivery.CurrentDelivery), (delivery) =>
+      Probe.hit({
+        point: "before-commit",
+        consumer: key.scope,
+        sequence: Option.isSome(delivery) ? delivery.value.sequence : -1,
+        eventId: key.id
+      }))
+
+  const commit = <A, E, R>(
+    key: Key,
+    effect: Effect.Effect<A, E, R>
+  ): Effect.Effect<A | Duplicate, E | IdempotencyError, R> => {
+    const protectedEffect: Effect.Effect<A, UserFailure<E>, R> = effect.pipe(
+      Effect.mapError(box),
+      Effect.tap(() => beforeCommit(key))
+    )
+    const attempt = Effect.flatMap(
+      sql.unsafe<{ readonly inserted: boolean }>(insertText, [key.scope, key.id]),
+      (rows): Effect.Effect<A | Duplicate, UserFailure<E>, R> =>
+        rows.length === 0 ? Effect.succeed(duplicate(key)) : protectedEffect
+    )
+    return Effect.mapError(sql.withTransaction(attempt), toStoreError)
+  }
+
+  const isCommitted = (key: Key): Effect.Effect<boolean, IdempotencyError> =>
+    sql.unsafe<{ readonly found: boolean }>(selectText, [key.scope, key.id]).pipe(
+      Effect.map((rows) => rows.length > 0),
+      Effect.mapError((error) => classify(error, table))
+    )
+
+  return IdempotencyStore.of({ commit, isCommitted })
+})
+
+/**
+ * The store as a layer over the current `SqlClient`; fails with `Misconfigured` when the table
+ * name is invalid. The table itself is checked on first use, not here.
+ */
+export const layer = (options?: Options): Layer.Layer<IdempotencyStore, IdempotencyError, SqlClient.SqlClient> =>
+  Layer.effect(IdempotencyStore, make(options))
+
+/** Options of {@link purge}. */
+export interface PurgeOptions {
+  /** Delete rows committed longer ago than this, measured by the database's clock. */
+  readonly olderThan: Duration.Input
+  /** The most rows one call deletes (a positive integer), which bounds its locks and its time. */
+  readonly limit: number
+  /** The deduplication table. Default: `"jetworker_dedup"`. */
+  readonly table?: string | undefined
+}
+
+/**
+ * Deletes at most `limit` deduplication rows committed more than `olderThan` ago and returns how
+ * many it deleted. Choose `olderThan` longer than the longest time an event can still arrive
+ * (redelivery, dead-letter replay, producer republish): a purged key is no longer a duplicate.
+ * Rows locked by a running transaction are skipped, so it never waits on live commits.
+ */
+export const purge = (options: PurgeOptions): Effect.Effect<number, IdempotencyError, SqlClient.SqlClient> =>
+  Effect.gen(function*() {
+    const table = yield* resolveTable(options.table)
+    const olderThan = Duration.fromInput(options.olderThan)
+    if (Option.isNone(olderThan) || !Duration.isFinite(olderThan.value) || Duration.isNegative(olderThan.value)) {
+      return yield* new IdempotencyError({
+        reason: "Misconfigured",
+        message: "purge: olderThan must be a finite, non-negative duration"
+      })
+    }
+    if (!Number.isSafeInteger(options.limit) || options.limit < 1) {
+      return yield* new IdempotencyError({
+        reason: "Misconfigured",
+        message: `purge: limit must be a positive integer, got ${options.limit}`
+      })
+    }
+    const sql = yield* SqlClient.SqlClient
+    const rows = yield* sql.unsafe<{ readonly deleted: number }>(
+      `WITH doomed AS (
+  SELECT scope, id FROM ${table}
+  WHERE committed_at < now() - make_interval(secs => $1::double precision)
+  ORDER BY committed_at
+  LIMIT $2::integer
+  FOR UPDATE SKIP LOCKED
+), deleted AS (
+  DELETE FROM ${table} AS t USING doomed WHERE t.scope = doomed.scope AND t.id = doomed.id RETURNING 1
+)
+SELECT count(*)::integer AS deleted FROM deleted`,
+      [Duration.toMillis(olderThan.value) / 1000, options.limit]
+    ).pipe(Effect.mapError((error) => classify(error, table)))
+    return rows[0]?.deleted ?? 0
+  })

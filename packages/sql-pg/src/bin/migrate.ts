@@ -1,0 +1,100 @@
+#!/usr/bin/env node
+/**
+ * A command that applies `@jetworker/sql-pg`'s migrations to the database at `DATABASE_URL`
+ * (default `postgres://postgres@127.0.0.1:5432/test`) and prints the ones it applied; with
+ * `--sql` it prints their SQL instead, for `psql`, without connecting. Exit code 0 on success,
+ * 1 with a one-line reason on stderr on failure, 130 when interrupted (SIGINT/SIGTERM roll back
+ * the open migration transaction), 2 on a usage error.
+ *
+ * It deliberately does not print the URL (it is read as a `Redacted`), take flags for connection
+ * settings (everything is in the URL, e.g. `?options=-csearch_path%3Dmy_schema`), or roll back
+ * migrations. It uses only `effect` (no `@effect/platform-node`), which this package does not
+ * depend on.
+ *
+ * Run it with `node packages/sql-pg/src/bin/migrate.ts [--sql]`.
+ *
+ * @since 0.1.0
+ */
+import { PgClient } from "@effect/sql-pg"
+import { Cause, Config, Console, Effect, Redacted, Runtime } from "effect"
+import type { Migrator } from "effect/sql"
+import type { SqlError } from "effect/sql/SqlError"
+import * as Migrations from "../Migrations.ts"
+
+/** The database the command migrates when `DATABASE_URL` is not set. */
+const defaultUrl = "postgres://postgres@127.0.0.1:5432/test"
+
+const Database = PgClient.layerConfig({
+  url: Config.Redacted("DATABASE_URL").pipe(Config.withDefault(Redacted.make(defaultUrl))),
+  maxConnections: Config.succeed(1),
+  applicationName: Config.succeed("jetworker-migrate")
+})
+
+const causeMessage = (cause: unknown): string | undefined =>
+  cause instanceof Error && cause.message !== "" ? cause.message : undefined
+
+const describeSql = (error: SqlError): string => {
+  const own = error.reason.message ?? error.reason._tag
+  const reported = causeMessage(error.reason.cause)
+  return reported === undefined || own.includes(reported) ? own : `${own}: ${reported}`
+}
+
+const isSqlError = (u: unknown): u is SqlError =>
+  typeof u === "object" && u !== null && "_tag" in u && u._tag === "SqlError" && "reason" in u
+
+/** One readable line for a failure; never includes the connection URL. */
+const describe = (error: Migrator.MigrationError | SqlError | Config.ConfigError): string => {
+  switch (error._tag) {
+    case "SqlError":
+      return `database error (${error.reason._tag}): ${describeSql(error)}`
+    case "MigrationError":
+      return isSqlError(error.cause)
+        ? `${error.message}: ${describeSql(error.cause)}`
+        : `${error.message}${causeMessage(error.cause) === undefined ? "" : `: ${causeMessage(error.cause)}`}`
+    case "ConfigError":
+      return `configuration error: ${error.message}`
+  }
+}
+
+const migrate = Migrations.run.pipe(
+  Effect.provide(Database),
+  Effect.tap((applied) =>
+    applied.length === 0
+      ? Console.log("jetworker migrations: up to date")
+      : Effect.forEach(applied, ([id, name]) => Console.log(`jetworker migrations: applied ${id}_${name}`), {
+        discard: true
+      })),
+  Effect.tapCause((cause) =>
+    Cause.hasInterruptsOnly(cause)
+      ? Console.error("jetworker migrations: interrupted; the open migration was rolled back")
+      : Cause.findErrorOption(cause).pipe(
+        (error) =>
+          error._tag === "Some"
+            ? Console.error(`jetworker migrations failed: ${describe(error.value)}`)
+            : Console.error(`jetworker migrations failed unexpectedly:\n${Cause.pretty(cause)}`)
+      ))
+)
+
+const usage = "usage: migrate.ts [--sql]\n  applies the jetworker migrations to DATABASE_URL; --sql prints their SQL instead"
+
+const main = (args: ReadonlyArray<string>): Effect.Effect<void, unknown> => {
+  if (args.length === 0) return Effect.asVoid(migrate)
+  if (args.length === 1 && args[0] === "--sql") return Console.log(Migrations.script)
+  return Effect.andThen(Console.error(usage), Effect.sync(() => (process.exitCode = 2)))
+}
+
+/** Runs like `NodeRuntime.runMain` (signals interrupt, exit code from the exit) but sets `process.exitCode`. */
+const runMain = Runtime.makeRunMain(({ fiber, teardown }) => {
+  const onSignal = () => fiber.interruptUnsafe(fiber.id)
+  process.once("SIGINT", onSignal)
+  process.once("SIGTERM", onSignal)
+  fiber.addObserver((exit) => {
+    process.removeListener("SIGINT", onSignal)
+    process.removeListener("SIGTERM", onSignal)
+    teardown(exit, (code) => {
+      if (code !== 0) process.exitCode = code
+    })
+  })
+})
+
+runMain(main(process.argv.slice(2)), { disableErrorReporting: true })

@@ -1,0 +1,12 @@
+/**
+ * `@jetworker/sql-pg`: jetworker's idempotency store on PostgreSQL and the migrations that create
+ * its table. Import modules as namespaces, e.g. `import { Migrations, PgIdempotencyStore } from
+ * "@jetworker/sql-pg"`. It holds no connection settings of its own: both modules run on the
+ * `SqlClient` the application provides (for example `PgClient.layer` from `@effect/sql-pg`).
+ *
+ * @since 0.1.0
+ */
+/** Migrations creating the tables the store needs. */
+export * as Migrations from "./Migrations.ts"
+/** The PostgreSQL idempotency store and its bounded clean-up. */
+export * as PgIdempotencyStore from "./PgIdempotencyStore.ts"

@@ -1,0 +1,34 @@
+/**
+ * Table names for the store: validated once, at construction, and quoted for interpolation into
+ * SQL text. Only lowercase identifiers (optionally schema-qualified) are accepted, so the quoted
+ * name means the same table as the unquoted one the migrations create.
+ */
+
+/** The table the migrations create and the store uses by default. */
+export const defaultTable = "jetworker_dedup"
+
+const identifier = /^[a-z_][a-z0-9_]{0,62}$/
+
+/** The validated, quoted form of `table`, or `undefined` when it is not a valid table name. */
+export const quote = (table: string): string | undefined => {
+  const parts = table.split(".")
+  if (parts.length > 2 || !parts.every((part) => identifier.test(part))) return undefined
+  return parts.map((part) => `"${part}"`).join(".")
+}
+
+/** Why `table` was refused, for the error message. */
+export const invalidMessage = (table: string): string =>
+  `invalid idempotency table name ${JSON.stringify(table)}: expected a lowercase SQL identifier ` +
+  `(letters, digits and "_", at most 63 characters, not starting with a digit), optionally ` +
+  `qualified by a schema as "schema.table"`
+
+/** The DDL for a dedup table named `quoted` (already validated and quoted); idempotent. */
+export const ddl = (quoted: string, indexName: string): ReadonlyArray<string> => [
+  `CREATE TABLE IF NOT EXISTS ${quoted} (
+  scope text NOT NULL,
+  id text NOT NULL,
+  committed_at timestamptz NOT NULL DEFAULT now(),
+  PRIMARY KEY (scope, id)
+)`,
+  `CREATE INDEX IF NOT EXISTS "${indexName}" ON ${quoted} (committed_at)`
+]

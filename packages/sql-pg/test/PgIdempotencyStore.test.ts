@@ -1,0 +1,394 @@
+import { assert, describe, it, layer } from "@effect/vitest"
+import { PgClient } from "@effect/sql-pg"
+import { CurrentDelivery } from "@jetworker/core/CurrentDelivery"
+import { IdempotencyError, IdempotencyStore, isDuplicate, type Key } from "@jetworker/core/IdempotencyStore"
+import * as Probe from "@jetworker/core/Probe"
+import { Data, Deferred, Effect, Exit, Fiber, Layer, Option, Redacted, Ref } from "effect"
+import { SqlClient } from "effect/sql"
+import * as SqlErrors from "effect/sql/SqlError"
+import { randomUUID } from "node:crypto"
+import * as TestDatabase from "../../testing/src/TestDatabase.ts"
+import { classify } from "../src/internal/errors.ts"
+import * as PgIdempotencyStore from "../src/PgIdempotencyStore.ts"
+import {
+  awaitLockWaiters,
+  awaitNoLockWaiters,
+  backendPid,
+  database,
+  dedupRows,
+  ledgerRows,
+  Observer,
+  pollUntil,
+  record
+} from "./support.ts"
+
+class Boom extends Data.TaggedError("Boom")<{ readonly message: string }> {}
+
+/** A key no other test uses. */
+const freshKey = (): Key => ({ scope: "ledger-applier", id: randomUUID() })
+
+/** Fails the test (bounded) when `fiber` does not finish in time. */
+const joinWithin = <A, E>(fiber: Fiber.Fiber<A, E>) => Effect.timeout(Fiber.join(fiber), "5 seconds")
+
+/**
+ * Starts a commit of `key` whose effect writes `note`, reports its backend pid, then waits for
+ * `release` before it ends (with `outcome`): a transaction holding the uncommitted dedup row.
+ */
+const holdKey = Effect.fnUntraced(function*(key: Key, note: string, outcome: Effect.Effect<string, Boom>) {
+  const store = yield* IdempotencyStore
+  const inside = yield* Deferred.make<number>()
+  const release = yield* Deferred.make<void>()
+  const fiber = yield* Effect.forkChild(store.commit(
+    key,
+    Effect.gen(function*() {
+      yield* record(note)
+      yield* Deferred.succeed(inside, yield* backendPid)
+      yield* Deferred.await(release)
+      return yield* outcome
+    })
+  ))
+  const pid = yield* Effect.timeout(Deferred.await(inside), "5 seconds")
+  return { fiber, pid, release: Deferred.succeed(release, undefined) } as const
+})
+
+// `excludeTestServices`: these tests do real I/O, so they run on the live clock (bounded waits
+// with Effect.timeout need it), like `it.live`.
+layer(
+  Layer.provideMerge(PgIdempotencyStore.layer(), database()),
+  { excludeTestServices: true }
+)("PgIdempotencyStore", (it) => {
+  it.effect("BE-JOB-002: a commit records the dedup row and the effect in one transaction", () =>
+    Effect.gen(function*() {
+      const store = yield* IdempotencyStore
+      const key = freshKey()
+      const seen = yield* Ref.make<ReadonlyArray<number>>([])
+      // At before-commit both writes are done but, seen from another connection, neither exists yet.
+      const probe: Probe.ProbeShape = {
+        hit: () =>
+          Effect.flatMap(
+            Effect.all([dedupRows(key), ledgerRows(key.id)]),
+            ([dedup, ledger]) => Ref.set(seen, [dedup, ledger])
+          ).pipe(Effect.orDie, Effect.provideService(Observer, observer))
+      }
+      const observer = yield* Observer
+      const result = yield* store.commit(key, Effect.as(record(key.id), "done")).pipe(
+        Effect.provideService(Probe.Probe, probe)
+      )
+      assert.strictEqual(result, "done")
+      assert.deepStrictEqual(yield* Ref.get(seen), [0, 0])
+      assert.strictEqual(yield* dedupRows(key), 1)
+      assert.strictEqual(yield* ledgerRows(key.id), 1)
+      assert.isTrue(yield* store.isCommitted(key))
+    }))
+
+  it.effect("BE-JOB-002: a failing effect leaves neither the dedup row nor its writes, and the key stays free", () =>
+    Effect.gen(function*() {
+      const store = yield* IdempotencyStore
+      const key = freshKey()
+      const boom = new Boom({ message: "transfer rejected" })
+      const error = yield* Effect.flip(store.commit(key, Effect.andThen(record(key.id), Effect.fail(boom))))
+      assert.strictEqual(error, boom)
+      assert.strictEqual(yield* dedupRows(key), 0)
+      assert.strictEqual(yield* ledgerRows(key.id), 0)
+      assert.isFalse(yield* store.isCommitted(key))
+      // A redelivery after the failure is not a duplicate: it runs and commits.
+      assert.strictEqual(yield* store.commit(key, Effect.as(record(key.id), "retried")), "retried")
+      assert.strictEqual(yield* ledgerRows(key.id), 1)
+    }))
+
+  it.effect("BE-JOB-002: a duplicate commit has no effect and returns Duplicate", () =>
+    Effect.gen(function*() {
+      const store = yield* IdempotencyStore
+      const key = freshKey()
+      const runs = yield* Ref.make(0)
+      const effect = Effect.andThen(Ref.update(runs, (n) => n + 1), Effect.as(record(key.id), "applied"))
+      assert.strictEqual(yield* store.commit(key, effect), "applied")
+      const second = yield* store.commit(key, effect)
+      assert.isTrue(isDuplicate(second))
+      assert.deepStrictEqual(isDuplicate(second) ? second.key : undefined, key)
+      assert.strictEqual(yield* Ref.get(runs), 1)
+      assert.strictEqual(yield* ledgerRows(key.id), 1)
+      assert.strictEqual(yield* dedupRows(key), 1)
+    }))
+
+  it.effect("BE-JOB-002: a concurrent duplicate waits on the first transaction and is Duplicate when it commits", () =>
+    Effect.gen(function*() {
+      const store = yield* IdempotencyStore
+      const key = freshKey()
+      const first = yield* holdKey(key, `${key.id}/first`, Effect.succeed("first"))
+      const secondRan = yield* Ref.make(false)
+      const second = yield* Effect.forkChild(
+        store.commit(key, Effect.andThen(Ref.set(secondRan, true), Effect.as(record(`${key.id}/second`), "second")))
+      )
+      // The second commit's INSERT is blocked by the first transaction, as PostgreSQL reports it.
+      const [waiter] = yield* awaitLockWaiters(first.pid)
+      assert.strictEqual(waiter!.waitEvent, "transactionid")
+      assert.include(waiter!.query, "ON CONFLICT")
+      assert.isUndefined(second.pollUnsafe())
+
+      yield* first.release
+      assert.strictEqual(yield* joinWithin(first.fiber), "first")
+      const result = yield* joinWithin(second)
+      assert.isTrue(isDuplicate(result))
+      assert.isFalse(yield* Ref.get(secondRan))
+      assert.strictEqual(yield* ledgerRows(`${key.id}/first`), 1)
+      assert.strictEqual(yield* ledgerRows(`${key.id}/second`), 0)
+      assert.strictEqual(yield* dedupRows(key), 1)
+    }))
+
+  it.effect("BE-JOB-002: a concurrent duplicate proceeds and commits when the first transaction rolls back", () =>
+    Effect.gen(function*() {
+      const store = yield* IdempotencyStore
+      const key = freshKey()
+      const boom = new Boom({ message: "first attempt failed" })
+      const first = yield* holdKey(key, `${key.id}/first`, Effect.fail(boom))
+      const second = yield* Effect.forkChild(store.commit(key, Effect.as(record(`${key.id}/second`), "second")))
+      yield* awaitLockWaiters(first.pid)
+      assert.isUndefined(second.pollUnsafe())
+
+      yield* first.release
+      const firstExit = yield* Effect.timeout(Fiber.await(first.fiber), "5 seconds")
+      assert.deepStrictEqual(firstExit, Exit.fail(boom))
+      assert.strictEqual(yield* joinWithin(second), "second")
+      assert.strictEqual(yield* ledgerRows(`${key.id}/first`), 0)
+      assert.strictEqual(yield* ledgerRows(`${key.id}/second`), 1)
+      assert.strictEqual(yield* dedupRows(key), 1)
+    }))
+
+  it.effect("BE-JOB-002: an interrupted commit waiting on the key stops waiting and leaves nothing", () =>
+    Effect.gen(function*() {
+      const store = yield* IdempotencyStore
+      const key = freshKey()
+      const first = yield* holdKey(key, `${key.id}/first`, Effect.succeed("first"))
+      const secondRan = yield* Ref.make(false)
+      const second = yield* Effect.forkChild(
+        store.commit(key, Effect.andThen(Ref.set(secondRan, true), record(`${key.id}/second`)))
+      )
+      yield* awaitLockWaiters(first.pid)
+      yield* Effect.timeout(Fiber.interrupt(second), "5 seconds")
+      yield* awaitNoLockWaiters(first.pid)
+
+      yield* first.release
+      assert.strictEqual(yield* joinWithin(first.fiber), "first")
+      assert.isFalse(yield* Ref.get(secondRan))
+      assert.strictEqual(yield* dedupRows(key), 1)
+      assert.strictEqual(yield* ledgerRows(`${key.id}/second`), 0)
+    }))
+
+  it.effect("the effect's own SqlError passes through unchanged, not as an IdempotencyError", () =>
+    Effect.gen(function*() {
+      const store = yield* IdempotencyStore
+      const key = freshKey()
+      const raised = yield* Ref.make<unknown>(undefined)
+      const failing = SqlClient.SqlClient.use((sql) => sql`SELECT * FROM no_such_business_table`).pipe(
+        Effect.tapError((error) => Ref.set(raised, error))
+      )
+      const error = yield* Effect.flip(store.commit(key, failing))
+      assert.strictEqual(error, yield* Ref.get(raised))
+      assert.strictEqual(error._tag, "SqlError")
+      assert.isFalse(yield* store.isCommitted(key))
+    }))
+
+  it.effect("an effect that recovers from a SQL error inside the transaction commits nothing: the aborted COMMIT is an IdempotencyError", () =>
+    Effect.gen(function*() {
+      const store = yield* IdempotencyStore
+      const key = freshKey()
+      // PostgreSQL aborts the transaction at the failed statement; recovering in Effect does not undo that.
+      const swallowing = Effect.andThen(
+        record(key.id),
+        SqlClient.SqlClient.use((sql) => sql`SELECT * FROM no_such_business_table`).pipe(Effect.ignore)
+      )
+      const error = yield* Effect.flip(store.commit(key, swallowing))
+      assert.instanceOf(error, IdempotencyError)
+      assert.strictEqual((error as IdempotencyError).reason, "Unavailable")
+      assert.include(error.message, "aborted transaction")
+      assert.strictEqual(yield* dedupRows(key), 0)
+      assert.strictEqual(yield* ledgerRows(key.id), 0)
+    }))
+
+  it.effect("a missing dedup table is an IdempotencyError Misconfigured that says to run the migrations", () =>
+    Effect.gen(function*() {
+      const store = yield* PgIdempotencyStore.make({ table: "missing_dedup" })
+      const ran = yield* Ref.make(false)
+      const error = yield* Effect.flip(store.commit(freshKey(), Ref.set(ran, true)))
+      assert.instanceOf(error, IdempotencyError)
+      assert.strictEqual(error.reason, "Misconfigured")
+      assert.isFalse(error.isRetryable)
+      assert.match(error.message, /missing_dedup.*run the jetworker migrations/s)
+      assert.isFalse(yield* Ref.get(ran))
+      const checkError = yield* Effect.flip(store.isCommitted(freshKey()))
+      assert.strictEqual(checkError.reason, "Misconfigured")
+    }))
+
+  it.effect("a table without the (scope, id) primary key is Misconfigured, never a silent non-deduplicating store", () =>
+    Effect.gen(function*() {
+      const sql = yield* SqlClient.SqlClient
+      yield* sql`CREATE TABLE keyless_dedup (scope text, id text, committed_at timestamptz DEFAULT now())`
+      const store = yield* PgIdempotencyStore.make({ table: "keyless_dedup" })
+      const error = yield* Effect.flip(store.commit(freshKey(), Effect.void))
+      assert.strictEqual(error._tag, "IdempotencyError")
+      assert.strictEqual((error as IdempotencyError).reason, "Misconfigured")
+    }))
+
+  it.effect("a schema-qualified table name is accepted", () =>
+    Effect.gen(function*() {
+      const schema = yield* TestDatabase.TestSchema
+      const store = yield* PgIdempotencyStore.make({ table: `${schema.name}.jetworker_dedup` })
+      const key = freshKey()
+      assert.strictEqual(yield* store.commit(key, Effect.succeed("ok")), "ok")
+      assert.isTrue(isDuplicate(yield* store.commit(key, Effect.succeed("again"))))
+    }))
+
+  it.effect("an invalid table name fails the layer with Misconfigured, before any SQL", () =>
+    Effect.gen(function*() {
+      for (const table of ["dedup; DROP TABLE ledger", "Dedup", "a.b.c", "", "1dedup", "x".repeat(64)]) {
+        const error = yield* Effect.flip(Layer.build(PgIdempotencyStore.layer({ table })))
+        assert.strictEqual(error.reason, "Misconfigured", table)
+        assert.include(error.message, "invalid idempotency table name")
+      }
+    }))
+
+  it.effect("a lock timeout while waiting on the key is a retryable IdempotencyError Conflict", () =>
+    Effect.gen(function*() {
+      const key = freshKey()
+      const first = yield* holdKey(key, `${key.id}/first`, Effect.succeed("first"))
+      // A second pool whose sessions give up on a lock after 200ms.
+      const error = yield* Effect.gen(function*() {
+        const impatient = yield* PgIdempotencyStore.make()
+        return yield* Effect.flip(Effect.timeout(impatient.commit(key, Effect.void), "5 seconds"))
+      }).pipe(Effect.provide(TestDatabase.client({ maxConnections: 1, startupParameters: { lock_timeout: "200ms" } })))
+      assert.instanceOf(error, IdempotencyError)
+      assert.strictEqual((error as IdempotencyError).reason, "Conflict")
+      assert.isTrue((error as IdempotencyError).isRetryable)
+      yield* first.release
+      assert.strictEqual(yield* joinWithin(first.fiber), "first")
+    }))
+
+  it.effect("reports before-commit to the Probe with the delivery's sequence, or -1 outside a delivery", () =>
+    Effect.gen(function*() {
+      const store = yield* IdempotencyStore
+      const hits = yield* Ref.make<ReadonlyArray<Probe.Hit>>([])
+      const probe: Probe.ProbeShape = { hit: (hit) => Ref.update(hits, (all) => [...all, hit]) }
+      const inDelivery = freshKey()
+      yield* store.commit(inDelivery, Effect.void).pipe(
+        Effect.provideService(CurrentDelivery, {
+          consumer: inDelivery.scope,
+          eventId: inDelivery.id,
+          attempt: 1,
+          attempts: 3,
+          subject: "ledger.transfer",
+          sequence: 42
+        }),
+        Effect.provideService(Probe.Probe, probe)
+      )
+      const outside = freshKey()
+      yield* store.commit(outside, Effect.void).pipe(Effect.provideService(Probe.Probe, probe))
+      // A duplicate runs no effect, so it reaches no before-commit point.
+      yield* store.commit(outside, Effect.void).pipe(Effect.provideService(Probe.Probe, probe))
+      assert.deepStrictEqual(yield* Ref.get(hits), [
+        { point: "before-commit", consumer: inDelivery.scope, sequence: 42, eventId: inDelivery.id },
+        { point: "before-commit", consumer: outside.scope, sequence: -1, eventId: outside.id }
+      ])
+    }))
+
+  it.effect("inside an open transaction the dedup row joins it: rolling that back frees the key", () =>
+    Effect.gen(function*() {
+      const sql = yield* SqlClient.SqlClient
+      const store = yield* IdempotencyStore
+      const key = freshKey()
+      const boom = new Boom({ message: "outer transaction fails later" })
+      const error = yield* Effect.flip(sql.withTransaction(
+        Effect.andThen(store.commit(key, record(key.id)), Effect.fail(boom))
+      ))
+      assert.strictEqual(error, boom)
+      assert.strictEqual(yield* dedupRows(key), 0)
+      assert.strictEqual(yield* ledgerRows(key.id), 0)
+      assert.isFalse(yield* store.isCommitted(key))
+    }))
+
+  it.effect("purge deletes only rows older than olderThan, at most limit per call", () =>
+    Effect.gen(function*() {
+      const sql = yield* SqlClient.SqlClient
+      const scope = `purge-${randomUUID()}`
+      yield* sql`INSERT INTO jetworker_dedup (scope, id, committed_at)
+        SELECT ${scope}, 'old-' || n, now() - interval '2 hours' - n * interval '1 minute' FROM generate_series(1, 3) AS n`
+      yield* sql`INSERT INTO jetworker_dedup (scope, id, committed_at)
+        SELECT ${scope}, 'new-' || n, now() - interval '10 minutes' FROM generate_series(1, 2) AS n`
+      const remaining = Effect.map(
+        sql<{ readonly id: string }>`SELECT id FROM jetworker_dedup WHERE scope = ${scope} ORDER BY id`,
+        (rows) => rows.map((row) => row.id)
+      )
+      assert.strictEqual(yield* PgIdempotencyStore.purge({ olderThan: "1 hour", limit: 2 }), 2)
+      // The oldest go first.
+      assert.deepStrictEqual(yield* remaining, ["new-1", "new-2", "old-1"])
+      assert.strictEqual(yield* PgIdempotencyStore.purge({ olderThan: "1 hour", limit: 2 }), 1)
+      assert.strictEqual(yield* PgIdempotencyStore.purge({ olderThan: "1 hour", limit: 2 }), 0)
+      assert.deepStrictEqual(yield* remaining, ["new-1", "new-2"])
+    }))
+
+  it.effect("purge refuses a non-positive limit or an infinite age with Misconfigured", () =>
+    Effect.gen(function*() {
+      for (const options of [{ olderThan: "1 hour", limit: 0 }, { olderThan: "1 hour", limit: 1.5 }, {
+        olderThan: "Infinity",
+        limit: 10
+      }] as const) {
+        const error = yield* Effect.flip(PgIdempotencyStore.purge(options))
+        assert.strictEqual(error.reason, "Misconfigured")
+      }
+    }))
+
+  it.effect("purge on a missing table is Misconfigured", () =>
+    Effect.gen(function*() {
+      const error = yield* Effect.flip(PgIdempotencyStore.purge({ olderThan: "1 day", limit: 10, table: "nope" }))
+      assert.strictEqual(error.reason, "Misconfigured")
+    }))
+
+  it.effect("polls observe the blocked backend until it is gone", () =>
+    // Guards the helpers above: an idle database has no waiter on a backend that holds nothing.
+    Effect.gen(function*() {
+      const pid = yield* backendPid
+      yield* awaitNoLockWaiters(pid)
+      const none = yield* Effect.exit(
+        pollUntil("a value that never comes", Effect.succeed(Option.none<number>()), "100 millis")
+      )
+      assert.isTrue(Exit.isFailure(none))
+    }))
+})
+
+describe("PgIdempotencyStore without a reachable database", () => {
+  it.live("an unreachable database is an IdempotencyError Unavailable", () =>
+    Effect.gen(function*() {
+      const store = yield* PgIdempotencyStore.make()
+      const ran = yield* Ref.make(false)
+      const error = yield* Effect.flip(Effect.timeout(store.commit(freshKey(), Ref.set(ran, true)), "10 seconds"))
+      assert.instanceOf(error, IdempotencyError)
+      assert.strictEqual((error as IdempotencyError).reason, "Unavailable")
+      assert.isTrue((error as IdempotencyError).isRetryable)
+      assert.isFalse(yield* Ref.get(ran))
+    }).pipe(
+      Effect.provide(PgClient.layer({ url: Redacted.make("postgres://postgres@127.0.0.1:1/test"), connectTimeout: "2 seconds" }))
+    ))
+})
+
+describe("PgIdempotencyStore error classification", () => {
+  const sqlError = (reason: SqlErrors.SqlErrorReason) => new SqlErrors.SqlError({ reason })
+  const withCode = (code: string) => Object.assign(new Error("from PostgreSQL"), { code })
+
+  it("maps each SQL error reason of the store's own statements to an IdempotencyError reason", () => {
+    const cases: ReadonlyArray<readonly [SqlErrors.SqlErrorReason, IdempotencyError["reason"]]> = [
+      [new SqlErrors.ConnectionError({ cause: new Error("ECONNRESET") }), "Unavailable"],
+      [new SqlErrors.DeadlockError({ cause: withCode("40P01") }), "Conflict"],
+      [new SqlErrors.SerializationError({ cause: withCode("40001") }), "Conflict"],
+      [new SqlErrors.LockTimeoutError({ cause: withCode("55P03") }), "Conflict"],
+      [new SqlErrors.StatementTimeoutError({ cause: withCode("57014") }), "Conflict"],
+      [new SqlErrors.SqlSyntaxError({ cause: withCode("42703") }), "Misconfigured"],
+      [new SqlErrors.UnknownError({ cause: withCode("42P01") }), "Misconfigured"],
+      [new SqlErrors.UnknownError({ cause: new Error("COMMIT rolled back an aborted transaction") }), "Unavailable"],
+      [new SqlErrors.AuthenticationError({ cause: withCode("28P01") }), "Unavailable"],
+      [new SqlErrors.ConstraintError({ cause: withCode("23502") }), "Unavailable"]
+    ]
+    for (const [reason, expected] of cases) {
+      assert.strictEqual(classify(sqlError(reason), "\"jetworker_dedup\"").reason, expected, reason._tag)
+    }
+  })
+})

@@ -1,0 +1,102 @@
+/**
+ * Shared pieces of the sql-pg tests: a throw-away schema (with the migrations applied and a
+ * `ledger` table standing for the business effect), an `Observer` client whose statements never
+ * join the store's transaction, and bounded polls on what PostgreSQL reports.
+ */
+import { Context, Duration, Effect, Layer, Option } from "effect"
+import { type Migrator, SqlClient } from "effect/sql"
+import type { SqlError } from "effect/sql/SqlError"
+import * as TestDatabase from "../../testing/src/TestDatabase.ts"
+import * as Migrations from "../src/Migrations.ts"
+
+/** A second client on the test schema: sees only committed data, never joins a transaction of the first. */
+export class Observer extends Context.Service<Observer, SqlClient.SqlClient>()("test/sql-pg/Observer") {}
+
+/** The {@link Observer}: its own small pool on the current test schema. */
+export const observerLayer: Layer.Layer<Observer, SqlError, TestDatabase.TestSchema> = Layer.effect(
+  Observer,
+  SqlClient.SqlClient.useSync((sql) => sql)
+).pipe(Layer.provide(TestDatabase.client({ maxConnections: 2 })))
+
+const ledgerLayer = Layer.effectDiscard(
+  SqlClient.SqlClient.use((sql) => sql`CREATE TABLE ledger (id serial PRIMARY KEY, note text NOT NULL)`)
+)
+
+/** A migrated throw-away schema with a `ledger` table, its client, and an {@link Observer}. */
+export const database = (): Layer.Layer<
+  SqlClient.SqlClient | TestDatabase.TestSchema | Observer,
+  SqlError | Migrator.MigrationError
+> =>
+  Layer.mergeAll(Migrations.layer, ledgerLayer, observerLayer).pipe(
+    Layer.provideMerge(TestDatabase.layer({ maxConnections: 6 }))
+  )
+
+/** The business effect of the tests: one ledger row, written through the current transaction. */
+export const record = (note: string): Effect.Effect<void, SqlError, SqlClient.SqlClient> =>
+  SqlClient.SqlClient.use((sql) => Effect.asVoid(sql`INSERT INTO ledger (note) VALUES (${note})`))
+
+/** Committed ledger rows with `note`, as another connection sees them. */
+export const ledgerRows = (note: string): Effect.Effect<number, SqlError, Observer> =>
+  Observer.use((sql) =>
+    Effect.map(sql<{ readonly n: number }>`SELECT count(*)::int AS n FROM ledger WHERE note = ${note}`, (rows) =>
+      rows[0]?.n ?? 0)
+  )
+
+/** Committed dedup rows for the key, as another connection sees them. */
+export const dedupRows = (key: { readonly scope: string; readonly id: string }): Effect.Effect<number, SqlError, Observer> =>
+  Observer.use((sql) =>
+    Effect.map(
+      sql<{ readonly n: number }>`SELECT count(*)::int AS n FROM jetworker_dedup WHERE scope = ${key.scope} AND id = ${key.id}`,
+      (rows) => rows[0]?.n ?? 0
+    )
+  )
+
+/** The backend pid of the connection running the current statement (inside a transaction: its connection). */
+export const backendPid: Effect.Effect<number, SqlError, SqlClient.SqlClient> = SqlClient.SqlClient.use((sql) =>
+  Effect.map(sql<{ readonly pid: number }>`SELECT pg_backend_pid() AS pid`, (rows) => rows[0]!.pid)
+)
+
+/** Repeats `check` every 10 ms until it yields a value; dies when `within` passes first. */
+export const pollUntil = <A, E, R>(
+  what: string,
+  check: Effect.Effect<Option.Option<A>, E, R>,
+  within: Duration.Input = "5 seconds"
+): Effect.Effect<A, E, R> => {
+  const loop: Effect.Effect<A, E, R> = Effect.flatMap(check, (found) =>
+    Option.isSome(found) ? Effect.succeed(found.value) : Effect.andThen(Effect.sleep("10 millis"), Effect.suspend(() => loop)))
+  return Effect.timeoutOrElse(loop, {
+    duration: within,
+    orElse: () => Effect.die(new Error(`timed out after ${Duration.format(Duration.fromInputUnsafe(within))} waiting for ${what}`))
+  })
+}
+
+/** A backend PostgreSQL reports as waiting on a lock held by `blocker`. */
+export interface LockWaiter {
+  readonly pid: number
+  readonly waitEvent: string
+  readonly query: string
+}
+
+/** The backends waiting (`wait_event_type = 'Lock'`) on a lock held by backend `blocker`, now. */
+export const lockWaiters = (blocker: number): Effect.Effect<ReadonlyArray<LockWaiter>, SqlError, Observer> =>
+  Observer.use((sql) =>
+    sql<LockWaiter>`SELECT pid, wait_event AS "waitEvent", query FROM pg_stat_activity
+      WHERE wait_event_type = 'Lock' AND ${blocker}::int = ANY(pg_blocking_pids(pid)) ORDER BY pid`
+  )
+
+/** Waits (bounded) until `count` backends wait on a lock held by `blocker`; returns them. */
+export const awaitLockWaiters = (
+  blocker: number,
+  count = 1
+): Effect.Effect<ReadonlyArray<LockWaiter>, SqlError, Observer> =>
+  pollUntil(
+    `${count} backend(s) blocked by ${blocker}`,
+    Effect.map(lockWaiters(blocker), (rows) => rows.length >= count ? Option.some(rows) : Option.none())
+  )
+
+/** Waits (bounded) until no backend waits on a lock held by `blocker`. */
+export const awaitNoLockWaiters = (blocker: number): Effect.Effect<void, SqlError, Observer> =>
+  pollUntil(
+    `no backend blocked by ${blocker}`,
+    Effect.map(lockWaiters(blocker), (rows) => rows.length === 0 ? Option.some(undefined) : Option.none())
+  )

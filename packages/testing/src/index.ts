@@ -1,0 +1,11 @@
+/**
+ * `@jetworker/testing`: scoped test harness for jetworker. Import modules as namespaces, e.g.
+ * `import { FaultProxy } from "@jetworker/testing"`.
+ *
+ * @since 0.1.0
+ */
+export * as FaultProxy from "./FaultProxy.ts"
+export * as ChildWorker from "./ChildWorker.ts"
+export * as OutcomeLog from "./OutcomeLog.ts"
+export * as TestStream from "./TestStream.ts"
+export * as TestDatabase from "./TestDatabase.ts"
