@@ -89,13 +89,13 @@ export const setup = (settings: Settings) =>
     yield* LedgerMigrations.run
   })
 
-/** Sets up, then runs the worker until interrupted (graceful drain) or its source fails. */
+/** Sets up, then runs the worker with `settings` until interrupted (graceful drain) or its source fails. */
+export const runWith = (settings: Settings, onOutcome?: (outcome: Outcome.Outcome) => Effect.Effect<void>) =>
+  Effect.andThen(setup(settings), Consumer.run(consumer(settings, onOutcome)))
+
+/** Like {@link runWith}, with the settings read from the environment. */
 export const run = (onOutcome?: (outcome: Outcome.Outcome) => Effect.Effect<void>) =>
-  Effect.gen(function*() {
-    const s = yield* settings
-    yield* setup(s)
-    return yield* Consumer.run(consumer(s, onOutcome))
-  })
+  Effect.flatMap(settings, (s) => runWith(s, onOutcome))
 
 /** PostgreSQL from `DATABASE_URL` (a secret), optionally on schema `DATABASE_SCHEMA`. */
 export const DatabaseLive = Layer.unwrap(Effect.gen(function*() {

@@ -1,0 +1,79 @@
+/**
+ * Helpers for tests of the reference ledger: settings pointing the worker at a throw-away stream,
+ * transfer payloads, and the checks every exactly-once test makes.
+ */
+import { DateTime, Duration, Effect } from "effect"
+import { SqlClient } from "effect/sql"
+import type { TestStream } from "@jetworker/testing"
+import type * as LedgerWorker from "../../examples/ledger/src/LedgerWorker.ts"
+import { toJson } from "../../examples/ledger/src/TransferEvent.ts"
+
+export { openAccount, totalBalance, transferCount } from "../../examples/ledger/src/Ledger.ts"
+
+/** Worker settings for `stream` (its subjects, its consumer), with a short lease so redelivery is quick. */
+export const settingsFor = (
+  stream: TestStream.TestStream,
+  overrides: Partial<LedgerWorker.Settings> = {}
+): LedgerWorker.Settings => ({
+  stream: stream.stream,
+  subjectPrefix: stream.subjectPrefix,
+  consumer: stream.consumer,
+  ackWait: Duration.seconds(5),
+  concurrency: 4,
+  attempts: 5,
+  retryBase: Duration.millis(50),
+  drainTimeout: Duration.seconds(5),
+  ...overrides
+})
+
+/** The environment a child-process ledger worker needs to run against `settings` and `schema`. */
+export const workerEnv = (settings: LedgerWorker.Settings, schema: string, databaseUrl: string, natsUrl: string) => ({
+  NATS_URL: natsUrl,
+  DATABASE_URL: databaseUrl,
+  DATABASE_SCHEMA: schema,
+  LEDGER_STREAM: settings.stream,
+  LEDGER_SUBJECT_PREFIX: settings.subjectPrefix,
+  LEDGER_CONSUMER: settings.consumer,
+  LEDGER_ACK_WAIT: `${Duration.toMillis(settings.ackWait)} millis`,
+  LEDGER_CONCURRENCY: String(settings.concurrency),
+  LEDGER_ATTEMPTS: String(settings.attempts),
+  LEDGER_RETRY_BASE: `${Duration.toMillis(settings.retryBase)} millis`,
+  LEDGER_DRAIN_TIMEOUT: `${Duration.toMillis(settings.drainTimeout)} millis`
+})
+
+/** A transfer's JSON, created now, in EUR. */
+export const transfer = (
+  id: string,
+  from: string,
+  to: string,
+  amount: number,
+  options: { readonly expiresAt?: DateTime.Utc; readonly currency?: string } = {}
+): string =>
+  toJson({
+    id,
+    from,
+    to,
+    amount,
+    currency: options.currency ?? "EUR",
+    createdAt: DateTime.makeUnsafe(Date.now()),
+    ...(options.expiresAt === undefined ? {} : { expiresAt: options.expiresAt })
+  })
+
+/** A unique prefix for account and transfer ids of one test. */
+export const uniquePrefix = (label: string): string => `${label}-${crypto.randomUUID().slice(0, 8)}`
+
+/** How many times each transfer id appears in `transfers` (ids absent from the table are omitted). */
+export const transferCounts = Effect.fnUntraced(function*(ids: ReadonlyArray<string>) {
+  const sql = yield* SqlClient.SqlClient
+  const rows = yield* sql<{ readonly id: string; readonly n: number }>`
+    SELECT id, count(*)::int AS n FROM transfers WHERE id IN ${sql.in(ids)} GROUP BY id`
+  return new Map(rows.map((row) => [row.id, row.n]))
+})
+
+/** Whether the dedup row of (`scope`, `id`) is committed (read from another transaction). */
+export const dedupRowExists = Effect.fnUntraced(function*(scope: string, id: string) {
+  const sql = yield* SqlClient.SqlClient
+  const rows = yield* sql<{ readonly n: number }>`
+    SELECT count(*)::int AS n FROM jetworker_dedup WHERE scope = ${scope} AND id = ${id}`
+  return (rows[0]?.n ?? 0) > 0
+})
