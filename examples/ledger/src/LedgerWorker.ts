@@ -51,11 +51,11 @@ export const consumer = (
   onOutcome?: (outcome: Outcome.Outcome) => Effect.Effect<void>
 ) =>
   Consumer.make({
-    name: settings.consumer,
+    name: settings.consumer, // "ledger-applier": also the deduplication scope
     source: JetStreamSource.make({ stream: settings.stream, consumer: settings.consumer }),
-    schema: TransferEvent,
-    metadata,
-    handle: (event) => IdempotencyStore.commit(event.id, applyTransfer(event)),
+    schema: TransferEvent, // effect Schema; undecodable or invalid => Rejected (dead-lettered)
+    metadata, // event -> { id, time, expiresAt? }
+    handle: (event) => IdempotencyStore.commit(event.id, applyTransfer(event)), // one SQL transaction
     classify: {
       UnknownAccount: "permanent",
       InsufficientFunds: "permanent",

@@ -60,7 +60,9 @@ const detail = (outcome: Outcome.Outcome): string => {
   switch (outcome._tag) {
     case "Rejected":
     case "DeadLettered":
-      return `${outcome.reason}: ${outcome.error.tag}: ${outcome.error.message}`
+      return outcome.reason === outcome.error.tag
+        ? `${outcome.reason}: ${outcome.error.message}`
+        : `${outcome.reason}: ${outcome.error.tag}: ${outcome.error.message}`
     case "Released":
       return `${outcome.reason}${outcome.retryIn === undefined ? "" : ` in ${Duration.format(outcome.retryIn)}`}` +
         (outcome.error === undefined ? "" : `: ${outcome.error.tag}`)
@@ -155,7 +157,8 @@ const program = Effect.gen(function*() {
 const Live = Layer.mergeAll(
   LedgerWorker.WorkerLive,
   Logger.layer([Logger.consolePretty()]),
-  Layer.succeed(References.MinimumLogLevel, "Warn")
+  // The table reports every outcome; the engine's own per-message warnings would repeat it.
+  Layer.succeed(References.MinimumLogLevel, "Error")
 )
 
 NodeRuntime.runMain(program.pipe(Effect.provide(Live)), { disableErrorReporting: true })

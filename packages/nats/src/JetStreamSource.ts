@@ -138,6 +138,11 @@ export const make = (options: Options): Source.Source<NatsConnection> => {
         if (closed) return Effect.void
         closed = true
         return Effect.gen(function*() {
+          // A round trip first: what the server already sent lands in the buffer (and is naked
+          // below) instead of being dropped with the inbox and waiting out its ack wait.
+          yield* Effect.promise(() => connection.connection.flush().catch(() => undefined)).pipe(
+            Effect.timeoutOption(Duration.millis(settleTimeoutMillis))
+          )
           messages.stop()
           let released = 0
           while (true) {

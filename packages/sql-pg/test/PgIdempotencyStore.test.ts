@@ -57,7 +57,7 @@ layer(
   Layer.provideMerge(PgIdempotencyStore.layer(), database()),
   { excludeTestServices: true }
 )("PgIdempotencyStore", (it) => {
-  it.effect("BE-JOB-002: a commit records the dedup row and the effect in one transaction", () =>
+  it.effect("BE-JOB-002: atomicity of deduplication: a commit records the dedup row and the effect in one transaction", () =>
     Effect.gen(function*() {
       const store = yield* IdempotencyStore
       const key = freshKey()
@@ -81,7 +81,7 @@ layer(
       assert.isTrue(yield* store.isCommitted(key))
     }))
 
-  it.effect("BE-JOB-002: a failing effect leaves neither the dedup row nor its writes, and the key stays free", () =>
+  it.effect("BE-JOB-002: atomicity of deduplication: a failing effect leaves neither the dedup row nor its writes, and the key stays free", () =>
     Effect.gen(function*() {
       const store = yield* IdempotencyStore
       const key = freshKey()

@@ -1,0 +1,181 @@
+/**
+ * Prints which tests prove which requirement, read from the test names (a requirement test's name
+ * starts with its id, e.g. `BE-JOB-002: concurrent redelivery ...`), and which of the standard's
+ * Verification lines each test covers. With `--check` it exits 1 when a Verification line of a
+ * requirement in scope has no test, or when a test names an unknown requirement.
+ *
+ *   node scripts/requirements-matrix.ts [--check]
+ */
+import { readdirSync, readFileSync, statSync } from "node:fs"
+import { join, relative } from "node:path"
+
+interface Verification {
+  /** The Verification line, in the standard's words. */
+  readonly line: string
+  /** What a test name must contain (after its id) to count for this line. */
+  readonly match: RegExp
+}
+
+interface Requirement {
+  readonly id: string
+  readonly title: string
+  /** Whether the project claims it yet (a missing test fails `--check` only for these). */
+  readonly inScope: boolean
+  readonly verifications: ReadonlyArray<Verification>
+}
+
+const requirements: ReadonlyArray<Requirement> = [
+  {
+    id: "BE-JOB-001",
+    title: "Ack after the result",
+    inScope: true,
+    verifications: [
+      { line: "crash before the commit", match: /crash(ed)? before the commit/i },
+      { line: "crash after the commit", match: /crash(ed)? after the commit/i },
+      { line: "unavailable store", match: /store (is )?unavailable/i },
+      { line: "unavailable broker", match: /broker (is )?unavailable/i },
+      { line: "the ack matched to the transaction boundary", match: /transaction boundary/i }
+    ]
+  },
+  {
+    id: "BE-JOB-002",
+    title: "Idempotent reprocessing",
+    inScope: true,
+    verifications: [
+      { line: "sequential redelivery", match: /sequential redelivery/i },
+      { line: "concurrent redelivery", match: /concurrent redelivery/i },
+      { line: "restart between the effect and the ack", match: /restart between the effect and the ack/i },
+      { line: "atomicity of deduplication", match: /atomicity of deduplication/i }
+    ]
+  },
+  {
+    id: "BE-JOB-003",
+    title: "Bounded retries and a terminal outcome",
+    inScope: true,
+    verifications: [
+      { line: "transient error", match: /transient error/i },
+      { line: "permanent error", match: /permanent error/i },
+      { line: "reaching the limit and the observable terminal outcome", match: /attempts limit/i },
+      { line: "writing to the dead-letter channel", match: /dead-letter write/i },
+      { line: "controlled replay", match: /controlled replay/i }
+    ]
+  },
+  {
+    id: "BE-JOB-004",
+    title: "Ordering and concurrency",
+    inScope: false,
+    verifications: [
+      { line: "permuted and parallel delivery", match: /permuted|parallel delivery/i },
+      { line: "two messages with the same key", match: /same key/i },
+      { line: "load test of the prefetch and queue limits", match: /prefetch|queue limit/i }
+    ]
+  },
+  {
+    id: "BE-JOB-005",
+    title: "Work expiry",
+    inScope: false,
+    verifications: [
+      { line: "delivery before and after expiry", match: /before and after expiry|after expiry/i },
+      { line: "expiry while waiting for a dependency", match: /while waiting/i },
+      { line: "no business effect plus a separate expiry metric", match: /expiry metric/i },
+      { line: "producer/consumer clock consistency", match: /clock/i }
+    ]
+  },
+  {
+    id: "BE-JOB-006",
+    title: "Ownership of reserved work",
+    inScope: false,
+    verifications: [
+      { line: "pause longer than the reservation", match: /pause longer/i },
+      { line: "failed and delayed extension", match: /extension/i },
+      { line: "old and new owner running concurrently", match: /old and new owner/i },
+      { line: "no ack after ownership is lost", match: /ownership is lost|lease (is )?lost/i }
+    ]
+  },
+  {
+    id: "BE-JOB-007",
+    title: "Independent results in a batch",
+    inScope: false,
+    verifications: [
+      { line: "failure of the first, middle and last element", match: /first, middle and last/i },
+      { line: "crash after a partial commit", match: /partial commit/i },
+      { line: "redelivery of the whole batch", match: /whole batch/i },
+      { line: "individual acks or durable per-element results", match: /individual acks|per-element/i }
+    ]
+  },
+  { id: "INT-NATS-002", title: "Stream and consumer contract", inScope: false, verifications: [] },
+  { id: "INT-NATS-007", title: "Confirmed JetStream publish", inScope: false, verifications: [] },
+  ...["001", "002", "003", "004", "005", "006", "007"].map((n): Requirement => ({
+    id: `BE-SHUT-${n}`,
+    title: "Graceful shutdown",
+    inScope: false,
+    verifications: []
+  }))
+]
+
+const ROOT = new URL("..", import.meta.url).pathname
+const SKIP = new Set(["node_modules", ".git", ".tools", ".tmp", "dist"])
+
+const testFiles = (dir: string): Array<string> =>
+  readdirSync(dir).flatMap((name) => {
+    if (SKIP.has(name)) return []
+    const path = join(dir, name)
+    if (statSync(path).isDirectory()) return testFiles(path)
+    return name.endsWith(".test.ts") ? [path] : []
+  })
+
+interface TestName {
+  readonly file: string
+  readonly name: string
+}
+
+// `it("...")`, `it.effect("...")`, `it.effect.each(...)("...")`, `test("...")`, with any quote.
+const TEST_CALL = /\b(?:it|test)(?:\.[A-Za-z]+)*(?:\([^()]*\))?\(\s*(["'`])((?:\\.|(?!\1)[^\\])*)\1/g
+
+const names: Array<TestName> = testFiles(ROOT).flatMap((file) => {
+  const text = readFileSync(file, "utf8")
+  return [...text.matchAll(TEST_CALL)].map((m) => ({ file: relative(ROOT, file), name: m[2]!.replace(/\s+/g, " ") }))
+})
+
+const ID = /^((?:BE-JOB|BE-SHUT|INT-NATS|INT-EVT)-\d{3})\b/
+const known = new Map(requirements.map((r) => [r.id, r]))
+const problems: Array<string> = []
+const byId = new Map<string, Array<TestName>>()
+for (const test of names) {
+  const id = ID.exec(test.name)?.[1]
+  if (id === undefined) continue
+  if (!known.has(id)) problems.push(`${test.file}: "${test.name}" names unknown requirement ${id}`)
+  const list = byId.get(id) ?? []
+  list.push(test)
+  byId.set(id, list)
+}
+
+const lines: Array<string> = []
+let proven = 0
+let needed = 0
+for (const requirement of requirements) {
+  const tests = byId.get(requirement.id) ?? []
+  lines.push(`\n${requirement.id} ${requirement.title}${requirement.inScope ? "" : " (not yet in scope)"}: ${tests.length} test(s)`)
+  for (const verification of requirement.verifications) {
+    const covering = tests.filter((t) => verification.match.test(t.name.slice(requirement.id.length)))
+    if (requirement.inScope) {
+      needed++
+      if (covering.length > 0) proven++
+      else problems.push(`${requirement.id}: no test for the Verification line "${verification.line}"`)
+    }
+    lines.push(`  ${covering.length > 0 ? "✓" : requirement.inScope ? "✗" : "·"} ${verification.line}`)
+    for (const t of covering) lines.push(`      ${t.file}: ${t.name}`)
+  }
+  const unmatched = tests.filter((t) =>
+    !requirement.verifications.some((v) => v.match.test(t.name.slice(requirement.id.length)))
+  )
+  for (const t of unmatched) lines.push(`    (also) ${t.file}: ${t.name}`)
+}
+
+console.log(`Requirement -> test matrix (${names.length} tests in ${new Set(names.map((n) => n.file)).size} files)`)
+console.log(lines.join("\n"))
+console.log(`\nVerification lines in scope with a test: ${proven}/${needed}`)
+if (problems.length > 0) {
+  console.log(`\nProblems:\n- ${problems.join("\n- ")}`)
+  if (process.argv.includes("--check")) process.exit(1)
+}

@@ -1,0 +1,35 @@
+import { assert, describe, it } from "@effect/vitest"
+import { Effect } from "effect"
+import { readFileSync } from "node:fs"
+
+const root = new URL("..", import.meta.url)
+const read = (path: string) => readFileSync(new URL(path, root), "utf8")
+
+/** The fenced code blocks under a heading of the README. */
+const blocksUnder = (readme: string, heading: string): Array<string> => {
+  const start = readme.indexOf(`## ${heading}`)
+  const end = readme.indexOf("\n## ", start + 1)
+  const section = readme.slice(start, end === -1 ? undefined : end)
+  return [...section.matchAll(/```[a-z]*\n([\s\S]*?)```/g)].map((m) => m[1]!)
+}
+
+describe("README", () => {
+  it.effect("the Quick start's first code block holds exactly two commands: the demo, then every test", () =>
+    Effect.sync(() => {
+      const [first] = blocksUnder(read("README.md"), "Quick start")
+      const commands = first!.split("\n").map((l) => l.trim()).filter((l) => l !== "" && !l.startsWith("#"))
+      assert.deepStrictEqual(commands, ["./scripts/jw demo", "./scripts/jw test"])
+    }))
+
+  it.effect("the consumer snippet is the reference worker's code, line for line", () =>
+    Effect.sync(() => {
+      const [snippet] = blocksUnder(read("README.md"), "What a consumer looks like")
+      const source = read("examples/ledger/src/LedgerWorker.ts").split("\n").map((l) => l.trim())
+      let at = 0
+      for (const line of snippet!.split("\n").map((l) => l.trim()).filter((l) => l !== "")) {
+        const found = source.indexOf(line, at)
+        assert.isAtLeast(found, 0, `README line not in LedgerWorker.ts (in order): ${line}`)
+        at = found + 1
+      }
+    }))
+})
