@@ -45,9 +45,10 @@ export type Entry = Disposition | "isRetryable"
  *   SqlError: "isRetryable"
  * }
  */
-export type Classification<E extends Tagged> = {
-  readonly [K in Tags<E>]: Entry
-}
+export type Classification<E extends Tagged> = [Tags<E>] extends [never]
+  // A handler that cannot fail: `{}` only (a mapped type over no keys would accept any entry).
+  ? { readonly [tag: string]: never }
+  : { readonly [K in Tags<E>]: Entry }
 
 /**
  * The disposition of `error` under `classification`. A tag missing at run time (possible only

@@ -14,6 +14,7 @@
  */
 import { Data, Duration, type Effect, Exit, Result, Schema } from "effect"
 import type { Classification, Tagged } from "./Classification.ts"
+import type { CurrentDelivery } from "./CurrentDelivery.ts"
 import type { Metadata } from "./Envelope.ts"
 import * as ErrorSummary from "./ErrorSummary.ts"
 import * as Engine from "./internal/engine.ts"
@@ -32,7 +33,10 @@ export interface BaseOptions<A, E extends Tagged, R, RS> {
   readonly source: Source<RS>
   /** Decodes the JSON payload. A payload that is not JSON, or fails this schema, is `Rejected`. */
   readonly schema: Schema.Decoder<A>
-  /** The handler. Its typed errors are classified by `classify`; defects count as transient. */
+  /**
+   * The handler. Its typed errors are classified by `classify`; defects count as transient. The
+   * engine provides it `CurrentDelivery`.
+   */
   readonly handle: (event: A) => Effect.Effect<unknown, E, R>
   /** One entry for every `_tag` the handler can fail with. */
   readonly classify: NoInfer<Classification<E>>
@@ -164,7 +168,9 @@ const payloadDecoder = <A>(schema: Schema.Decoder<A>) => {
 }
 
 /** Checks and normalises `options` into a consumer. Never throws: problems are kept for `run`. */
-export const make = <A, E extends Tagged, R, RS = never>(options: Options<A, E, R, RS>): Consumer<A, E, R | RS> => {
+export const make = <A, E extends Tagged, R, RS = never>(
+  options: Options<A, E, R, RS>
+): Consumer<A, E, Exclude<R, CurrentDelivery> | RS> => {
   const problems: Array<OptionProblem> = []
   if (!NAME.test(options.name)) {
     problems.push({ option: "name", problem: `must be 1 to 100 characters from A-Z a-z 0-9 _ -, got ${JSON.stringify(options.name)}` })
@@ -185,10 +191,11 @@ export const make = <A, E extends Tagged, R, RS = never>(options: Options<A, E, 
     problems,
     definition: {
       name: options.name,
-      source: options.source as Source<R | RS>,
+      source: options.source as Source<Exclude<R, CurrentDelivery> | RS>,
       decode: payloadDecoder(options.schema),
       metadata,
-      handle: options.handle as (event: A) => Effect.Effect<unknown, E, R | RS>,
+      // The engine provides `CurrentDelivery` to every handler run.
+      handle: options.handle as (event: A) => Effect.Effect<unknown, E, Exclude<R, CurrentDelivery> | RS | CurrentDelivery>,
       classify: options.classify,
       retry,
       concurrency,

@@ -265,7 +265,9 @@ export const list = (
 /**
  * Replays one dead-letter message: republishes its original payload and headers to its original
  * subject (confirmed by the original stream, `Nats-Msg-Id` = `replay.<stream>.<sequence>`, header
- * `Jetworker-Replay-Of`), then deletes it from the dead-letter stream. Replaying the same message
+ * `Jetworker-Replay-Of`), then deletes it from the dead-letter stream. The original's `Nats-*`
+ * headers are not sent again: they were directives to the original publish (its id, expected
+ * last sequence, rollup), which would make the replay fail or do harm. Replaying the same message
  * twice within the original stream's duplicate window stores it once.
  */
 export const replay = (
@@ -278,7 +280,7 @@ export const replay = (
     const operation = `replay ${stream}#${sequence} to ${message.subject}`
     const h = makeHeaders()
     for (const [name, value] of message.originalHeaders) {
-      if (name.toLowerCase() !== "nats-msg-id") h.append(name, value)
+      if (!name.toLowerCase().startsWith("nats-")) h.append(name, value)
     }
     h.set(Header.replayOf, `${stream}:${sequence}`)
     const ack = yield* Effect.tryPromise({

@@ -28,7 +28,8 @@ export interface Definition<in out A, in out E extends Tagged, out R> {
   readonly source: Source<R>
   readonly decode: (payload: Uint8Array) => Result.Result<A, Rejection>
   readonly metadata: (event: A) => Metadata
-  readonly handle: (event: A) => Effect.Effect<unknown, E, R>
+  /** The handler; the engine provides it `CurrentDelivery`. */
+  readonly handle: (event: A) => Effect.Effect<unknown, E, R | CurrentDelivery>
   readonly classify: Classification<E>
   readonly retry: Retry.RetryPolicy
   readonly concurrency: number
@@ -110,14 +111,20 @@ const makeProcess = <A, E extends Tagged, R>(definition: Definition<A, E, R>, le
   }
 
   // Extends the lease every third of it while the handler runs; fails with LeaseLost once no
-  // extension has been confirmed for 90% of the lease, which interrupts the handler.
+  // extension has been confirmed for 90% of the lease, which interrupts the handler. Each
+  // extension waits at most a third of the lease, so a dead broker is noticed in time.
+  const extendTimeout = Duration.min(definition.settleTimeout, Duration.millis(leaseMillis / 3))
   const keepLease = (delivery: Delivery, receivedAt: number): Effect.Effect<never, LeaseLost> =>
     Effect.gen(function*() {
       let heldSince = receivedAt
       while (true) {
         yield* Effect.sleep(Duration.millis(leaseMillis / 3))
         const sentAt = yield* Clock.currentTimeMillis
-        const extended = yield* bounded(delivery.extend)
+        const extended = yield* delivery.extend.pipe(
+          Effect.timeoutOption(extendTimeout),
+          Effect.map(Option.isSome),
+          Effect.catch(() => Effect.succeed(false))
+        )
         const now = yield* Clock.currentTimeMillis
         if (extended) heldSince = sentAt
         else if (now - heldSince >= leaseMillis * 0.9) {
