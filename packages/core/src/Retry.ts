@@ -130,7 +130,8 @@ export const inProcessSchedule = (policy: RetryPolicy): Schedule.Schedule<Durati
 
 /**
  * The delay before attempt `attempt + 1`, i.e. the nak delay after attempt `attempt` failed
- * (1-based, as the broker counts deliveries). Steps the policy's schedule `attempt` times.
+ * (1-based, as the broker counts deliveries), in whole milliseconds. Steps the policy's schedule
+ * `attempt` times.
  */
 export const delayAfter = (policy: RetryPolicy, attempt: number): Effect.Effect<Duration.Duration> =>
   Effect.gen(function*() {
@@ -141,5 +142,6 @@ export const delayAfter = (policy: RetryPolicy, attempt: number): Effect.Effect<
       const result = yield* Effect.result(step(0, undefined))
       if (result._tag === "Success") delay = result.success[1]
     }
-    return delay
+    // Whole milliseconds: the broker takes no finer delay, and logs stay readable.
+    return Duration.millis(Math.round(Duration.toMillis(delay)))
   })

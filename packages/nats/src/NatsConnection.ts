@@ -66,6 +66,7 @@ export const make = (options: Options) =>
             reconnectTimeWait: millis(options.reconnectTimeWait, 250),
             reconnectJitter: 100,
             timeout: millis(options.connectTimeout, 5_000),
+            noAsyncTraces: true,
             ...(options.token === undefined ? {} : { token: Redacted.value(options.token) }),
             ...(options.user === undefined ? {} : { user: options.user }),
             ...(options.password === undefined ? {} : { pass: Redacted.value(options.password) })

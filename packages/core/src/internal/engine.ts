@@ -8,13 +8,14 @@ import { Cause, Clock, Data, DateTime, Duration, Effect, Exit, FiberSet, Metric,
 import { type Classification, classify, type Tagged } from "../Classification.ts"
 import { CurrentDelivery } from "../CurrentDelivery.ts"
 import type { Delivery } from "../Delivery.ts"
-import { isExpired, type Metadata } from "../Envelope.ts"
+import type { Metadata } from "../Envelope.ts"
 import * as ErrorSummary from "../ErrorSummary.ts"
 import { isDuplicate } from "../IdempotencyStore.ts"
 import * as Outcome from "../Outcome.ts"
 import * as Probe from "../Probe.ts"
 import * as Retry from "../Retry.ts"
 import type { Source, SourceError } from "../Source.ts"
+import * as LeaseKeeper from "./leaseKeeper.ts"
 
 /** Why a payload was rejected before the handler ran. */
 export interface Rejection {
@@ -45,11 +46,10 @@ export interface Definition<in out A, in out E extends Tagged, out R> {
 /** A handler attempt that ran past `handlerTimeout`; transient. */
 export class HandlerTimeout extends Data.TaggedError("HandlerTimeout")<{ readonly message: string }> {}
 
-/** The lease keeper could not keep the lease; the handler is interrupted. */
-class LeaseLost extends Data.TaggedError("LeaseLost")<{ readonly message: string }> {}
-
 type Verdict = Outcome.Verdict
 const finish = Outcome.settled
+
+const EPOCH = DateTime.makeUnsafe(0)
 
 /** Counts outcomes by consumer and outcome tag. */
 export const outcomesCounter = Metric.counter("jetworker.outcomes", {
@@ -60,21 +60,29 @@ export const outcomesCounter = Metric.counter("jetworker.outcomes", {
 /** Fails the engine before it starts. */
 export const fail = <E>(error: E): Effect.Effect<never, E> => Effect.fail(error)
 
+// The line names the consumer, sequence and event id; the rest goes in annotations, built only
+// for outcomes logged above debug level (the hot path logs Committed/Duplicate at debug).
 const logOutcome = (outcome: Outcome.Outcome): Effect.Effect<void> => {
-  const line = Outcome.describe(outcome)
-  switch (outcome._tag) {
-    case "Committed":
-    case "Duplicate":
-      return outcome.confirmed ? Effect.logDebug(line) : Effect.logWarning(line)
-    case "Released":
-      return Effect.logInfo(line)
-    default:
-      return Effect.logWarning(line)
+  if ((outcome._tag === "Committed" || outcome._tag === "Duplicate") && outcome.confirmed) {
+    return Effect.logDebug(Outcome.describe(outcome))
   }
+  const log = outcome._tag === "Released" ? Effect.logInfo : Effect.logWarning
+  return log(Outcome.describe(outcome)).pipe(
+    Effect.annotateLogs({
+      outcome: outcome._tag,
+      subject: outcome.message.subject,
+      sequence: outcome.message.sequence,
+      deliveryCount: outcome.message.deliveryCount
+    })
+  )
 }
 
 /** Processes one delivery into exactly one settled outcome. Never fails. */
-const makeProcess = <A, E extends Tagged, R>(definition: Definition<A, E, R>, lease: Duration.Duration) => {
+const makeProcess = <A, E extends Tagged, R>(
+  definition: Definition<A, E, R>,
+  lease: Duration.Duration,
+  keeper: LeaseKeeper.LeaseKeeper
+) => {
   const leaseMillis = Duration.toMillis(lease)
   const counters = new Map(
     Outcome.tags.map((tag) => [tag, Metric.withAttributes(outcomesCounter, { consumer: definition.name, outcome: tag })])
@@ -88,10 +96,11 @@ const makeProcess = <A, E extends Tagged, R>(definition: Definition<A, E, R>, le
       ? true
       : classify(definition.classify, error as E) === "transient"
 
+  // Every Delivery command is bounded by its implementation (the Delivery contract), so no
+  // second timer here: a failure or timeout just means "not confirmed".
   const bounded = <X, Y>(effect: Effect.Effect<X, Y>): Effect.Effect<boolean> =>
     effect.pipe(
-      Effect.timeoutOption(definition.settleTimeout),
-      Effect.map(Option.isSome),
+      Effect.as(true),
       Effect.catchCause((cause) =>
         Effect.as(Effect.logWarning("broker command failed", ErrorSummary.fromCause(cause)), false)
       )
@@ -110,31 +119,8 @@ const makeProcess = <A, E extends Tagged, R>(definition: Definition<A, E, R>, le
     }
   }
 
-  // Extends the lease every third of it while the handler runs; fails with LeaseLost once no
-  // extension has been confirmed for 90% of the lease, which interrupts the handler. Each
-  // extension waits at most a third of the lease, so a dead broker is noticed in time.
-  const extendTimeout = Duration.min(definition.settleTimeout, Duration.millis(leaseMillis / 3))
-  const keepLease = (delivery: Delivery, receivedAt: number): Effect.Effect<never, LeaseLost> =>
-    Effect.gen(function*() {
-      let heldSince = receivedAt
-      while (true) {
-        yield* Effect.sleep(Duration.millis(leaseMillis / 3))
-        const sentAt = yield* Clock.currentTimeMillis
-        const extended = yield* delivery.extend.pipe(
-          Effect.timeoutOption(extendTimeout),
-          Effect.map(Option.isSome),
-          Effect.catch(() => Effect.succeed(false))
-        )
-        const now = yield* Clock.currentTimeMillis
-        if (extended) heldSince = sentAt
-        else if (now - heldSince >= leaseMillis * 0.9) {
-          return yield* new LeaseLost({ message: `no lease extension confirmed for ${now - heldSince} ms` })
-        }
-      }
-    })
-
-  const attempt = (event: A, delivery: Delivery, eventId: string, receivedAt: number) => {
-    const handler = definition.handle(event).pipe(
+  const attempt = (event: A, delivery: Delivery, eventId: string) =>
+    definition.handle(event).pipe(
       Effect.timeoutOrElse({
         duration: definition.handlerTimeout,
         orElse: () =>
@@ -152,8 +138,6 @@ const makeProcess = <A, E extends Tagged, R>(definition: Definition<A, E, R>, le
         sequence: delivery.sequence
       })
     )
-    return leaseMillis > 0 ? Effect.raceFirst(handler, keepLease(delivery, receivedAt)) : handler
-  }
 
   const judge = (
     delivery: Delivery,
@@ -175,9 +159,18 @@ const makeProcess = <A, E extends Tagged, R>(definition: Definition<A, E, R>, le
       const event = decoded.success
       const metadata = definition.metadata(event)
       const message = { ...ref, eventId: metadata.id }
-      const now = DateTime.makeUnsafe(yield* Clock.currentTimeMillis)
-      if (metadata.expiresAt !== undefined && isExpired(metadata, now, definition.skewMillis)) {
-        return Outcome.verdict("Expired", { message, expiresAt: metadata.expiresAt, detectedAt: now, stage: "BeforeHandler" })
+      // Compared in epoch milliseconds: a DateTime is built only for an expired event.
+      const nowMillis = yield* Clock.currentTimeMillis
+      if (
+        metadata.expiresAt !== undefined &&
+        nowMillis > metadata.expiresAt.epochMilliseconds + definition.skewMillis
+      ) {
+        return Outcome.verdict("Expired", {
+          message,
+          expiresAt: metadata.expiresAt,
+          detectedAt: DateTime.makeUnsafe(nowMillis),
+          stage: "BeforeHandler"
+        })
       }
       if (delivery.deliveryCount > definition.retry.attempts) {
         // Earlier deliveries ended without settling (a crash loop, a lost nak): stop here.
@@ -191,7 +184,9 @@ const makeProcess = <A, E extends Tagged, R>(definition: Definition<A, E, R>, le
         })
       }
       yield* Probe.hit({ point: "received", consumer: definition.name, sequence: delivery.sequence, eventId: metadata.id })
-      const exit = yield* Effect.exit(restore(attempt(event, delivery, metadata.id, receivedAt)))
+      const held = keeper.register(delivery, receivedAt, yield* Effect.fiber)
+      const exit = yield* Effect.exit(restore(attempt(event, delivery, metadata.id)))
+      keeper.unregister(held)
       if (Exit.isSuccess(exit)) {
         if (isDuplicate(exit.value)) return Outcome.verdict("Duplicate", { message })
         yield* Probe.hit({ point: "after-commit", consumer: definition.name, sequence: delivery.sequence, eventId: metadata.id })
@@ -199,8 +194,14 @@ const makeProcess = <A, E extends Tagged, R>(definition: Definition<A, E, R>, le
       }
       const error = ErrorSummary.fromCause(exit.cause)
       const failure = Cause.findErrorOption(exit.cause)
-      if (Option.isSome(failure) && failure.value instanceof LeaseLost) {
-        return Outcome.verdict("Released", { message, reason: "LeaseLost", error, retryIn: undefined })
+      if (held.lost && Cause.hasInterrupts(exit.cause)) {
+        // The keeper could not hold the lease: another consumer may own the message; leave it.
+        return Outcome.verdict("Released", {
+          message,
+          reason: "LeaseLost",
+          error: ErrorSummary.make("LeaseLost", "no lease extension was confirmed in time; the handler was interrupted"),
+          retryIn: undefined
+        })
       }
       if (Option.isNone(failure) && Cause.hasInterrupts(exit.cause) && !Cause.hasDies(exit.cause)) {
         // Interrupted (shutdown past its drain): the transaction rolled back; hand it back now.
@@ -220,7 +221,10 @@ const makeProcess = <A, E extends Tagged, R>(definition: Definition<A, E, R>, le
       Effect.gen(function*() {
         const receivedAt = yield* Clock.currentTimeMillis
         const verdict = yield* judge(delivery, receivedAt, restore)
-        const now = DateTime.makeUnsafe(yield* Clock.currentTimeMillis)
+        // `now` only stamps dead-letter records; skip building a DateTime for the other outcomes.
+        const now = verdict._tag === "Committed" || verdict._tag === "Duplicate" || verdict._tag === "Released"
+          ? EPOCH
+          : DateTime.makeUnsafe(yield* Clock.currentTimeMillis)
         const command = Outcome.toCommand(verdict, { expiredTo: definition.expiredTo, now })
         const confirmed = yield* execute(delivery, command)
         let outcome = finish(verdict, confirmed, (yield* Clock.currentTimeMillis) - receivedAt)
@@ -251,9 +255,7 @@ const makeProcess = <A, E extends Tagged, R>(definition: Definition<A, E, R>, le
         if (definition.onOutcome !== undefined) {
           yield* definition.onOutcome(outcome).pipe(Effect.catchCause(() => Effect.void))
         }
-      }).pipe(
-        Effect.annotateLogs({ consumer: definition.name, subject: delivery.subject, sequence: delivery.sequence })
-      )
+      })
     )
 }
 
@@ -264,6 +266,8 @@ export const run = <A, E extends Tagged, R>(definition: Definition<A, E, R>): Ef
       const intake = yield* definition.source.open({ prefetch: definition.prefetch, attempts: definition.retry.attempts })
       const slots = yield* Semaphore.make(definition.concurrency)
       const inFlight = yield* FiberSet.make<void, never>()
+      // Created before the drain finalizer, so it keeps extending leases while handlers drain.
+      const keeper = yield* LeaseKeeper.make({ lease: intake.lease, settleTimeout: definition.settleTimeout })
       // Runs before the FiberSet's own finalizer (which interrupts what is left) and before the
       // intake's: stop reserving, then give running handlers the drain budget.
       yield* Effect.addFinalizer(() =>
@@ -275,7 +279,7 @@ export const run = <A, E extends Tagged, R>(definition: Definition<A, E, R>): Ef
           }
         })
       )
-      const process = makeProcess(definition, intake.lease)
+      const process = makeProcess(definition, intake.lease, keeper)
       const runFiber = FiberSet.run(inFlight)
       yield* Effect.logInfo(
         `consumer ${definition.name} started on ${definition.source.name} ` +

@@ -1,0 +1,115 @@
+/**
+ * Engine overhead: messages per second through `Consumer.run` with a trivial handler, against a
+ * hand-written nats.js pull loop that does the same work (JSON decode, confirmed ack request per
+ * message, same concurrency and prefetch), on the same server in the same run. Prints both rates
+ * and their ratio. No database: this isolates what the engine adds on top of the broker.
+ *
+ *   node bench/engine-overhead.ts [messages=5000] [concurrency=16] [prefetch=concurrency]
+ */
+import { Consumer, Envelope } from "@jetworker/core"
+import { JetStreamSource, NatsConnection, Topology } from "@jetworker/nats"
+import { jetstream, jetstreamManager } from "@nats-io/jetstream"
+import { connect } from "@nats-io/transport-node"
+import { Deferred, Effect, Fiber, Logger, References, Schema } from "effect"
+
+const total = Number(process.argv[2] ?? 5000)
+const concurrency = Number(process.argv[3] ?? 16)
+const prefetch = Number(process.argv[4] ?? concurrency)
+const servers = process.env.NATS_URL ?? "nats://127.0.0.1:4222"
+const Event = Envelope.schema("bench.event", Schema.Struct({ n: Schema.Number }))
+const encoder = new TextEncoder()
+
+const fill = async (stream: string) => {
+  // Both sides skip nats.js's per-request async stack capture (an Error per request).
+  const nc = await connect({ servers, noAsyncTraces: true })
+  const js = jetstream(nc)
+  const jsm = await jetstreamManager(nc)
+  await jsm.streams.add({ name: stream, subjects: [`${stream}.>`] })
+  await jsm.consumers.add(stream, { durable_name: "c", ack_policy: "explicit" as never, ack_wait: 30_000_000_000 })
+  const time = new Date().toISOString()
+  const pending: Array<Promise<unknown>> = []
+  for (let n = 0; n < total; n++) {
+    pending.push(js.publish(`${stream}.e`, encoder.encode(JSON.stringify({ id: `e${n}`, type: "bench.event", time, data: { n } }))))
+    if (pending.length >= 500) await Promise.all(pending.splice(0))
+  }
+  await Promise.all(pending)
+  return { nc, jsm }
+}
+
+/** The hand-written baseline: consume with the same prefetch, `concurrency` workers, confirmed acks. */
+const baseline = async (): Promise<number> => {
+  const stream = `BENCH_BASE_${Date.now()}`
+  const { nc, jsm } = await fill(stream)
+  const consumer = await jetstream(nc).consumers.get(stream, "c")
+  const messages = await consumer.consume({ max_messages: prefetch })
+  const ack = encoder.encode("+ACK")
+  const started = performance.now()
+  let done = 0
+  let inFlight = 0
+  await new Promise<void>((resolve) => {
+    const waiters: Array<() => void> = []
+    void (async () => {
+      for await (const m of messages) {
+        while (inFlight >= concurrency) await new Promise<void>((r) => waiters.push(r))
+        inFlight++
+        void (async () => {
+          JSON.parse(new TextDecoder().decode(m.data))
+          await nc.request((m as unknown as { reply: string }).reply, ack, { timeout: 5000 })
+          inFlight--
+          waiters.shift()?.()
+          if (++done === total) resolve()
+        })()
+      }
+    })()
+  })
+  const seconds = (performance.now() - started) / 1000
+  messages.stop()
+  await jsm.streams.delete(stream)
+  await nc.close()
+  return total / seconds
+}
+
+/** The engine: the same stream shape, a handler that does nothing. */
+const engine = async (): Promise<number> => {
+  const stream = `BENCH_ENGINE_${Date.now()}`
+  const { nc, jsm } = await fill(stream)
+  await nc.close()
+  const program = Effect.gen(function*() {
+    yield* Topology.ensureConsumer({ stream, name: "c", ackWait: "30 seconds" })
+    const allDone = yield* Deferred.make<void>()
+    let done = 0
+    const consumer = Consumer.make({
+      name: "c",
+      source: JetStreamSource.make({ stream, consumer: "c" }),
+      schema: Event,
+      handle: () => Effect.void,
+      classify: {},
+      concurrency,
+      prefetch,
+      onOutcome: () => Effect.suspend(() => (++done === total ? Deferred.succeed(allDone, undefined) : Effect.void))
+    })
+    const started = performance.now()
+    const fiber = yield* Effect.forkChild(Consumer.run(consumer))
+    yield* Deferred.await(allDone)
+    const seconds = (performance.now() - started) / 1000
+    yield* Fiber.interrupt(fiber)
+    return total / seconds
+  }).pipe(
+    Effect.provide(NatsConnection.layer({ servers })),
+    Effect.provide(Logger.layer([Logger.consolePretty()])),
+    Effect.provideService(References.MinimumLogLevel, "Error")
+  )
+  const rate = await Effect.runPromise(program)
+  const admin = await connect({ servers })
+  await (await jetstreamManager(admin)).streams.delete(stream)
+  await admin.close()
+  void jsm
+  return rate
+}
+
+const base = await baseline()
+const eng = await engine()
+console.log(`messages ${total}, concurrency ${concurrency}, prefetch ${prefetch}, confirmed acks`)
+console.log(`hand-written nats.js loop: ${base.toFixed(0)} msg/s`)
+console.log(`jetworker engine:          ${eng.toFixed(0)} msg/s`)
+console.log(`engine / baseline:         ${(eng / base).toFixed(2)}`)
