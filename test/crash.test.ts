@@ -7,11 +7,11 @@
  */
 import { assert, describe, layer } from "@effect/vitest"
 import * as Probe from "@jetworker/core/Probe"
-import { ChildWorker, TestDatabase, TestStream } from "@jetworker/testing"
-import { Data, Duration, Effect, Schedule } from "effect"
-import { SqlClient } from "effect/sql"
+import { ChildWorker, Eventually, TestDatabase, TestStream } from "@jetworker/testing"
+import { Duration, Effect } from "effect"
 import { fileURLToPath } from "node:url"
 import {
+  balances,
   dedupRowExists,
   openAccount,
   settingsFor,
@@ -50,23 +50,9 @@ const tagsFor = (child: ChildWorker.ChildWorker, eventId: string) =>
 
 const notDuplicate = (tags: ReadonlyArray<string>) => tags.filter((tag) => tag !== "Duplicate")
 
-/** A bounded wait that ran out. */
-class WaitTimeout extends Data.TaggedError("WaitTimeout")<{ readonly message: string }> {}
-
 /** Re-reads `probe` every 100 ms until `done` holds, at most `timeout`. */
-const eventually = <A, E, R>(
-  probe: Effect.Effect<A, E, R>,
-  done: (a: A) => boolean,
-  timeout: Duration.Input,
-  what: string
-) =>
-  probe.pipe(
-    Effect.repeat({ schedule: Schedule.spaced("100 millis"), until: done }),
-    Effect.timeoutOrElse({
-      duration: timeout,
-      orElse: () => Effect.fail(new WaitTimeout({ message: `waited ${Duration.format(Duration.fromInputUnsafe(timeout))} for ${what}` }))
-    })
-  )
+const eventually = <A, E, R>(probe: Effect.Effect<A, E, R>, done: (a: A) => boolean, timeout: Duration.Input, what: string) =>
+  Eventually.poll(what, probe, done, { timeout, interval: "100 millis" })
 
 interface Crash {
   readonly point: Probe.Point
@@ -107,12 +93,6 @@ const outcomeFor = (child: ChildWorker.ChildWorker, eventId: string) =>
     Effect.map((line) => parseOutcome(line)!)
   )
 
-const balances = Effect.fnUntraced(function*(ids: ReadonlyArray<string>) {
-  const sql = yield* SqlClient.SqlClient
-  const rows = yield* sql<{ readonly id: string; readonly balance: string }>`
-    SELECT id, balance::text AS balance FROM accounts WHERE id IN ${sql.in(ids)}`
-  return Object.fromEntries(rows.map((row) => [row.id, BigInt(row.balance)]))
-})
 
 /** Waits (bounded) until the consumer has nothing left to deliver and nothing waiting for an ack. */
 const drained = (stream: TestStream.TestStream) =>

@@ -10,13 +10,14 @@ import { PgClient } from "@effect/sql-pg"
 import { Consumer, type ErrorSummary, IdempotencyStore, type Outcome, Probe, Retry } from "@jetworker/core"
 import { JetStreamSource, NatsConnection } from "@jetworker/nats"
 import { PgIdempotencyStore } from "@jetworker/sql-pg"
-import { FaultProxy, OutcomeLog, TestDatabase, TestStream } from "@jetworker/testing"
+import { Eventually, FaultProxy, OutcomeLog, TestDatabase, TestStream } from "@jetworker/testing"
 import { Context, Data, Deferred, Duration, Effect, Fiber, Layer, Queue, Redacted, Ref } from "effect"
 import { SqlClient } from "effect/sql"
 import { applyTransfer } from "../examples/ledger/src/Ledger.ts"
 import * as LedgerWorker from "../examples/ledger/src/LedgerWorker.ts"
 import { metadata, TransferEvent } from "../examples/ledger/src/TransferEvent.ts"
 import {
+  balances,
   dedupRowExists,
   openAccount,
   settingsFor,
@@ -27,38 +28,14 @@ import {
 } from "./support/ledger.ts"
 import { databaseUrl, LedgerTestLive, natsUrl } from "./support/services.ts"
 
-/** A bounded wait that ran out. */
-class Timeout extends Data.TaggedError("Timeout")<{ readonly message: string }> {}
-
-/** Re-checks `check` every 20 ms until it holds, failing after `timeout`. */
-const eventually = <E, R>(what: string, check: Effect.Effect<boolean, E, R>, timeout: Duration.Input = "15 seconds") =>
-  Effect.gen(function*() {
-    while (!(yield* check)) yield* Effect.sleep("20 millis")
-  }).pipe(
-    Effect.timeoutOrElse({
-      duration: timeout,
-      orElse: () => Effect.fail(new Timeout({ message: `waited ${Duration.format(Duration.fromInputUnsafe(timeout))} for ${what}` }))
-    })
-  )
-
-/** Awaits `deferred`, failing after `timeout`. */
-const awaitBounded = <A>(what: string, deferred: Deferred.Deferred<A>, timeout: Duration.Input = "15 seconds") =>
-  Deferred.await(deferred).pipe(
-    Effect.timeoutOrElse({ duration: timeout, orElse: () => Effect.fail(new Timeout({ message: `waited for ${what}` })) })
-  )
+const eventually = Eventually.holds
+const awaitBounded = Eventually.deferred
 
 const hostPort = (url: string, defaultPort: number) => {
   const parsed = new URL(url)
   return { host: parsed.hostname, port: parsed.port === "" ? defaultPort : Number(parsed.port) }
 }
 
-/** The balance of each of `ids` (as bigints), read on the current client. */
-const balances = Effect.fnUntraced(function*(ids: ReadonlyArray<string>) {
-  const sql = yield* SqlClient.SqlClient
-  const rows = yield* sql<{ readonly id: string; readonly balance: string }>`
-    SELECT id, balance::text AS balance FROM accounts WHERE id IN ${sql.in(ids)}`
-  return Object.fromEntries(rows.map((row) => [row.id, BigInt(row.balance)]))
-})
 
 /**
  * Whether a failure says the store could not be reached: the store's own statements fail as

@@ -77,3 +77,11 @@ export const dedupRowExists = Effect.fnUntraced(function*(scope: string, id: str
     SELECT count(*)::int AS n FROM jetworker_dedup WHERE scope = ${scope} AND id = ${id}`
   return (rows[0]?.n ?? 0) > 0
 })
+
+/** The balance of each of `ids` (as bigints), read on the current client. */
+export const balances = Effect.fnUntraced(function*(ids: ReadonlyArray<string>) {
+  const sql = yield* SqlClient.SqlClient
+  const rows = yield* sql<{ readonly id: string; readonly balance: string }>`
+    SELECT id, balance::text AS balance FROM accounts WHERE id IN ${sql.in(ids)}`
+  return Object.fromEntries(rows.map((row) => [row.id, BigInt(row.balance)]))
+})

@@ -6,10 +6,10 @@
  * @since 0.1.0
  */
 import type { Outcome } from "@jetworker/core"
-import { Data, Deferred, Duration, Effect } from "effect"
+import { Deferred, Duration, Effect } from "effect"
+import { WaitTimeout } from "./Eventually.ts"
 
-/** A wait that ran out; carries what had been seen, for the failure message. */
-export class WaitTimeout extends Data.TaggedError("WaitTimeout")<{ readonly message: string }> {}
+export { WaitTimeout }
 
 /** A growing log of outcomes. */
 export interface OutcomeLog {
