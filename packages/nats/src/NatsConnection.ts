@@ -9,7 +9,7 @@
  */
 import { type JetStreamClient, type JetStreamManager, jetstream, jetstreamManager } from "@nats-io/jetstream"
 import { connect, type NatsConnection as Connection } from "@nats-io/transport-node"
-import { Config, Context, Duration, Effect, Layer, Option, Redacted } from "effect"
+import { Config, Context, Duration, Effect, Layer, Option, Redacted, Stream } from "effect"
 import * as NatsError from "./NatsError.ts"
 
 /** How to connect. Every duration is a `Duration.Input`. */
@@ -81,15 +81,13 @@ export const make = (options: Options) =>
           )
         )
     )
-    // Log connection status changes for operators; the fiber ends with the scope.
-    yield* Effect.forkScoped(
-      Effect.promise(async () => {
-        for await (const status of connection.status()) {
-          if (status.type === "disconnect" || status.type === "reconnect" || status.type === "error") {
-            Effect.runFork(Effect.logWarning(`nats connection ${status.type}`))
-          }
-        }
-      })
+    // Log connection status changes for operators, through the configured logger; the fiber ends
+    // with the scope (or when the connection closes and the status iterator ends).
+    yield* Stream.fromAsyncIterable(connection.status(), (error) => error).pipe(
+      Stream.filter((status) => status.type === "disconnect" || status.type === "reconnect" || status.type === "error"),
+      Stream.runForEach((status) => Effect.logWarning(`nats connection ${status.type}`)),
+      Effect.ignore,
+      Effect.forkScoped
     )
     const manager = yield* Effect.tryPromise({
       try: () => jetstreamManager(connection, { timeout: apiTimeoutMillis, checkAPI: false }),
