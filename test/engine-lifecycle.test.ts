@@ -111,8 +111,9 @@ describe("engine lifecycle", () => {
           name: stream.consumer,
           source: JetStreamSource.make({ stream: stream.stream, consumer: stream.consumer }),
           schema: Event,
-          // Longer than two ack waits: without extensions the server would redeliver meanwhile.
-          handle: () => Effect.sleep("2500 millis"),
+          // The workload, not a wait: a handler longer than two real ack waits on the server;
+          // without extensions the server would redeliver meanwhile.
+          handle: () => Effect.sleep("2500 millis"), // wait: the handler's own duration
           classify: {},
           retry: Retry.exponential({ attempts: 3 }),
           concurrency: 2,

@@ -31,6 +31,18 @@ import { databaseUrl, LedgerTestLive, natsUrl } from "./support/services.ts"
 const eventually = Eventually.holds
 const awaitBounded = Eventually.deferred
 
+/** A probe that cuts `proxy` the first time any delivery reaches `point`; `cutAt` tells which one. */
+const cutOnFirst = (point: Probe.Point, proxy: FaultProxy.FaultProxy) =>
+  Effect.map(Deferred.make<Probe.Hit>(), (cutAt) => ({
+    cutAt,
+    probe: {
+      hit: (hit) =>
+        hit.point === point
+          ? Effect.flatMap(Deferred.succeed(cutAt, hit), (first) => (first ? proxy.cut : Effect.void))
+          : Effect.void
+    } satisfies Probe.ProbeShape
+  }))
+
 const hostPort = (url: string, defaultPort: number) => {
   const parsed = new URL(url)
   return { host: parsed.hostname, port: parsed.port === "" ? defaultPort : Number(parsed.port) }
@@ -239,13 +251,7 @@ describe("faults", () => {
           const workerDatabase = yield* Layer.build(databaseVia(proxy, schema.name))
           // The first transaction to reach its commit loses its connection there: effects and
           // dedup row written, COMMIT not yet sent.
-          const cutAt = yield* Deferred.make<Probe.Hit>()
-          const probe: Probe.ProbeShape = {
-            hit: (hit) =>
-              hit.point === "before-commit"
-                ? Effect.flatMap(Deferred.succeed(cutAt, hit), (first) => first ? proxy.cut : Effect.void)
-                : Effect.void
-          }
+          const { cutAt, probe } = yield* cutOnFirst("before-commit", proxy)
           const log = yield* OutcomeLog.make
           const worker = yield* Consumer.run(LedgerWorker.consumer(settings, log.record)).pipe(
             Effect.provideContext(workerDatabase),
@@ -299,13 +305,7 @@ describe("faults", () => {
             name: "faults-worker-via-proxy",
             reconnectTimeWait: "100 millis"
           }))
-          const cutAt = yield* Deferred.make<Probe.Hit>()
-          const probe: Probe.ProbeShape = {
-            hit: (hit) =>
-              hit.point === "after-commit"
-                ? Effect.flatMap(Deferred.succeed(cutAt, hit), (first) => first ? proxy.cut : Effect.void)
-                : Effect.void
-          }
+          const { cutAt, probe } = yield* cutOnFirst("after-commit", proxy)
           const log = yield* OutcomeLog.make
           const worker = yield* Consumer.run(LedgerWorker.consumer(settings, log.record)).pipe(
             Effect.provideContext(workerNats),

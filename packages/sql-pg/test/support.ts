@@ -6,6 +6,7 @@
 import { Context, Duration, Effect, Layer, Option } from "effect"
 import { type Migrator, SqlClient } from "effect/sql"
 import type { SqlError } from "effect/sql/SqlError"
+import * as Eventually from "../../testing/src/Eventually.ts"
 import * as TestDatabase from "../../testing/src/TestDatabase.ts"
 import * as Migrations from "../src/Migrations.ts"
 
@@ -61,14 +62,14 @@ export const pollUntil = <A, E, R>(
   what: string,
   check: Effect.Effect<Option.Option<A>, E, R>,
   within: Duration.Input = "5 seconds"
-): Effect.Effect<A, E, R> => {
-  const loop: Effect.Effect<A, E, R> = Effect.flatMap(check, (found) =>
-    Option.isSome(found) ? Effect.succeed(found.value) : Effect.andThen(Effect.sleep("10 millis"), Effect.suspend(() => loop)))
-  return Effect.timeoutOrElse(loop, {
-    duration: within,
-    orElse: () => Effect.die(new Error(`timed out after ${Duration.format(Duration.fromInputUnsafe(within))} waiting for ${what}`))
-  })
-}
+): Effect.Effect<A, E, R> =>
+  Eventually.poll(what, check, Option.isSome, { timeout: within, interval: "10 millis" }).pipe(
+    Effect.map((found) => (found as Option.Some<A>).value),
+    Effect.catchIf(
+      (error): error is Eventually.WaitTimeout => error instanceof Eventually.WaitTimeout,
+      (timeout) => Effect.die(new Error(timeout.message))
+    )
+  )
 
 /** A backend PostgreSQL reports as waiting on a lock held by `blocker`. */
 export interface LockWaiter {
