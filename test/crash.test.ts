@@ -18,6 +18,7 @@ import {
   totalBalance,
   transfer,
   transferCounts,
+  twoAccounts,
   uniquePrefix,
   workerEnv
 } from "./support/ledger.ts"
@@ -110,10 +111,8 @@ describe("crash", () => {
       () =>
         Effect.gen(function*() {
           const stream = yield* TestStream.make()
-          const p = uniquePrefix("before-commit")
-          const [a, b, id] = [`${p}.a`, `${p}.b`, `${p}.t1`]
-          yield* openAccount(a, "EUR", 100_00)
-          yield* openAccount(b, "EUR", 0)
+          const { p, a, b } = yield* twoAccounts("before-commit")
+          const id = `${p}.t1`
 
           const first = yield* startWorker(stream, { point: "before-commit" })
           const seq = yield* stream.publish("eur", transfer(id, a, b, 30_00), id)
@@ -145,10 +144,8 @@ describe("crash", () => {
       () =>
         Effect.gen(function*() {
           const stream = yield* TestStream.make()
-          const p = uniquePrefix("after-commit")
-          const [a, b, id] = [`${p}.a`, `${p}.b`, `${p}.t1`]
-          yield* openAccount(a, "EUR", 100_00)
-          yield* openAccount(b, "EUR", 0)
+          const { p, a, b } = yield* twoAccounts("after-commit")
+          const id = `${p}.t1`
 
           const first = yield* startWorker(stream, { point: "after-commit" })
           const seq = yield* stream.publish("eur", transfer(id, a, b, 30_00), id)

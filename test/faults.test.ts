@@ -19,12 +19,11 @@ import { metadata, TransferEvent } from "../examples/ledger/src/TransferEvent.ts
 import {
   balances,
   dedupRowExists,
-  openAccount,
-  settingsFor,
+  ledgerStream,
   totalBalance,
   transfer,
   transferCounts,
-  uniquePrefix
+  twoAccounts
 } from "./support/ledger.ts"
 import { databaseUrl, LedgerTestLive, natsUrl } from "./support/services.ts"
 
@@ -66,6 +65,14 @@ const count = (outcomes: ReadonlyArray<Outcome.Outcome>, tag: Outcome.Tag, id?: 
  * The worker's own PostgreSQL client, connecting through `proxy` to the test database on the
  * test schema, and the idempotency store on it. A small connect timeout keeps a cut quick.
  */
+/** The worker's own NATS connection, through `proxy` (reconnecting quickly once restored). */
+const natsVia = (proxy: FaultProxy.FaultProxy) =>
+  NatsConnection.layer({
+    servers: `nats://${proxy.address.host}:${proxy.address.port}`,
+    name: "faults-worker-via-proxy",
+    reconnectTimeWait: "100 millis"
+  })
+
 const databaseVia = (proxy: FaultProxy.FaultProxy, schema: string) => {
   const url = new URL(databaseUrl)
   url.hostname = proxy.address.host
@@ -166,13 +173,8 @@ describe("faults", () => {
       () =>
         Effect.gen(function*() {
           const schema = yield* TestDatabase.TestSchema
-          const stream = yield* TestStream.make({ ackWait: "2 seconds" })
-          const settings = settingsFor(stream, { ackWait: Duration.seconds(2), attempts: 10 })
-          yield* LedgerWorker.setup(settings)
-          const p = uniquePrefix("store")
-          const [a, b] = [`${p}.a`, `${p}.b`]
-          yield* openAccount(a, "EUR", 100_00)
-          yield* openAccount(b, "EUR", 0)
+          const { stream, settings } = yield* ledgerStream({ attempts: 10 })
+          const { p, a, b } = yield* twoAccounts("store")
           const proxy = yield* FaultProxy.make({ target: hostPort(databaseUrl, 5432) })
           const workerDatabase = yield* Layer.build(databaseVia(proxy, schema.name))
           const log = yield* OutcomeLog.make
@@ -240,13 +242,8 @@ describe("faults", () => {
       () =>
         Effect.gen(function*() {
           const schema = yield* TestDatabase.TestSchema
-          const stream = yield* TestStream.make({ ackWait: "2 seconds" })
-          const settings = settingsFor(stream, { ackWait: Duration.seconds(2), attempts: 10 })
-          yield* LedgerWorker.setup(settings)
-          const p = uniquePrefix("store-commit")
-          const [a, b] = [`${p}.a`, `${p}.b`]
-          yield* openAccount(a, "EUR", 100_00)
-          yield* openAccount(b, "EUR", 0)
+          const { stream, settings } = yield* ledgerStream({ attempts: 10 })
+          const { p, a, b } = yield* twoAccounts("store-commit")
           const proxy = yield* FaultProxy.make({ target: hostPort(databaseUrl, 5432) })
           const workerDatabase = yield* Layer.build(databaseVia(proxy, schema.name))
           // The first transaction to reach its commit loses its connection there: effects and
@@ -292,19 +289,10 @@ describe("faults", () => {
       "BE-JOB-001: broker unavailable: the broker cut between the commit and the ack leaves the ack unconfirmed; the redelivery is a Duplicate, with exactly one effect",
       () =>
         Effect.gen(function*() {
-          const stream = yield* TestStream.make({ ackWait: "2 seconds" })
-          const settings = settingsFor(stream, { ackWait: Duration.seconds(2) })
-          yield* LedgerWorker.setup(settings)
-          const p = uniquePrefix("brk-ack")
-          const [a, b] = [`${p}.a`, `${p}.b`]
-          yield* openAccount(a, "EUR", 100_00)
-          yield* openAccount(b, "EUR", 0)
+          const { stream, settings } = yield* ledgerStream()
+          const { p, a, b } = yield* twoAccounts("brk-ack")
           const proxy = yield* FaultProxy.make({ target: hostPort(natsUrl, 4222) })
-          const workerNats = yield* Layer.build(NatsConnection.layer({
-            servers: `nats://${proxy.address.host}:${proxy.address.port}`,
-            name: "faults-worker-via-proxy",
-            reconnectTimeWait: "100 millis"
-          }))
+          const workerNats = yield* Layer.build(natsVia(proxy))
           const { cutAt, probe } = yield* cutOnFirst("after-commit", proxy)
           const log = yield* OutcomeLog.make
           const worker = yield* Consumer.run(LedgerWorker.consumer(settings, log.record)).pipe(
@@ -357,19 +345,10 @@ describe("faults", () => {
       "BE-JOB-001: broker unavailable: while the broker is cut nothing is delivered, acked or applied; after restore every transfer commits once",
       () =>
         Effect.gen(function*() {
-          const stream = yield* TestStream.make({ ackWait: "2 seconds" })
-          const settings = settingsFor(stream, { ackWait: Duration.seconds(2) })
-          yield* LedgerWorker.setup(settings)
-          const p = uniquePrefix("brk-cut")
-          const [a, b] = [`${p}.a`, `${p}.b`]
-          yield* openAccount(a, "EUR", 100_00)
-          yield* openAccount(b, "EUR", 0)
+          const { stream, settings } = yield* ledgerStream()
+          const { p, a, b } = yield* twoAccounts("brk-cut")
           const proxy = yield* FaultProxy.make({ target: hostPort(natsUrl, 4222) })
-          const workerNats = yield* Layer.build(NatsConnection.layer({
-            servers: `nats://${proxy.address.host}:${proxy.address.port}`,
-            name: "faults-worker-via-proxy",
-            reconnectTimeWait: "100 millis"
-          }))
+          const workerNats = yield* Layer.build(natsVia(proxy))
           const log = yield* OutcomeLog.make
           const worker = yield* Consumer.run(LedgerWorker.consumer(settings, log.record)).pipe(
             Effect.provideContext(workerNats),
@@ -415,13 +394,8 @@ describe("faults", () => {
       "BE-JOB-001: ack matched to the transaction boundary: the ack is sent only after the commit is visible",
       () =>
         Effect.gen(function*() {
-          const stream = yield* TestStream.make({ ackWait: "2 seconds" })
-          const settings = settingsFor(stream, { ackWait: Duration.seconds(2) })
-          yield* LedgerWorker.setup(settings)
-          const p = uniquePrefix("boundary")
-          const [a, b] = [`${p}.a`, `${p}.b`]
-          yield* openAccount(a, "EUR", 100_00)
-          yield* openAccount(b, "EUR", 0)
+          const { stream, settings } = yield* ledgerStream()
+          const { p, a, b } = yield* twoAccounts("boundary")
           const committed = `${p}.t1`
           const failing = `${p}.t2`
           const wire = yield* observeWire(stream, stream.consumer, [committed, failing])
@@ -505,13 +479,8 @@ describe("faults", () => {
       "BE-JOB-002: concurrent redelivery: two instances sharing only PostgreSQL commit one copy of a transfer; every other copy is a Duplicate",
       () =>
         Effect.gen(function*() {
-          const stream = yield* TestStream.make({ ackWait: "5 seconds" })
-          const settings = settingsFor(stream, { ackWait: Duration.seconds(5), concurrency: 4 })
-          yield* LedgerWorker.setup(settings)
-          const p = uniquePrefix("conc")
-          const [a, b] = [`${p}.a`, `${p}.b`]
-          yield* openAccount(a, "EUR", 100_00)
-          yield* openAccount(b, "EUR", 0)
+          const { stream, settings } = yield* ledgerStream({ ackWait: Duration.seconds(5), concurrency: 4 })
+          const { p, a, b } = yield* twoAccounts("conc")
           const names = { A: `${p}-instance-a`, B: `${p}-instance-b` } as const
           type Instance = keyof typeof names
           // Each instance: its own NATS connection, its own PostgreSQL pool and its own store.
@@ -613,13 +582,8 @@ describe("faults", () => {
       "BE-JOB-002: atomicity of deduplication: an effect written and then failed leaves neither the dedup row nor the effect; the redelivered attempt commits both once",
       () =>
         Effect.gen(function*() {
-          const stream = yield* TestStream.make({ ackWait: "2 seconds" })
-          const settings = settingsFor(stream, { ackWait: Duration.seconds(2) })
-          yield* LedgerWorker.setup(settings)
-          const p = uniquePrefix("atomic")
-          const [a, b] = [`${p}.a`, `${p}.b`]
-          yield* openAccount(a, "EUR", 100_00)
-          yield* openAccount(b, "EUR", 0)
+          const { stream } = yield* ledgerStream()
+          const { p, a, b } = yield* twoAccounts("atomic")
           const runs = yield* Ref.make(0)
           // What the first attempt saw inside its own transaction, just before it failed.
           const inside = yield* Deferred.make<{ readonly transfers: number; readonly dedup: boolean }>()

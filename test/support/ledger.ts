@@ -4,8 +4,9 @@
  */
 import { DateTime, Duration, Effect } from "effect"
 import { SqlClient } from "effect/sql"
-import type { TestStream } from "@jetworker/testing"
-import type * as LedgerWorker from "../../examples/ledger/src/LedgerWorker.ts"
+import { TestStream } from "@jetworker/testing"
+import { openAccount } from "../../examples/ledger/src/Ledger.ts"
+import * as LedgerWorker from "../../examples/ledger/src/LedgerWorker.ts"
 import { toJson } from "../../examples/ledger/src/TransferEvent.ts"
 
 export { openAccount, totalBalance, transferCount } from "../../examples/ledger/src/Ledger.ts"
@@ -24,6 +25,27 @@ export const settingsFor = (
   retryBase: Duration.millis(50),
   drainTimeout: Duration.seconds(5),
   ...overrides
+})
+
+/**
+ * A throw-away stream with the worker's settings for it (lease 2 seconds unless overridden),
+ * declared on the server as the worker declares it.
+ */
+export const ledgerStream = Effect.fnUntraced(function*(overrides: Partial<LedgerWorker.Settings> = {}) {
+  const ackWait = overrides.ackWait ?? Duration.seconds(2)
+  const stream = yield* TestStream.make({ ackWait })
+  const settings = settingsFor(stream, { ...overrides, ackWait })
+  yield* LedgerWorker.setup(settings)
+  return { stream, settings }
+})
+
+/** Two fresh EUR accounts `<p>.a` (100.00) and `<p>.b` (0), `p` a unique prefix for `label`. */
+export const twoAccounts = Effect.fnUntraced(function*(label: string) {
+  const p = uniquePrefix(label)
+  const [a, b] = [`${p}.a`, `${p}.b`]
+  yield* openAccount(a, "EUR", 100_00)
+  yield* openAccount(b, "EUR", 0)
+  return { p, a, b }
 })
 
 /** The environment a child-process ledger worker needs to run against `settings` and `schema`. */
