@@ -51,8 +51,6 @@ export interface BaseOptions<A, E extends Tagged, R, RS> {
   readonly prefetch?: number | undefined
   /** Bound on one handler attempt; a timeout counts as transient. Default: 30 seconds. */
   readonly handlerTimeout?: Duration.Input | undefined
-  /** Bound on waiting for the broker to confirm a command (ack, nak, dead-letter). Default: 5 seconds. */
-  readonly settleTimeout?: Duration.Input | undefined
   /**
    * On interruption, how long running handlers may take to finish before they are interrupted
    * (their messages are then released, not acked). Default: 10 seconds.
@@ -180,7 +178,6 @@ export const make = <A, E extends Tagged, R, RS = never>(
   const concurrency = intOption(problems, "concurrency", options.concurrency, 16, 10_000)
   const prefetch = intOption(problems, "prefetch", options.prefetch, concurrency, 10_000)
   const handlerTimeout = durationOption(problems, "handlerTimeout", options.handlerTimeout, Duration.seconds(30), false)
-  const settleTimeout = durationOption(problems, "settleTimeout", options.settleTimeout, Duration.seconds(5), false)
   const drainTimeout = durationOption(problems, "drainTimeout", options.drainTimeout, Duration.seconds(10), true)
   const skew = durationOption(problems, "expiry.skew", options.expiry?.skew, Duration.zero, true)
   const metadata = (options as { readonly metadata?: ((event: A) => Metadata) | undefined }).metadata ??
@@ -201,7 +198,6 @@ export const make = <A, E extends Tagged, R, RS = never>(
       concurrency,
       prefetch,
       handlerTimeout,
-      settleTimeout,
       drainTimeout,
       skewMillis: Duration.toMillis(skew),
       expiredTo: options.expiry?.onExpired === "deadLetter" ? "DeadLetter" : "Ack",

@@ -70,10 +70,9 @@ export const make = <const Type extends string, A>(options: {
   })
 
 /**
- * Whether `metadata` has expired at `now`, allowing `skew` for the difference between the
- * producer's and the consumer's clocks (the event counts as expired only once `now` is past
- * `expiresAt + skew`).
+ * Whether `metadata` has expired at `nowMillis` (epoch milliseconds), allowing `skewMillis` for
+ * the difference between the producer's and the consumer's clocks (the event counts as expired
+ * only once `now` is past `expiresAt + skew`).
  */
-export const isExpired = (metadata: Metadata, now: DateTime.Utc, skewMillis: number): boolean =>
-  metadata.expiresAt !== undefined &&
-  DateTime.toEpochMillis(now) > DateTime.toEpochMillis(metadata.expiresAt) + skewMillis
+export const isExpired = (metadata: Metadata, nowMillis: number, skewMillis: number): boolean =>
+  metadata.expiresAt !== undefined && nowMillis > metadata.expiresAt.epochMilliseconds + skewMillis

@@ -19,6 +19,7 @@ import type { Outcome } from "@jetworker/core"
 import { Duration, Effect } from "effect"
 import { NatsConnection } from "./NatsConnection.ts"
 import * as NatsError from "./NatsError.ts"
+import { checkPubAck } from "./Publisher.ts"
 import * as Topology from "./Topology.ts"
 
 /** Header names written on every dead-letter message. */
@@ -121,17 +122,6 @@ export const headersFor = (destination: Destination, msg: JsMsg, record: Outcome
   h.set(Header.failedAt, new Date(record.failedAt.epochMilliseconds).toISOString())
   return h
 }
-
-const checkPubAck = (operation: string, stream: string, ack: PubAck): Effect.Effect<PubAck, NatsError.NatsError> =>
-  ack.stream === stream && ack.seq > 0
-    ? Effect.succeed(ack)
-    : Effect.fail(
-      new NatsError.NatsError({
-        reason: "InvalidReply",
-        operation,
-        message: `expected a PubAck from stream ${stream}, got ${JSON.stringify(ack)}`
-      })
-    )
 
 /** Publishes `msg` with `record` to the dead-letter stream and waits for the stream's PubAck. */
 export const publish = (

@@ -29,6 +29,21 @@ export interface PublishOptions {
   readonly timeout?: Duration.Input | undefined
 }
 
+/**
+ * Accepts a PubAck only from `stream` with a positive sequence: nats.js itself rejects only an
+ * empty stream name, so a non-JetStream responder's `{}` would otherwise pass as stored.
+ */
+export const checkPubAck = (operation: string, stream: string, ack: PubAck): Effect.Effect<PubAck, NatsError.NatsError> =>
+  ack.stream === stream && ack.seq > 0
+    ? Effect.succeed(ack)
+    : Effect.fail(
+      new NatsError.NatsError({
+        reason: "InvalidReply",
+        operation,
+        message: `expected a PubAck from stream ${stream}, got ${JSON.stringify(ack)}`
+      })
+    )
+
 const retrySchedule = (attempts: number) =>
   Schedule.exponential("100 millis", 2).pipe(
     Schedule.jittered,
@@ -71,19 +86,7 @@ export const publish = (
         })
       },
       catch: (error) => NatsError.fromUnknown(operation, error)
-    }).pipe(
-      Effect.flatMap((ack) =>
-        ack.stream === options.stream && ack.seq > 0
-          ? Effect.succeed(ack)
-          : Effect.fail(
-            new NatsError.NatsError({
-              reason: "InvalidReply",
-              operation,
-              message: `expected a PubAck from ${options.stream}, got ${JSON.stringify(ack)}`
-            })
-          )
-      )
-    )
+    }).pipe(Effect.flatMap((ack) => checkPubAck(operation, options.stream, ack)))
     return yield* once.pipe(Effect.retry({ schedule: retrySchedule(attempts), while: (error) => error.isRetryable }))
   })
 

@@ -8,7 +8,7 @@ import { Cause, Clock, Data, DateTime, Duration, Effect, Exit, FiberSet, Metric,
 import { type Classification, classify, type Tagged } from "../Classification.ts"
 import { CurrentDelivery } from "../CurrentDelivery.ts"
 import type { Delivery } from "../Delivery.ts"
-import type { Metadata } from "../Envelope.ts"
+import { isExpired, type Metadata } from "../Envelope.ts"
 import * as ErrorSummary from "../ErrorSummary.ts"
 import { isDuplicate } from "../IdempotencyStore.ts"
 import * as Outcome from "../Outcome.ts"
@@ -36,7 +36,6 @@ export interface Definition<in out A, in out E extends Tagged, out R> {
   readonly concurrency: number
   readonly prefetch: number
   readonly handlerTimeout: Duration.Duration
-  readonly settleTimeout: Duration.Duration
   readonly drainTimeout: Duration.Duration
   readonly skewMillis: number
   readonly expiredTo: "Ack" | "DeadLetter"
@@ -98,7 +97,7 @@ const makeProcess = <A, E extends Tagged, R>(
 
   // Every Delivery command is bounded by its implementation (the Delivery contract), so no
   // second timer here: a failure or timeout just means "not confirmed".
-  const bounded = <X, Y>(effect: Effect.Effect<X, Y>): Effect.Effect<boolean> =>
+  const confirmed = <X, Y>(effect: Effect.Effect<X, Y>): Effect.Effect<boolean> =>
     effect.pipe(
       Effect.as(true),
       Effect.catchCause((cause) =>
@@ -109,11 +108,11 @@ const makeProcess = <A, E extends Tagged, R>(
   const execute = (delivery: Delivery, command: Outcome.Command): Effect.Effect<boolean> => {
     switch (command._tag) {
       case "Ack":
-        return bounded(delivery.ack)
+        return confirmed(delivery.ack)
       case "Nak":
-        return bounded(delivery.nak(command.delay))
+        return confirmed(delivery.nak(command.delay))
       case "DeadLetter":
-        return bounded(delivery.deadLetter(command.record))
+        return confirmed(delivery.deadLetter(command.record))
       case "Leave":
         return Effect.succeed(true)
     }
@@ -161,10 +160,7 @@ const makeProcess = <A, E extends Tagged, R>(
       const message = { ...ref, eventId: metadata.id }
       // Compared in epoch milliseconds: a DateTime is built only for an expired event.
       const nowMillis = yield* Clock.currentTimeMillis
-      if (
-        metadata.expiresAt !== undefined &&
-        nowMillis > metadata.expiresAt.epochMilliseconds + definition.skewMillis
-      ) {
+      if (metadata.expiresAt !== undefined && isExpired(metadata, nowMillis, definition.skewMillis)) {
         return Outcome.verdict("Expired", {
           message,
           expiresAt: metadata.expiresAt,
@@ -226,9 +222,9 @@ const makeProcess = <A, E extends Tagged, R>(
           ? EPOCH
           : DateTime.makeUnsafe(yield* Clock.currentTimeMillis)
         const command = Outcome.toCommand(verdict, { expiredTo: definition.expiredTo, now })
-        const confirmed = yield* execute(delivery, command)
-        let outcome = finish(verdict, confirmed, (yield* Clock.currentTimeMillis) - receivedAt)
-        if (command._tag === "DeadLetter" && !confirmed) {
+        const sent = yield* execute(delivery, command)
+        let outcome = finish(verdict, sent, (yield* Clock.currentTimeMillis) - receivedAt)
+        if (command._tag === "DeadLetter" && !sent) {
           // Not terminated, so not lost: ask for a later redelivery, which dead-letters it again.
           const retryIn = yield* Retry.delayAfter(definition.retry, delivery.deliveryCount)
           const naked = yield* execute(delivery, Outcome.Command.Nak({ delay: retryIn }))
@@ -242,7 +238,7 @@ const makeProcess = <A, E extends Tagged, R>(
             naked,
             (yield* Clock.currentTimeMillis) - receivedAt
           )
-        } else if (confirmed && command._tag === "Ack") {
+        } else if (sent && command._tag === "Ack") {
           yield* Probe.hit({
             point: "after-ack",
             consumer: definition.name,
@@ -267,7 +263,7 @@ export const run = <A, E extends Tagged, R>(definition: Definition<A, E, R>): Ef
       const slots = yield* Semaphore.make(definition.concurrency)
       const inFlight = yield* FiberSet.make<void, never>()
       // Created before the drain finalizer, so it keeps extending leases while handlers drain.
-      const keeper = yield* LeaseKeeper.make({ lease: intake.lease, settleTimeout: definition.settleTimeout })
+      const keeper = yield* LeaseKeeper.make(intake.lease)
       // Runs before the FiberSet's own finalizer (which interrupts what is left) and before the
       // intake's: stop reserving, then give running handlers the drain budget.
       yield* Effect.addFinalizer(() =>

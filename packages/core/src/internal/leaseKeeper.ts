@@ -1,7 +1,7 @@
 /**
  * The lease keeper: one fiber per running consumer (not one per message) that watches every
  * delivery whose handler is running. A delivery held for a third of the lease gets an extension
- * (bounded by a third of the lease); once no extension has been confirmed for 90% of the lease
+ * (waited for at most a third of the lease, on top of the delivery's own bound); once no extension has been confirmed for 90% of the lease
  * the lease counts as lost: the delivery is marked and its fiber interrupted, so its transaction
  * rolls back and it is never acked. Internal: the engine registers and unregisters deliveries.
  */
@@ -33,16 +33,13 @@ export const none: LeaseKeeper = {
 }
 
 /** Starts the keeper's fiber in the current scope. */
-export const make = (options: {
-  readonly lease: Duration.Duration
-  readonly settleTimeout: Duration.Duration
-}): Effect.Effect<LeaseKeeper, never, Scope.Scope> =>
+export const make = (lease: Duration.Duration): Effect.Effect<LeaseKeeper, never, Scope.Scope> =>
   Effect.gen(function*() {
-    const leaseMillis = Duration.toMillis(options.lease)
+    const leaseMillis = Duration.toMillis(lease)
     if (!(leaseMillis > 0) || !Number.isFinite(leaseMillis)) return none
     const leases = new Set<Lease>()
     const extendAfter = leaseMillis / 3
-    const extendTimeout = Duration.min(options.settleTimeout, Duration.millis(leaseMillis / 3))
+    const extendTimeout = Duration.millis(leaseMillis / 3)
 
     const extend = (lease: Lease, sentAt: number) =>
       lease.delivery.extend.pipe(
