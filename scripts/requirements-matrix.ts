@@ -105,12 +105,86 @@ const requirements: ReadonlyArray<Requirement> = [
   },
   { id: "INT-NATS-002", title: "Stream and consumer contract", inScope: false, verifications: [] },
   { id: "INT-NATS-007", title: "Confirmed JetStream publish", inScope: false, verifications: [] },
-  ...["001", "002", "003", "004", "005", "006", "007"].map((n): Requirement => ({
-    id: `BE-SHUT-${n}`,
-    title: "Graceful shutdown",
+  {
+    id: "BE-SHUT-001",
+    title: "One shutdown procedure",
+    inScope: true,
+    verifications: [
+      { line: "one stop signal", match: /one stop signal/i },
+      { line: "repeated stop signals", match: /repeated (and concurrent )?stop signals/i },
+      { line: "concurrent stop signals", match: /concurrent stop signals/i },
+      { line: "each stage runs exactly once", match: /each stage runs exactly once/i },
+      { line: "a business failure stays isolated from the process lifecycle", match: /business failure stays isolated/i }
+    ]
+  },
+  {
+    id: "BE-SHUT-002",
+    title: "Stop admitting new work",
     inScope: false,
-    verifications: []
-  }))
+    verifications: [
+      { line: "readiness change", match: /readiness turns 503/i },
+      { line: "intake stop", match: /intake stops/i },
+      { line: "a message arriving during shutdown", match: /message arriving during shutdown/i },
+      { line: "review that application, probe and orchestrator timings agree", match: /timings agree/i }
+    ]
+  },
+  {
+    id: "BE-SHUT-003",
+    title: "Drain in-flight work",
+    inScope: true,
+    verifications: [
+      { line: "long job and message handling", match: /long (job|message handling)/i },
+      { line: "budget expiry", match: /budget expiry/i },
+      { line: "cancellation", match: /cancels/i },
+      { line: "redelivery", match: /redelivered/i },
+      { line: "no success and no ack before the commit", match: /no success and no ack before the commit/i }
+    ]
+  },
+  {
+    id: "BE-SHUT-004",
+    title: "Bounded shutdown budget",
+    inScope: false,
+    verifications: [
+      { line: "automated check of the application's and the runtime environment's configuration", match: /configuration check/i },
+      { line: "a hung operation", match: /hung operation/i },
+      { line: "an unavailable dependency", match: /black-holed (database|broker|dependency)/i },
+      { line: "the real time until the process exits", match: /exits inside the budget/i }
+    ]
+  },
+  {
+    id: "BE-SHUT-005",
+    title: "Resource close order",
+    inScope: true,
+    verifications: [
+      { line: "integration test of the order of lifecycle events", match: /lifecycle events in order/i },
+      { line: "running work that uses the database, the broker and an external client", match: /database, the broker and an external client/i },
+      { line: "one owner for each closed resource", match: /closed once by its owner/i }
+    ]
+  },
+  {
+    id: "BE-SHUT-006",
+    title: "Telemetry shutdown",
+    inScope: false,
+    verifications: [
+      { line: "shutdown with full buffers", match: /full (telemetry )?buffers/i },
+      { line: "a slow receiver for each channel", match: /slow receiver/i },
+      { line: "an unreachable receiver for each channel", match: /unreachable receiver/i },
+      { line: "the total budget holds", match: /budget holds/i }
+    ]
+  },
+  {
+    id: "BE-SHUT-007",
+    title: "Result and observability of shutdown",
+    inScope: true,
+    verifications: [
+      { line: "successful shutdown", match: /successful shutdown/i },
+      { line: "failed shutdown", match: /failed shutdown/i },
+      { line: "overrun shutdown", match: /overrun shutdown/i },
+      { line: "exit code", match: /exit code/i },
+      { line: "uniqueness of the events", match: /exactly one started and one completed event/i },
+      { line: "the schema and duration of the completion event", match: /schema and the real duration/i }
+    ]
+  }
 ]
 
 const ROOT = new URL("..", import.meta.url).pathname

@@ -23,7 +23,6 @@ export const settingsFor = (
   concurrency: 4,
   attempts: 5,
   retryBase: Duration.millis(50),
-  drainTimeout: Duration.seconds(5),
   ...overrides
 })
 
@@ -60,7 +59,9 @@ export const workerEnv = (settings: LedgerWorker.Settings, schema: string, datab
   LEDGER_CONCURRENCY: String(settings.concurrency),
   LEDGER_ATTEMPTS: String(settings.attempts),
   LEDGER_RETRY_BASE: `${Duration.toMillis(settings.retryBase)} millis`,
-  LEDGER_DRAIN_TIMEOUT: `${Duration.toMillis(settings.drainTimeout)} millis`
+  // A free loopback port per child, so parallel tests never collide on the health server.
+  HEALTH_PORT: "0",
+  HEALTH_HOST: "127.0.0.1"
 })
 
 /** A transfer's JSON, created now, in EUR. */

@@ -5,12 +5,14 @@
  * consumer and tables are declared on start (this service owns its consumer).
  */
 import { PgClient } from "@effect/sql-pg"
-import { Consumer, IdempotencyStore, type Outcome, Retry } from "@jetworker/core"
+import { Consumer, IdempotencyStore, Lifecycle, type Outcome, Retry } from "@jetworker/core"
 import { JetStreamSource, NatsConnection, Topology } from "@jetworker/nats"
 import { Migrations, PgIdempotencyStore } from "@jetworker/sql-pg"
 import { Config, Duration, Effect, Layer, Redacted } from "effect"
+import { SqlClient } from "effect/sql"
 import { applyTransfer } from "./Ledger.ts"
 import * as LedgerMigrations from "./LedgerMigrations.ts"
+import * as RiskCheck from "./RiskCheck.ts"
 import { metadata, TransferEvent } from "./TransferEvent.ts"
 
 /** The worker's settings. */
@@ -29,8 +31,6 @@ export interface Settings {
   readonly attempts: number
   /** `LEDGER_RETRY_BASE`, default `200 millis`: first retry delay (doubling, jittered, capped at 30 s). */
   readonly retryBase: Duration.Duration
-  /** `LEDGER_DRAIN_TIMEOUT`, default `10 seconds`: how long running handlers may finish on shutdown. */
-  readonly drainTimeout: Duration.Duration
 }
 
 /** Reads {@link Settings} from the environment. */
@@ -41,8 +41,7 @@ export const settings = Config.all({
   ackWait: Config.Duration("LEDGER_ACK_WAIT").pipe(Config.withDefault(Duration.seconds(30))),
   concurrency: Config.Int("LEDGER_CONCURRENCY").pipe(Config.withDefault(8)),
   attempts: Config.Int("LEDGER_ATTEMPTS").pipe(Config.withDefault(5)),
-  retryBase: Config.Duration("LEDGER_RETRY_BASE").pipe(Config.withDefault(Duration.millis(200))),
-  drainTimeout: Config.Duration("LEDGER_DRAIN_TIMEOUT").pipe(Config.withDefault(Duration.seconds(10)))
+  retryBase: Config.Duration("LEDGER_RETRY_BASE").pipe(Config.withDefault(Duration.millis(200)))
 })
 
 /** The consumer definition. */
@@ -55,17 +54,20 @@ export const consumer = (
     source: JetStreamSource.make({ stream: settings.stream, consumer: settings.consumer }),
     schema: TransferEvent, // effect Schema; undecodable or invalid => Rejected (dead-lettered)
     metadata, // event -> { id, time, expiresAt? }
-    handle: (event) => IdempotencyStore.commit(event.id, applyTransfer(event)), // one SQL transaction
+    // one SQL transaction: dedup row, risk check (an HTTP call, when configured), the transfer
+    handle: (event) => IdempotencyStore.commit(event.id, Effect.andThen(RiskCheck.check(event), applyTransfer(event))),
     classify: {
       UnknownAccount: "permanent",
       InsufficientFunds: "permanent",
       CurrencyMismatch: "permanent",
+      TransferRefused: "permanent",
+      RiskCheckUnavailable: "transient",
       SqlError: "isRetryable",
       IdempotencyError: "isRetryable"
     },
     retry: Retry.exponential({ attempts: settings.attempts, base: settings.retryBase, cap: "30 seconds" }),
     concurrency: settings.concurrency,
-    drainTimeout: settings.drainTimeout,
+    // No drainTimeout: under Worker.runMain the shutdown budget (SHUTDOWN_BUDGET) bounds the drain.
     onOutcome
   })
 
@@ -85,8 +87,10 @@ export const setup = (settings: Settings) =>
       maxDeliver: settings.attempts + 2,
       maxAckPending: 1000
     })
-    yield* Migrations.run
-    yield* LedgerMigrations.run
+    // Under a starting worker, waits (bounded by STARTUP_TIMEOUT) for a database that is not up yet.
+    yield* Lifecycle.waitFor("postgres", Effect.andThen(Migrations.run, LedgerMigrations.run), {
+      while: (error) => error._tag === "SqlError" && error.reason.isRetryable
+    })
   })
 
 /** Sets up, then runs the worker with `settings` until interrupted (graceful drain) or its source fails. */
@@ -111,8 +115,18 @@ export const DatabaseLive = Layer.unwrap(Effect.gen(function*() {
   })
 }))
 
-/** Everything the worker needs: NATS (`NATS_URL`), PostgreSQL and the idempotency store. */
+/**
+ * Everything the worker needs: NATS (`NATS_URL`), PostgreSQL and the idempotency store, and the
+ * risk check (`LEDGER_RISK_URL`, with its HTTP client when set). Each is a `Lifecycle.resource`: the worker's shutdown closes it as one stage within the close share, and
+ * readiness reflects PostgreSQL through a `SELECT 1` every 5 seconds (NATS through its connection
+ * status).
+ */
 export const WorkerLive = Layer.mergeAll(
-  NatsConnection.layerConfig({ name: "ledger-applier" }),
-  PgIdempotencyStore.layer().pipe(Layer.provideMerge(DatabaseLive))
+  Lifecycle.resource("nats", NatsConnection.layerConfig({ name: "ledger-applier" })),
+  RiskCheck.layerConfig,
+  PgIdempotencyStore.layer().pipe(
+    Layer.provideMerge(
+      Lifecycle.resource("postgres", DatabaseLive, { check: SqlClient.SqlClient.use((sql) => sql`SELECT 1`) })
+    )
+  )
 )

@@ -9,7 +9,7 @@
  */
 import { NodeRuntime } from "@effect/platform-node"
 import type { Outcome } from "@jetworker/core"
-import { DeadLetter, Publisher } from "@jetworker/nats"
+import { DeadLetter, NatsConnection, Publisher } from "@jetworker/nats"
 import { Console, DateTime, Deferred, Duration, Effect, Fiber, Layer, Logger, References } from "effect"
 import { SqlClient } from "effect/sql"
 import { openAccount, totalBalance, transferCount } from "./Ledger.ts"
@@ -98,6 +98,15 @@ const program = Effect.gen(function*() {
   yield* injectTransientFailure(id("t9"), 3)
   const before = yield* totalBalance(accounts)
 
+  // Dead letters of this run only: the dead-letter stream may hold thousands from earlier runs
+  // or real traffic, so read it from its current end (a stream not created yet starts at 1).
+  const deadLetterStream = `${settings.stream}_DLQ`
+  const { manager } = yield* NatsConnection.NatsConnection
+  const deadLettersFrom = yield* Effect.tryPromise(() => manager.streams.info(deadLetterStream)).pipe(
+    Effect.map((info) => info.state.last_seq + 1),
+    Effect.orElseSucceed(() => 1)
+  )
+
   // Publish everything (confirmed), remembering which stream sequence is which case.
   const bySequence = new Map<number, Case>()
   for (const c of cases) {
@@ -137,7 +146,7 @@ const program = Effect.gen(function*() {
   }
   const after = yield* totalBalance(accounts)
   const t1 = yield* transferCount(id("t1"))
-  const dead = yield* DeadLetter.list(`${settings.stream}_DLQ`, { limit: 1000 }).pipe(
+  const dead = yield* DeadLetter.list(deadLetterStream, { from: deadLettersFrom, limit: 1000 }).pipe(
     Effect.map((list) => list.filter((m) => m.sourceStream === settings.stream && bySequence.has(m.sourceSequence)))
   )
   const expectedDead = cases.filter((c) => c.expected === "Rejected" || c.expected === "DeadLettered").length

@@ -1,19 +1,13 @@
 /**
- * The ledger worker on its own: `node examples/ledger/src/main.ts`. Runs until SIGTERM or SIGINT,
- * then stops taking messages, lets running transfers finish (LEDGER_DRAIN_TIMEOUT), releases the
- * rest and closes NATS and PostgreSQL in that order. Logs are JSON lines on stdout. Exit code 0
- * after a signal, 1 when it stops for any other reason (e.g. the NATS connection closed for good).
+ * The ledger worker on its own: `node examples/ledger/src/main.ts`. Runs under `Worker.runMain`:
+ * waits for NATS and PostgreSQL at start (STARTUP_TIMEOUT), serves `/healthz/live`,
+ * `/healthz/ready` and `/metrics` on HEALTH_PORT (default 8080), and on the first SIGTERM or
+ * SIGINT runs one shutdown within SHUTDOWN_BUDGET (default 25 seconds): stops taking messages,
+ * lets running transfers finish, releases the rest, closes NATS and PostgreSQL, and exits 0
+ * (1 when it stopped because of a failure, 3 when a stage overran its share of the budget).
+ * Logs are JSON lines on stdout.
  */
-import { NodeRuntime } from "@effect/platform-node"
-import { Cause, Effect, Exit, Layer, Logger } from "effect"
-import { Runtime } from "effect"
+import { Worker } from "@jetworker/node"
 import * as LedgerWorker from "./LedgerWorker.ts"
 
-const program = LedgerWorker.run().pipe(
-  Effect.provide(Layer.mergeAll(LedgerWorker.WorkerLive, Logger.layer([Logger.consoleJson])))
-)
-
-NodeRuntime.runMain(program, {
-  teardown: (exit, onExit) =>
-    Exit.isFailure(exit) && Cause.hasInterruptsOnly(exit.cause) ? onExit(0) : Runtime.defaultTeardown(exit, onExit)
-})
+Worker.runMain(LedgerWorker.run(), { layer: LedgerWorker.WorkerLive })

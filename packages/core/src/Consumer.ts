@@ -53,7 +53,8 @@ export interface BaseOptions<A, E extends Tagged, R, RS> {
   readonly handlerTimeout?: Duration.Input | undefined
   /**
    * On interruption, how long running handlers may take to finish before they are interrupted
-   * (their messages are then released, not acked). Default: 10 seconds.
+   * (their messages are then released, not acked). Under `Worker.runMain` the worker's shutdown
+   * budget bounds the drain instead (its drain share) and this option is not used. Default: 10 seconds.
    */
   readonly drainTimeout?: Duration.Input | undefined
   /** Expiry handling (BE-JOB-005). */
@@ -209,7 +210,7 @@ export const make = <A, E extends Tagged, R, RS = never>(
 /**
  * Runs the consumer until interrupted or until its source fails. On interruption it stops
  * reserving messages, releases those still buffered, lets running handlers finish for up to
- * `drainTimeout`, then interrupts the rest (their transactions roll back and their messages are
+ * `drainTimeout` (under a worker: until its budget's drain share ends), then interrupts the rest (their transactions roll back and their messages are
  * released, never acked). Fails with {@link InvalidOptions} before any I/O when `make` found
  * problems.
  */

@@ -1,7 +1,7 @@
 /**
  * A scoped NATS connection with its JetStream client and manager, as a Layer. The connection
  * reconnects forever by default (nats.js gives up after ~20 s otherwise); its finalizer drains it
- * within `drainTimeout` and then closes it, so it must be released after everything that acks
+ * within `drainTimeout` (and within the worker's close share while shutting down) and then closes it, so it must be released after everything that acks
  * through it (the consumer's scope is inner to this one). Connection status changes are logged.
  * Credentials are `Redacted` and never logged.
  *
@@ -9,7 +9,8 @@
  */
 import { type JetStreamClient, type JetStreamManager, jetstream, jetstreamManager } from "@nats-io/jetstream"
 import { connect, type NatsConnection as Connection } from "@nats-io/transport-node"
-import { Config, Context, Duration, Effect, Layer, Option, Redacted, Stream } from "effect"
+import { Lifecycle } from "@jetworker/core"
+import { Clock, Config, Context, Duration, Effect, Layer, Option, Redacted, Stream } from "effect"
 import * as NatsError from "./NatsError.ts"
 
 /** How to connect. Every duration is a `Duration.Input`. */
@@ -28,7 +29,10 @@ export interface Options {
   readonly maxReconnectAttempts?: number | undefined
   /** Wait between reconnect attempts (plus up to 100 ms of jitter). Default: 250 millis. */
   readonly reconnectTimeWait?: Duration.Input | undefined
-  /** Bound on establishing the first connection. Default: 5 seconds. */
+  /**
+   * Bound on establishing the first connection. Under a worker that is starting, a refused or
+   * timed-out first connection is retried until the worker's start-up deadline. Default: 5 seconds.
+   */
   readonly connectTimeout?: Duration.Input | undefined
   /** Bound on JetStream API requests and publishes. Default: 5 seconds. */
   readonly apiTimeout?: Duration.Input | undefined
@@ -56,8 +60,11 @@ export const make = (options: Options) =>
   Effect.gen(function*() {
     const apiTimeoutMillis = millis(options.apiTimeout, 5_000)
     const drainMillis = millis(options.drainTimeout, 5_000)
+    const lifecycle = yield* Lifecycle.Lifecycle
+    // Under a worker that is starting, a refused connection is retried until the start-up
+    // deadline (the server may be restarting); otherwise it fails at once.
     const connection = yield* Effect.acquireRelease(
-      Effect.tryPromise({
+      Lifecycle.waitFor("nats", Effect.tryPromise({
         try: () =>
           connect({
             servers: typeof options.servers === "string" ? options.servers : [...options.servers],
@@ -72,20 +79,37 @@ export const make = (options: Options) =>
             ...(options.password === undefined ? {} : { pass: Redacted.value(options.password) })
           }),
         catch: (error) => NatsError.fromUnknown("connect", error)
-      }),
+      }), { while: (error) => error.reason === "ConnectionRefused" || error.reason === "Timeout" }),
       (connection) =>
-        Effect.promise(() => connection.drain().catch(() => undefined)).pipe(
-          Effect.timeoutOption(Duration.millis(drainMillis)),
-          Effect.flatMap((drained) =>
-            Option.isSome(drained) ? Effect.void : Effect.promise(() => connection.close().catch(() => undefined))
+        Effect.gen(function*() {
+          // Bounded by `drainTimeout` and, under a worker that is shutting down, by what is left
+          // of the budget's close share; then the connection is closed without draining.
+          const now = yield* Clock.currentTimeMillis
+          const closeBy = lifecycle.deadline("close")
+          const bound = Math.max(0, Math.min(drainMillis, closeBy === undefined ? drainMillis : closeBy - now))
+          const drained = yield* Effect.promise(() => connection.drain().catch(() => undefined)).pipe(
+            Effect.timeoutOption(Duration.millis(bound))
           )
-        )
+          if (Option.isNone(drained)) yield* Effect.promise(() => connection.close().catch(() => undefined))
+        })
     )
+    // Readiness reflects the connection: down while disconnected.
+    const component = yield* lifecycle.component("nats", "dependency")
+    yield* component.up
     // Log connection status changes for operators, through the configured logger; the fiber ends
     // with the scope (or when the connection closes and the status iterator ends).
     yield* Stream.fromAsyncIterable(connection.status(), (error) => error).pipe(
       Stream.filter((status) => status.type === "disconnect" || status.type === "reconnect" || status.type === "error"),
-      Stream.runForEach((status) => Effect.logWarning(`nats connection ${status.type}`)),
+      Stream.runForEach((status) =>
+        Effect.andThen(
+          status.type === "disconnect"
+            ? component.down("disconnected")
+            : status.type === "reconnect"
+            ? component.up
+            : Effect.void,
+          Effect.logWarning(`nats connection ${status.type}`)
+        )
+      ),
       Effect.ignore,
       Effect.forkScoped
     )

@@ -11,6 +11,7 @@ import type { Delivery } from "../Delivery.ts"
 import { isExpired, type Metadata } from "../Envelope.ts"
 import * as ErrorSummary from "../ErrorSummary.ts"
 import { isDuplicate } from "../IdempotencyStore.ts"
+import * as Lifecycle from "../Lifecycle.ts"
 import * as Outcome from "../Outcome.ts"
 import * as Probe from "../Probe.ts"
 import * as Retry from "../Retry.ts"
@@ -259,24 +260,32 @@ const makeProcess = <A, E extends Tagged, R>(
 export const run = <A, E extends Tagged, R>(definition: Definition<A, E, R>): Effect.Effect<never, SourceError, R> =>
   Effect.scoped(
     Effect.gen(function*() {
+      const lifecycle = yield* Lifecycle.Lifecycle
+      // Readiness counts this consumer as starting until its intake is open.
+      const component = yield* lifecycle.component(definition.name, "consumer")
       const intake = yield* definition.source.open({ prefetch: definition.prefetch, attempts: definition.retry.attempts })
       const slots = yield* Semaphore.make(definition.concurrency)
       const inFlight = yield* FiberSet.make<void, never>()
       // Created before the drain finalizer, so it keeps extending leases while handlers drain.
       const keeper = yield* LeaseKeeper.make(intake.lease)
       // Runs before the FiberSet's own finalizer (which interrupts what is left) and before the
-      // intake's: stop reserving, then give running handlers the drain budget.
+      // intake's: stop reserving, then let running handlers finish until the drain share of the
+      // worker's shutdown budget ends (unmanaged: for `drainTimeout`).
       yield* Effect.addFinalizer(() =>
         Effect.gen(function*() {
-          yield* intake.close
-          const drained = yield* FiberSet.awaitEmpty(inFlight).pipe(Effect.timeoutOption(definition.drainTimeout))
-          if (Option.isNone(drained)) {
+          yield* component.down("stopping")
+          yield* lifecycle.stage("intake", definition.name, "drain", intake.close)
+          const drained = lifecycle.deadline("drain") === undefined
+            ? Option.isSome(yield* FiberSet.awaitEmpty(inFlight).pipe(Effect.timeoutOption(definition.drainTimeout)))
+            : (yield* lifecycle.stage("drain", definition.name, "drain", FiberSet.awaitEmpty(inFlight))) === "completed"
+          if (!drained) {
             yield* Effect.logWarning(`drain budget spent; interrupting ${yield* FiberSet.size(inFlight)} handlers`)
           }
         })
       )
       const process = makeProcess(definition, intake.lease, keeper)
       const runFiber = FiberSet.run(inFlight)
+      yield* component.up
       yield* Effect.logInfo(
         `consumer ${definition.name} started on ${definition.source.name} ` +
           `(concurrency ${definition.concurrency}, prefetch ${definition.prefetch}, lease ${Duration.format(intake.lease)})`

@@ -1,0 +1,410 @@
+/**
+ * The process lifecycle as the engine and the resources see it: one shutdown budget split into
+ * shares, the deadline of each share once shutdown has started, one `shutdown.stage` log line per
+ * stage, the readiness of the parts of the process (consumers, dependencies), and waiting for
+ * dependencies at start-up.
+ *
+ * It does no I/O and handles no signal: `@jetworker/node`'s `Worker.runMain` makes a managed
+ * lifecycle, provides it, handles signals, serves the probes and exits. Outside a worker (a test,
+ * a script) the default lifecycle is unmanaged: no deadlines (each caller's own bound applies),
+ * no stage lines, no waiting for dependencies, and every part counts as ready.
+ *
+ * The budget's shares are laid end to end from the moment shutdown starts:
+ *
+ * ```text
+ * | readinessGrace | drain | close | telemetry | reserve |
+ * ```
+ *
+ * Intake stops and running work starts draining at once; running work may finish until the end
+ * of the drain share (readiness grace + drain after the signal); the process stays up at least the
+ * readiness grace (so probes see it unready); resources close by the end of the close share and
+ * telemetry is flushed by the end of its share, which leaves the reserve unused by plan. A stage
+ * that overruns its share is cut there and makes the shutdown's result `timeout`.
+ *
+ * @since 0.2.0
+ */
+import { Clock, Context, Data, Duration, Effect, Exit, Fiber, Layer, Result, Schedule, Scope } from "effect"
+import * as ErrorSummary from "./ErrorSummary.ts"
+
+// ---------------------------------------------------------------------------------------------
+// Budget
+// ---------------------------------------------------------------------------------------------
+
+/** How the shutdown budget is set; every share but the drain is given, the drain gets the rest. */
+export interface BudgetOptions {
+  /** The whole budget, signal to exit; keep it under the orchestrator's kill deadline. Default: 25 seconds. */
+  readonly total?: Duration.Input | undefined
+  /** How long the process stays up, unready, so that probes observe it. Default: 1 second. */
+  readonly readinessGrace?: Duration.Input | undefined
+  /** Closing the resources (NATS drained then closed, SQL pool, HTTP server). Default: 3 seconds. */
+  readonly close?: Duration.Input | undefined
+  /** Flushing telemetry. Default: 2 seconds. */
+  readonly telemetry?: Duration.Input | undefined
+  /** Left unused by plan, for the exit itself; must be above zero. Default: 1 second. */
+  readonly reserve?: Duration.Input | undefined
+}
+
+/** A checked budget, in milliseconds. `drainMillis` is what the other shares leave of the total. */
+export interface Budget {
+  readonly totalMillis: number
+  readonly readinessGraceMillis: number
+  readonly drainMillis: number
+  readonly closeMillis: number
+  readonly telemetryMillis: number
+  readonly reserveMillis: number
+}
+
+/** A budget whose shares do not fit; says which and why. */
+export class InvalidBudget extends Data.TaggedError("InvalidBudget")<{ readonly problems: ReadonlyArray<string> }> {
+  override get message(): string {
+    return `invalid shutdown budget: ${this.problems.join("; ")}`
+  }
+}
+
+const toMillis = (
+  problems: Array<string>,
+  name: string,
+  input: Duration.Input | undefined,
+  fallback: number
+): number => {
+  if (input === undefined) return fallback
+  const duration = Duration.fromInput(input)
+  if (duration._tag === "None" || !Duration.isFinite(duration.value) || Duration.toMillis(duration.value) < 0) {
+    problems.push(`${name} must be a finite duration, got ${String(input)}`)
+    return fallback
+  }
+  return Duration.toMillis(duration.value)
+}
+
+/** Checks `options` and derives the drain share. */
+export const makeBudget = (options: BudgetOptions = {}): Result.Result<Budget, InvalidBudget> => {
+  const problems: Array<string> = []
+  const totalMillis = toMillis(problems, "total", options.total, 25_000)
+  const readinessGraceMillis = toMillis(problems, "readinessGrace", options.readinessGrace, 1_000)
+  const closeMillis = toMillis(problems, "close", options.close, 3_000)
+  const telemetryMillis = toMillis(problems, "telemetry", options.telemetry, 2_000)
+  const reserveMillis = toMillis(problems, "reserve", options.reserve, 1_000)
+  if (reserveMillis <= 0) problems.push("reserve must be above zero")
+  const drainMillis = totalMillis - readinessGraceMillis - closeMillis - telemetryMillis - reserveMillis
+  if (problems.length === 0 && drainMillis <= 0) {
+    problems.push(
+      `total ${totalMillis} ms leaves no drain share after readinessGrace ${readinessGraceMillis} ms, ` +
+        `close ${closeMillis} ms, telemetry ${telemetryMillis} ms and reserve ${reserveMillis} ms`
+    )
+  }
+  return problems.length > 0
+    ? Result.fail(new InvalidBudget({ problems }))
+    : Result.succeed({ totalMillis, readinessGraceMillis, drainMillis, closeMillis, telemetryMillis, reserveMillis })
+}
+
+/** A share of the budget that bounds waits: each ends at a deadline counted from the signal. */
+export type Share = "readinessGrace" | "drain" | "close" | "telemetry"
+
+/** Milliseconds from the start of shutdown to the end of `share`. */
+export const shareEnd = (budget: Budget, share: Share): number => {
+  const grace = budget.readinessGraceMillis
+  const drain = grace + budget.drainMillis
+  const close = drain + budget.closeMillis
+  switch (share) {
+    case "readinessGrace":
+      return grace
+    case "drain":
+      return drain
+    case "close":
+      return close
+    case "telemetry":
+      return close + budget.telemetryMillis
+  }
+}
+
+// ---------------------------------------------------------------------------------------------
+// The service
+// ---------------------------------------------------------------------------------------------
+
+/** A step of the shutdown procedure, in the order they run. */
+export type Stage = "readiness" | "intake" | "drain" | "program" | "grace" | "close" | "telemetry"
+
+/** How a stage ended: in time, cut at its share's deadline, or failed. */
+export type StageResult = "completed" | "timeout" | "failed"
+
+/** What kind of part a readiness component is. */
+export type ComponentKind = "consumer" | "dependency"
+
+/** A part of the process whose state readiness reflects; removed when its scope closes. */
+export interface Component {
+  /** The part works (a consumer is reserving, a dependency is reachable). */
+  readonly up: Effect.Effect<void>
+  /** The part does not work now; `reason` is shown on the readiness probe. */
+  readonly down: (reason: string) => Effect.Effect<void>
+}
+
+/** The lifecycle as seen from inside the process. */
+export interface LifecycleShape {
+  /** Whether a worker manages the process (then stages are logged and deadlines apply). */
+  readonly managed: boolean
+  /** Epoch millis at which `share` ends, once shutdown has started; `undefined` otherwise. */
+  readonly deadline: (share: Share) => number | undefined
+  /**
+   * Runs `effect` as one stage of the shutdown: bounded by `share`'s deadline (cut and abandoned
+   * past it) and reported by one `shutdown.stage` line. Before shutdown, or unmanaged, it just
+   * runs `effect`. Never fails.
+   */
+  readonly stage: <E>(stage: Stage, target: string, share: Share, effect: Effect.Effect<void, E>) => Effect.Effect<StageResult>
+  /** Registers a part whose state readiness reflects; it starts down ("starting"). */
+  readonly component: (name: string, kind: ComponentKind) => Effect.Effect<Component, never, Scope.Scope>
+  /** Epoch millis until which start-up may wait for dependencies; `undefined` means do not wait. */
+  readonly startupDeadline: () => number | undefined
+}
+
+const noComponent: Component = { up: Effect.void, down: () => Effect.void }
+
+/** The lifecycle outside a worker: nothing is bounded, logged or waited for here. */
+export const unmanaged: LifecycleShape = {
+  managed: false,
+  deadline: () => undefined,
+  stage: (_stage, _target, _share, effect) =>
+    Effect.exit(effect).pipe(Effect.map((exit): StageResult => (Exit.isSuccess(exit) ? "completed" : "failed"))),
+  component: () => Effect.succeed(noComponent),
+  startupDeadline: () => undefined
+}
+
+/** The lifecycle in effect; unmanaged unless a worker provides a managed one. */
+export const Lifecycle = Context.Reference<LifecycleShape>("@jetworker/core/Lifecycle", {
+  defaultValue: () => unmanaged
+})
+
+// ---------------------------------------------------------------------------------------------
+// A managed lifecycle
+// ---------------------------------------------------------------------------------------------
+
+/** Where the process is. */
+export type Phase = "starting" | "running" | "stopping"
+
+/** The state of one component, for the readiness probe. */
+export interface ComponentStatus {
+  readonly name: string
+  readonly kind: ComponentKind
+  readonly up: boolean
+  readonly reason: string | undefined
+}
+
+/** What the readiness probe reports. */
+export interface Readiness {
+  readonly ready: boolean
+  readonly phase: Phase
+  readonly components: ReadonlyArray<ComponentStatus>
+}
+
+/** A lifecycle the worker drives. */
+export interface Managed extends LifecycleShape {
+  readonly budget: Budget
+  /** Start-up is over: the process's resources are built. */
+  readonly started: Effect.Effect<void>
+  /** Shutdown starts now (once; later calls do nothing). Returns whether this call started it. */
+  readonly begin: Effect.Effect<boolean>
+  /** Epoch millis at which shutdown started, if it has. */
+  readonly startedAt: () => number | undefined
+  /** Whether some stage overran its share. */
+  readonly overran: () => boolean
+  /** Marks an overrun found outside `stage` (e.g. work abandoned at a deadline). */
+  readonly markOverrun: Effect.Effect<void>
+  /** The readiness probe's view. */
+  readonly readiness: () => Readiness
+}
+
+/** Options of a managed lifecycle. */
+export interface ManagedOptions {
+  readonly budget: Budget
+  /** Bound on start-up (building resources, waiting for dependencies). */
+  readonly startupTimeout: Duration.Input
+  /**
+   * When the process counts as ready: `"consumers"` (default) once at least one consumer has
+   * started and every component is up; `"started"` once start-up is over and every component is up.
+   */
+  readonly readyWhen?: "consumers" | "started" | undefined
+}
+
+interface ComponentState {
+  readonly name: string
+  readonly kind: ComponentKind
+  up: boolean
+  reason: string | undefined
+}
+
+const logStage = (stage: Stage, target: string, result: StageResult, durationMillis: number) =>
+  (result === "completed" ? Effect.logInfo : Effect.logWarning)("shutdown.stage").pipe(
+    Effect.annotateLogs({ stage, target, result, durationMs: Math.round(durationMillis) })
+  )
+
+/** A lifecycle for a worker to drive; its start-up deadline counts from now. */
+export const makeManaged = (options: ManagedOptions): Effect.Effect<Managed> =>
+  Effect.gen(function*() {
+    const budget = options.budget
+    const createdAt = yield* Clock.currentTimeMillis
+    const startupDeadline = createdAt + Duration.toMillis(Duration.fromInputUnsafe(options.startupTimeout))
+    const readyWhen = options.readyWhen ?? "consumers"
+    const components = new Set<ComponentState>()
+    let phase: Phase = "starting"
+    let shutdownAt: number | undefined
+    let overran = false
+
+    const deadline = (share: Share): number | undefined =>
+      shutdownAt === undefined ? undefined : shutdownAt + shareEnd(budget, share)
+
+    const stage = <E>(stage: Stage, target: string, share: Share, effect: Effect.Effect<void, E>) =>
+      Effect.gen(function*() {
+        const end = deadline(share)
+        if (end === undefined) return yield* unmanaged.stage(stage, target, share, effect)
+        const start = yield* Clock.currentTimeMillis
+        // Detached, so an effect stuck in an uninterruptible region (a finalizer waiting on a
+        // black-holed socket) cannot hold the procedure past the deadline: it is abandoned.
+        const fiber = yield* Effect.forkDetach(effect)
+        const exit = yield* Fiber.await(fiber).pipe(Effect.timeoutOption(Duration.millis(Math.max(0, end - start))))
+        let result: StageResult
+        if (exit._tag === "None") {
+          result = "timeout"
+          overran = true
+          yield* Effect.forkDetach(Fiber.interrupt(fiber))
+        } else {
+          result = Exit.isSuccess(exit.value) ? "completed" : "failed"
+        }
+        yield* logStage(stage, target, result, (yield* Clock.currentTimeMillis) - start)
+        return result
+      })
+
+    const component = (name: string, kind: ComponentKind) =>
+      Effect.acquireRelease(
+        Effect.sync(() => {
+          const state: ComponentState = { name, kind, up: false, reason: "starting" }
+          components.add(state)
+          return state
+        }),
+        (state) => Effect.sync(() => components.delete(state))
+      ).pipe(
+        Effect.map((state): Component => ({
+          up: Effect.sync(() => {
+            state.up = true
+            state.reason = undefined
+          }),
+          down: (reason) =>
+            Effect.sync(() => {
+              state.up = false
+              state.reason = reason
+            })
+        }))
+      )
+
+    const readiness = (): Readiness => {
+      const list = [...components].map((c) => ({ name: c.name, kind: c.kind, up: c.up, reason: c.reason }))
+      const ready = phase === "running" && list.every((c) => c.up) &&
+        (readyWhen === "started" || list.some((c) => c.kind === "consumer"))
+      return { ready, phase, components: list }
+    }
+
+    const managed: Managed = {
+      managed: true,
+      budget,
+      deadline,
+      stage,
+      component,
+      startupDeadline: () => (phase === "starting" ? startupDeadline : undefined),
+      started: Effect.sync(() => {
+        if (phase === "starting") phase = "running"
+      }),
+      begin: Effect.flatMap(Clock.currentTimeMillis, (now) =>
+        Effect.sync(() => {
+          if (shutdownAt !== undefined) return false
+          shutdownAt = now
+          phase = "stopping"
+          return true
+        })),
+      startedAt: () => shutdownAt,
+      overran: () => overran,
+      markOverrun: Effect.sync(() => {
+        overran = true
+      }),
+      readiness
+    }
+    return managed
+  })
+
+// ---------------------------------------------------------------------------------------------
+// Helpers for resources and start-up
+// ---------------------------------------------------------------------------------------------
+
+/**
+ * Wraps a resource's Layer so that the worker's shutdown closes it as one `close` stage named
+ * `name`, bounded by the close share (abandoned past it). With `check`, readiness reflects it too:
+ * a dependency component, up once built, probed every `checkInterval` (default 5 seconds; each
+ * probe bounded by the same) and down while the check fails.
+ */
+export const resource = <ROut, E, RIn, X = unknown, CE = unknown>(
+  name: string,
+  layer: Layer.Layer<ROut, E, RIn>,
+  options: {
+    readonly check?: Effect.Effect<X, CE, ROut> | undefined
+    readonly checkInterval?: Duration.Input | undefined
+  } = {}
+): Layer.Layer<ROut, E, RIn> =>
+  Layer.effectContext(
+    Effect.gen(function*() {
+      const lifecycle = yield* Lifecycle
+      const inner = yield* Scope.make()
+      yield* Effect.addFinalizer((exit) => lifecycle.stage("close", name, "close", Scope.close(inner, exit)))
+      const context = yield* Layer.buildWithScope(layer, inner)
+      if (options.check !== undefined && lifecycle.managed) {
+        const component = yield* lifecycle.component(name, "dependency")
+        yield* component.up
+        const interval = Duration.fromInputUnsafe(options.checkInterval ?? "5 seconds")
+        const probe = options.check.pipe(
+          Effect.timeout(interval),
+          Effect.provideContext(context),
+          Effect.matchEffect({
+            onSuccess: () => component.up,
+            onFailure: (error) => component.down(ErrorSummary.fromError(error).message)
+          })
+        )
+        yield* Effect.forkScoped(Effect.forever(Effect.andThen(Effect.sleep(interval), probe)))
+      }
+      return context
+    })
+  )
+
+/** Options of {@link waitFor}. */
+export interface WaitForOptions<E> {
+  /** Whether a failure may pass with time (e.g. connection refused). Default: every failure. */
+  readonly while?: ((error: E) => boolean) | undefined
+}
+
+/**
+ * Runs `effect`, the first contact with dependency `name`; under a worker that is still starting,
+ * retries it (jittered backoff from 200 ms to 2 s) while the failure may pass and the start-up
+ * deadline allows, logging one `startup.waiting` line per failed try. Unmanaged, it runs once.
+ */
+export const waitFor = <A, E, R>(
+  name: string,
+  effect: Effect.Effect<A, E, R>,
+  options: WaitForOptions<E> = {}
+): Effect.Effect<A, E, R> =>
+  Lifecycle.use((lifecycle) => {
+    const deadline = lifecycle.startupDeadline()
+    if (deadline === undefined) return effect
+    const retryable = options.while ?? (() => true)
+    let attempt = 0
+    const schedule = Schedule.exponential("200 millis").pipe(
+      Schedule.jittered,
+      Schedule.modifyDelay(({ duration }) => Effect.succeed(Duration.min(duration, Duration.seconds(2)))),
+      Schedule.setInputType<E>(),
+      Schedule.while(({ input, now, duration }) => retryable(input) && now + Duration.toMillis(duration) < deadline)
+    )
+    return effect.pipe(
+      Effect.tapError((error) => {
+        attempt++
+        const summary = ErrorSummary.fromError(error)
+        return Effect.logWarning("startup.waiting").pipe(
+          Effect.annotateLogs({ dependency: name, attempt, error: `${summary.tag}: ${summary.message}` })
+        )
+      }),
+      Effect.retry(schedule)
+    )
+  })

@@ -1,0 +1,79 @@
+/**
+ * The one log format of a worker process: one JSON object per line on stdout, with a fixed set of
+ * top-level keys and the log annotations flattened beside them, so an operator reads every
+ * outcome, lifecycle event and error with `jq` and without the source code:
+ *
+ * ```json
+ * {"timestamp":"2026-11-30T12:00:00.000Z","level":"INFO","message":"shutdown.completed","result":"success","durationMs":812}
+ * ```
+ *
+ * - `timestamp` (ISO 8601, UTC), `level` (`DEBUG`, `INFO`, `WARN`, `ERROR`, `FATAL`) and
+ *   `message` (a string) are always there;
+ * - every log annotation becomes a key of its own (one that would shadow `timestamp`, `level`,
+ *   `message`, `details` or `cause` is written as `annotation.<key>`);
+ * - `details`: the further arguments of a log call, when there are any;
+ * - `cause`: the pretty-printed cause, when the line carries one.
+ *
+ * `Redacted` values print as `<redacted>`; bigints as strings. It deliberately adds no fiber id,
+ * span or trace id of its own.
+ *
+ * @since 0.2.0
+ */
+import { Cause, Layer, Logger, Redacted, References } from "effect"
+
+const RESERVED = new Set(["timestamp", "level", "message", "details", "cause"])
+
+const replacer = (_key: string, value: unknown): unknown => {
+  if (typeof value === "bigint") return value.toString()
+  if (Redacted.isRedacted(value)) return "<redacted>"
+  if (value instanceof Error) return { name: value.name, message: value.message }
+  return value
+}
+
+const stringify = (value: unknown): string => {
+  try {
+    return JSON.stringify(value, replacer)
+  } catch {
+    return JSON.stringify(String(value))
+  }
+}
+
+const text = (value: unknown): string =>
+  typeof value === "string" ? value : Redacted.isRedacted(value) ? "<redacted>" : stringify(value)
+
+const LEVEL: Record<string, string> = {
+  All: "ALL",
+  Trace: "TRACE",
+  Debug: "DEBUG",
+  Info: "INFO",
+  Warn: "WARN",
+  Warning: "WARN",
+  Error: "ERROR",
+  Fatal: "FATAL",
+  None: "NONE"
+}
+
+/** Formats one log call as a JSON line (without the newline). */
+export const formatter: Logger.Logger<unknown, string> = Logger.make(({ cause, date, fiber, logLevel, message }) => {
+  const parts = Array.isArray(message) ? message : [message]
+  const line: Record<string, unknown> = {
+    timestamp: date.toISOString(),
+    level: LEVEL[logLevel] ?? String(logLevel).toUpperCase(),
+    message: parts.length === 0 ? "" : text(parts[0])
+  }
+  const annotations = fiber.getRef(References.CurrentLogAnnotations)
+  for (const key of Object.keys(annotations)) {
+    line[RESERVED.has(key) ? `annotation.${key}` : key] = annotations[key]
+  }
+  if (parts.length > 1) line.details = parts.length === 2 ? parts[1] : parts.slice(1)
+  if (cause.reasons.length > 0) line.cause = Cause.pretty(cause)
+  return stringify(line)
+})
+
+/** Writes each line to stdout (synchronous for files and pipes on Linux). */
+export const logger: Logger.Logger<unknown, void> = Logger.map(formatter, (line) => {
+  process.stdout.write(`${line}\n`)
+})
+
+/** Replaces the default loggers with {@link logger}. */
+export const layer: Layer.Layer<never> = Logger.layer([logger])

@@ -1,0 +1,275 @@
+/**
+ * The one entry point of a worker process: `Worker.runMain(program, { layer })`. It builds the
+ * process's resources (`layer`, bounded by the start-up timeout, readiness 503 meanwhile), runs
+ * `program` with them, serves the health probes and metrics, and runs exactly one shutdown
+ * procedure when the first SIGTERM or SIGINT arrives, when `program` fails (a source that failed
+ * for good), or when it completes. Then it exits: 0 on `success`, 1 on `failure`, 3 on `timeout`.
+ *
+ * The shutdown procedure, each step bounded by its share of the budget (see `Lifecycle`) and
+ * reported by one `shutdown.stage` JSON line:
+ *
+ * 1. `shutdown.started` (with the signal); readiness turns 503 (`readiness`);
+ * 2. `program` is interrupted: consumers stop reserving and release what they buffered
+ *    (`intake`), running handlers finish until the drain share ends and are interrupted after it
+ *    (`drain`; their transactions roll back, their messages are released, never acked);
+ *    `program` waits for the program to end, at most until the close share ends;
+ * 3. the process stays up until the readiness grace has passed (`grace`);
+ * 4. the resources close in reverse order of acquisition (`close`, one line per resource wrapped
+ *    with `Lifecycle.resource`, one for the resource scope as a whole, one for the health server);
+ * 5. telemetry is flushed (`telemetry`);
+ * 6. `shutdown.completed` with `result` (`success`, `timeout` or `failure`), `durationMs`,
+ *    `budgetMs` and `signal`.
+ *
+ * A repeated or concurrent signal is logged (`shutdown.signal_ignored`) and changes nothing: it
+ * starts no second procedure, closes nothing twice and does not extend any wait. A failing
+ * handler never starts a shutdown (the engine turns it into an outcome). Every line the process
+ * writes is one JSON object (`JsonLogger`). There is no separate error reporter: errors are log
+ * lines (and, with telemetry, spans).
+ *
+ * @since 0.2.0
+ */
+import { Lifecycle } from "@jetworker/core"
+import { Cause, Clock, Config, Data, Deferred, Duration, Effect, Exit, Fiber, Layer, Result, Scope } from "effect"
+import * as HealthServer from "./HealthServer.ts"
+import * as JsonLogger from "./JsonLogger.ts"
+
+/** A stop signal the worker handles. */
+export type Signal = "SIGTERM" | "SIGINT"
+
+/** How a shutdown ended. */
+export type ShutdownResult = "success" | "timeout" | "failure"
+
+/** The exit code of each result. */
+export const exitCodes: Readonly<Record<ShutdownResult, number>> = { success: 0, failure: 1, timeout: 3 }
+
+/** The worker's settings; `settings` reads them from the environment. */
+export interface Settings {
+  /** `SHUTDOWN_BUDGET`, default `25 seconds`: signal to exit. */
+  readonly budget: Duration.Duration
+  /** `SHUTDOWN_READINESS_GRACE`, default `1 second`: how long the process stays up, unready. */
+  readonly readinessGrace: Duration.Duration
+  /** `SHUTDOWN_CLOSE`, default `3 seconds`: the share for closing resources. */
+  readonly close: Duration.Duration
+  /** `SHUTDOWN_TELEMETRY`, default `2 seconds`: the share for flushing telemetry. */
+  readonly telemetry: Duration.Duration
+  /** `SHUTDOWN_RESERVE`, default `1 second`: left unused by plan. */
+  readonly reserve: Duration.Duration
+  /** `STARTUP_TIMEOUT`, default `60 seconds`: bound on building the resources (waiting for dependencies). */
+  readonly startupTimeout: Duration.Duration
+  /** `HEALTH_PORT`, default 8080; 0 picks a free port; `off` serves no probes. */
+  readonly healthPort: number | "off"
+  /** `HEALTH_HOST`, default `0.0.0.0`. */
+  readonly healthHost: string
+  /** `HEALTH_MAX_EVENT_LOOP_LAG`, default `5 seconds`: past it `/healthz/live` answers 503. */
+  readonly maxEventLoopLag: Duration.Duration
+}
+
+/** `off`, or a port number; anything else is `NaN`, which `run` reports as an invalid setting. */
+const parsePort = (raw: string): number | "off" => {
+  if (raw.trim().toLowerCase() === "off") return "off"
+  const port = raw.trim() === "" ? Number.NaN : Number(raw)
+  return Number.isInteger(port) && port >= 0 && port <= 65535 ? port : Number.NaN
+}
+
+/** Reads {@link Settings} from the environment (managed configuration). */
+export const settings: Config.Config<Settings> = Config.all({
+  budget: Config.Duration("SHUTDOWN_BUDGET").pipe(Config.withDefault(Duration.seconds(25))),
+  readinessGrace: Config.Duration("SHUTDOWN_READINESS_GRACE").pipe(Config.withDefault(Duration.seconds(1))),
+  close: Config.Duration("SHUTDOWN_CLOSE").pipe(Config.withDefault(Duration.seconds(3))),
+  telemetry: Config.Duration("SHUTDOWN_TELEMETRY").pipe(Config.withDefault(Duration.seconds(2))),
+  reserve: Config.Duration("SHUTDOWN_RESERVE").pipe(Config.withDefault(Duration.seconds(1))),
+  startupTimeout: Config.Duration("STARTUP_TIMEOUT").pipe(Config.withDefault(Duration.seconds(60))),
+  healthPort: Config.String("HEALTH_PORT").pipe(Config.withDefault("8080"), Config.map(parsePort)),
+  healthHost: Config.String("HEALTH_HOST").pipe(Config.withDefault("0.0.0.0")),
+  maxEventLoopLag: Config.Duration("HEALTH_MAX_EVENT_LOOP_LAG").pipe(Config.withDefault(Duration.seconds(5)))
+})
+
+/** What `runMain` takes besides the program. */
+export interface Options<ROut, LE> {
+  /**
+   * The process's resources (NATS connection, SQL pool, ...), built before `program` runs and
+   * closed by the shutdown procedure after it ended. Wrap each with `Lifecycle.resource(name, ...)`
+   * to get one `close` stage line per resource. Default: none.
+   */
+  readonly layer?: Layer.Layer<ROut, LE> | undefined
+  /** Settings that override the environment's. Default: all from the environment. */
+  readonly settings?: Partial<Settings> | undefined
+  /** See `Lifecycle.ManagedOptions.readyWhen`. Default: `"consumers"`. */
+  readonly readyWhen?: "consumers" | "started" | undefined
+}
+
+/** Building the resources took longer than the start-up timeout. */
+export class StartupTimeout extends Data.TaggedError("StartupTimeout")<{ readonly message: string }> {}
+
+const signalIgnored = (signal: Signal) =>
+  Effect.runFork(
+    Effect.logWarning("shutdown.signal_ignored").pipe(
+      Effect.annotateLogs({ signal, reason: "a shutdown procedure is already running" }),
+      Effect.provide(JsonLogger.layer)
+    )
+  )
+
+/** Flushes stdout (the JSON log channel): resolves once what was written has been handed to the OS. */
+const flushStdout = Effect.callback<void>((resume) => {
+  process.stdout.write("", () => resume(Effect.void))
+})
+
+/**
+ * The whole worker as an Effect: start-up, the wait for a signal or the program's end, the
+ * shutdown procedure. Returns the exit code; never fails. `runMain` runs it and exits the process.
+ */
+export const run = <E, ROut = never, LE = never>(
+  program: Effect.Effect<unknown, E, ROut>,
+  options: Options<ROut, LE> = {}
+): Effect.Effect<number> =>
+  Effect.gen(function*() {
+    const read = yield* Effect.result(settings)
+    if (Result.isFailure(read)) {
+      yield* Effect.logError("worker.invalid_settings").pipe(Effect.annotateLogs({ error: String(read.failure) }))
+      return exitCodes.failure
+    }
+    const s: Settings = { ...read.success, ...options.settings }
+    if (s.healthPort !== "off" && Number.isNaN(s.healthPort)) {
+      yield* Effect.logError("worker.invalid_settings").pipe(
+        Effect.annotateLogs({ error: `HEALTH_PORT must be a port (0-65535) or "off"` })
+      )
+      return exitCodes.failure
+    }
+    const budget = Lifecycle.makeBudget({
+      total: s.budget,
+      readinessGrace: s.readinessGrace,
+      close: s.close,
+      telemetry: s.telemetry,
+      reserve: s.reserve
+    })
+    if (Result.isFailure(budget)) {
+      yield* Effect.logError("worker.invalid_settings").pipe(Effect.annotateLogs({ error: budget.failure.message }))
+      return exitCodes.failure
+    }
+    const lifecycle = yield* Lifecycle.makeManaged({
+      budget: budget.success,
+      startupTimeout: s.startupTimeout,
+      readyWhen: options.readyWhen
+    })
+
+    // Signals: the first one starts the procedure; any later one (or one that arrives after the
+    // procedure started for another reason) is logged and ignored.
+    const firstSignal = Deferred.makeUnsafe<Signal>()
+    let procedureStarted = false
+    const onSignal = (signal: Signal) => () => {
+      if (procedureStarted || Deferred.isDoneUnsafe(firstSignal)) return void signalIgnored(signal)
+      Deferred.doneUnsafe(firstSignal, Exit.succeed(signal))
+    }
+    const onTerm = onSignal("SIGTERM")
+    const onInt = onSignal("SIGINT")
+    process.on("SIGTERM", onTerm)
+    process.on("SIGINT", onInt)
+
+    const healthScope = yield* Scope.make()
+    if (s.healthPort !== "off") {
+      const health = yield* HealthServer.make({
+        port: s.healthPort,
+        host: s.healthHost,
+        maxEventLoopLag: s.maxEventLoopLag,
+        readiness: lifecycle.readiness
+      }).pipe(Scope.provide(healthScope), Effect.result)
+      if (Result.isFailure(health)) {
+        yield* Effect.logError("worker.startup_failed").pipe(
+          Effect.annotateLogs({ error: `health server on port ${s.healthPort}: ${health.failure.message}` })
+        )
+        return exitCodes.failure
+      }
+    }
+
+    const resources = yield* Scope.make()
+    const layer = (options.layer ?? Layer.empty) as Layer.Layer<ROut, LE>
+    const work = yield* Effect.forkDetach(
+      Effect.gen(function*() {
+        const context = yield* Layer.buildWithScope(layer, resources).pipe(
+          Effect.timeoutOrElse({
+            duration: s.startupTimeout,
+            orElse: () =>
+              Effect.fail(
+                new StartupTimeout({ message: `resources not ready within ${Duration.format(s.startupTimeout)}` })
+              )
+          })
+        )
+        yield* lifecycle.started
+        yield* Effect.logInfo("worker.started")
+        return yield* Effect.provideContext(program, context)
+      }).pipe(Effect.provideService(Lifecycle.Lifecycle, lifecycle))
+    )
+
+    const first = yield* Effect.raceFirst(
+      Effect.map(Deferred.await(firstSignal), (signal) => ({ signal, exit: undefined })),
+      Effect.map(Fiber.await(work), (exit) => ({ signal: undefined, exit }))
+    )
+    procedureStarted = true
+    yield* lifecycle.begin
+    const startedAt = lifecycle.startedAt()!
+    const signal = first.signal
+    const reason = signal !== undefined ? "signal" : Exit.isSuccess(first.exit!) ? "completed" : "failure"
+    yield* Effect.logInfo("shutdown.started").pipe(
+      Effect.annotateLogs({ signal: signal ?? null, reason, budgetMs: budget.success.totalMillis })
+    )
+    yield* lifecycle.stage("readiness", "probe", "readinessGrace", Effect.void)
+
+    let programExit = first.exit
+    yield* lifecycle.stage(
+      "program",
+      "program",
+      "close",
+      programExit !== undefined ? Effect.void : Effect.andThen(
+        Fiber.interrupt(work),
+        Effect.flatMap(Fiber.await(work), (exit) =>
+          Effect.sync(() => {
+            programExit = exit
+          }))
+      )
+    )
+    const failure = programExit !== undefined && Exit.isFailure(programExit) &&
+        !Cause.hasInterruptsOnly(programExit.cause)
+      ? programExit.cause
+      : undefined
+    const failed = failure !== undefined
+    if (failure !== undefined) yield* Effect.logError("worker.failed", failure)
+
+    const graceEnd = lifecycle.deadline("readinessGrace")!
+    // Bounded by the drain share (which ends after the grace), so the wait itself is not an overrun.
+    yield* lifecycle.stage(
+      "grace",
+      "probe",
+      "drain",
+      Effect.flatMap(Clock.currentTimeMillis, (now) => Effect.sleep(Duration.millis(Math.max(0, graceEnd - now))))
+    )
+    yield* lifecycle.stage("close", "resources", "close", Scope.close(resources, programExit ?? Exit.void))
+    yield* lifecycle.stage("close", "health-server", "close", Scope.close(healthScope, Exit.void))
+    yield* lifecycle.stage("telemetry", "logger", "telemetry", flushStdout)
+
+    const result: ShutdownResult = failed ? "failure" : lifecycle.overran() ? "timeout" : "success"
+    const durationMs = (yield* Clock.currentTimeMillis) - startedAt
+    yield* (result === "success" ? Effect.logInfo : Effect.logError)("shutdown.completed").pipe(
+      Effect.annotateLogs({ result, durationMs, budgetMs: budget.success.totalMillis, signal: signal ?? null })
+    )
+    yield* flushStdout.pipe(Effect.timeoutOption(Duration.millis(budget.success.reserveMillis)))
+    process.off("SIGTERM", onTerm)
+    process.off("SIGINT", onInt)
+    return exitCodes[result]
+  }).pipe(
+    Effect.catchCause((cause) => Effect.as(Effect.logError("worker.defect", cause), exitCodes.failure)),
+    Effect.provide(JsonLogger.layer)
+  )
+
+/**
+ * Runs `program` as the process's worker (see the module's description) and exits the process
+ * with the shutdown's exit code. Call it once, at the top of the process's entry file.
+ */
+export const runMain = <E, ROut = never, LE = never>(
+  program: Effect.Effect<unknown, E, ROut>,
+  options: Options<ROut, LE> = {}
+): void => {
+  Effect.runPromise(run(program, options)).then(
+    (code) => process.exit(code),
+    () => process.exit(exitCodes.failure)
+  )
+}

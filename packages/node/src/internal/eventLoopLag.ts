@@ -1,0 +1,31 @@
+/**
+ * Measures how late the event loop runs a timer: a timer every `intervalMillis` notes how much
+ * later than planned it fired. `worst()` is the largest lag seen in the last `windowMillis`, so a
+ * loop that was blocked for seconds shows it on the next probe. The timer is unref'd (it never
+ * keeps the process alive) and stops with `stop()`.
+ */
+export interface EventLoopLag {
+  readonly worst: () => number
+  readonly stop: () => void
+}
+
+export const start = (intervalMillis = 100, windowMillis = 10_000): EventLoopLag => {
+  const samples: Array<{ readonly at: number; readonly lag: number }> = []
+  let expected = Date.now() + intervalMillis
+  const timer = setInterval(() => {
+    const now = Date.now()
+    samples.push({ at: now, lag: Math.max(0, now - expected) })
+    expected = now + intervalMillis
+    while (samples.length > 0 && samples[0]!.at < now - windowMillis) samples.shift()
+  }, intervalMillis)
+  timer.unref()
+  return {
+    worst: () => {
+      // A loop blocked right now has no sample yet: count the time since the timer was due.
+      let worst = Math.max(0, Date.now() - expected)
+      for (const sample of samples) worst = Math.max(worst, sample.lag)
+      return worst
+    },
+    stop: () => clearInterval(timer)
+  }
+}

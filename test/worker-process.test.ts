@@ -1,0 +1,195 @@
+/**
+ * The worker process around the engine (`Worker.runMain`), as a child process against the real
+ * NATS and PostgreSQL: the result and schema of the shutdown events (BE-SHUT-007), start-up that
+ * waits for its dependencies, liveness under a blocked event loop, and `/metrics` in the
+ * Prometheus text format.
+ */
+import { assert, describe, layer } from "@effect/vitest"
+import { NatsConnection } from "@jetworker/nats"
+import { Eventually, FaultProxy, TestDatabase } from "@jetworker/testing"
+import { Effect } from "effect"
+import { ledgerStream, transfer, transferCounts, twoAccounts, workerEnv } from "./support/ledger.ts"
+import { parsePrometheusText } from "./support/prometheus.ts"
+import { databaseUrl, LedgerTestLive, natsUrl } from "./support/services.ts"
+import * as W from "./support/worker.ts"
+
+const quickBudget = {
+  SHUTDOWN_BUDGET: "6 seconds",
+  SHUTDOWN_READINESS_GRACE: "200 millis",
+  SHUTDOWN_CLOSE: "1500 millis",
+  SHUTDOWN_TELEMETRY: "500 millis",
+  SHUTDOWN_RESERVE: "500 millis"
+}
+
+const startedKeys = ["timestamp", "level", "message", "signal", "reason", "budgetMs"]
+const completedKeys = ["timestamp", "level", "message", "result", "durationMs", "budgetMs", "signal"]
+
+describe("worker process", () => {
+  layer(LedgerTestLive, { excludeTestServices: true, timeout: "120 seconds" })((it) => {
+    it.effect("BE-SHUT-007: successful shutdown: exit code 0, exactly one started and one completed event, with their fixed schema and the real duration", () =>
+      Effect.gen(function*() {
+        const { settings } = yield* ledgerStream()
+        const schema = yield* TestDatabase.TestSchema
+        const worker = yield* W.start({ ...workerEnv(settings, schema.name, databaseUrl, natsUrl), ...quickBudget })
+        yield* W.waitReady(worker)
+        yield* worker.child.kill("SIGINT")
+        assert.deepStrictEqual(yield* worker.child.waitForExit("15 seconds"), { code: 0, signal: null })
+        const logs = yield* worker.logs
+        const started = W.withMessage(logs, "shutdown.started")
+        const completed = W.withMessage(logs, "shutdown.completed")
+        assert.strictEqual(started.length, 1)
+        assert.strictEqual(completed.length, 1)
+        assert.sameMembers(Object.keys(started[0]!), startedKeys)
+        assert.sameMembers(Object.keys(completed[0]!), completedKeys)
+        assert.deepInclude(started[0]!, { level: "INFO", signal: "SIGINT", reason: "signal", budgetMs: 6_000 })
+        assert.deepInclude(completed[0]!, { level: "INFO", result: "success", budgetMs: 6_000, signal: "SIGINT" })
+        // The real duration: what the two events' own timestamps say, within the clock's grain.
+        const durationMs = completed[0]!.durationMs as number
+        const between = Date.parse(completed[0]!.timestamp as string) - Date.parse(started[0]!.timestamp as string)
+        assert.isAtLeast(durationMs, 200, "at least the readiness grace")
+        assert.isAtMost(Math.abs(durationMs - between), 20)
+        // No per-request, trace or span ids anywhere in the two events.
+        for (const event of [...started, ...completed]) {
+          for (const key of Object.keys(event)) assert.notMatch(key, /request|trace|span|fiber/i)
+        }
+      }))
+
+    it.effect("BE-SHUT-007: failed shutdown: a source that fails for good (consumer deleted) starts the procedure with result failure and a non-zero exit", () =>
+      Effect.gen(function*() {
+        const { stream, settings } = yield* ledgerStream()
+        const schema = yield* TestDatabase.TestSchema
+        const worker = yield* W.start({ ...workerEnv(settings, schema.name, databaseUrl, natsUrl), ...quickBudget })
+        yield* W.waitReady(worker)
+        const { manager } = yield* NatsConnection.NatsConnection
+        yield* Effect.promise(() => manager.consumers.delete(stream.stream, stream.consumer))
+        assert.deepStrictEqual(yield* worker.child.waitForExit("20 seconds"), { code: 1, signal: null })
+        const logs = yield* worker.logs
+        const started = W.withMessage(logs, "shutdown.started")
+        const completed = W.withMessage(logs, "shutdown.completed")
+        assert.strictEqual(started.length, 1)
+        assert.deepInclude(started[0]!, { reason: "failure", signal: null })
+        assert.strictEqual(completed.length, 1)
+        assert.deepInclude(completed[0]!, { result: "failure", level: "ERROR" })
+        const failed = W.withMessage(logs, "worker.failed")
+        assert.strictEqual(failed.length, 1)
+        assert.match(String(failed[0]!.cause), /ConsumerDeleted|consumer deleted/i)
+      }))
+
+    it.effect("BE-SHUT-007: overrun shutdown: a stage past its share ends with result timeout and exit code 3", () =>
+      Effect.gen(function*() {
+        const { stream, settings } = yield* ledgerStream()
+        const schema = yield* TestDatabase.TestSchema
+        const { p, a, b } = yield* twoAccounts("overrun")
+        const stuck = `${p}.stuck`
+        yield* W.makeSlow(stuck, 30_000)
+        const worker = yield* W.start({ ...workerEnv(settings, schema.name, databaseUrl, natsUrl), ...quickBudget })
+        yield* W.waitReady(worker)
+        yield* stream.publish("eur", transfer(stuck, a, b, 1_00), stuck)
+        yield* W.waitReceived(worker, stuck)
+        yield* worker.child.kill("SIGTERM")
+        assert.deepStrictEqual(yield* worker.child.waitForExit("15 seconds"), { code: 3, signal: null })
+        const logs = yield* worker.logs
+        const drain = logs.filter((l) => l.message === "shutdown.stage" && l.stage === "drain")
+        assert.deepStrictEqual(drain.map((l) => l.result), ["timeout"])
+        assert.deepInclude(W.withMessage(logs, "shutdown.completed")[0]!, { result: "timeout" })
+        assert.deepStrictEqual([...(yield* transferCounts([stuck])).values()], [])
+      }))
+
+    it.effect("start-up waits for NATS (readiness 503, progress logged) and becomes ready once it is up", () =>
+      Effect.gen(function*() {
+        const { settings } = yield* ledgerStream()
+        const schema = yield* TestDatabase.TestSchema
+        // A loopback port with nothing behind it yet: take a free one, then let it go.
+        const port = yield* Effect.scoped(
+          Effect.map(FaultProxy.make({ target: { host: "127.0.0.1", port: 4222 } }), (proxy) => proxy.port)
+        )
+        const target = new URL(natsUrl)
+        const worker = yield* W.start({
+          ...workerEnv(settings, schema.name, databaseUrl, `nats://127.0.0.1:${port}`),
+          ...quickBudget,
+          STARTUP_TIMEOUT: "30 seconds"
+        })
+        yield* worker.waitForLog("startup.waiting", "10 seconds", (l) => l.dependency === "nats")
+        const before = yield* worker.get("/healthz/ready")
+        assert.strictEqual(before.status, 503)
+        assert.strictEqual((JSON.parse(before.body) as { readonly phase: string }).phase, "starting")
+        const live = yield* worker.get("/healthz/live")
+        assert.strictEqual(live.status, 200, "waiting for a dependency is not being wedged")
+        // NATS appears on that port.
+        yield* FaultProxy.make({ target: { host: target.hostname, port: Number(target.port || 4222) }, listenPort: port })
+        yield* W.waitReady(worker, "20 seconds")
+        yield* worker.child.kill("SIGTERM")
+        assert.deepStrictEqual(yield* worker.child.waitForExit("15 seconds"), { code: 0, signal: null })
+      }))
+
+    it.effect("start-up that outlives STARTUP_TIMEOUT ends with result failure and exit code 1", () =>
+      Effect.gen(function*() {
+        const { settings } = yield* ledgerStream()
+        const schema = yield* TestDatabase.TestSchema
+        const port = yield* Effect.scoped(
+          Effect.map(FaultProxy.make({ target: { host: "127.0.0.1", port: 4222 } }), (proxy) => proxy.port)
+        )
+        const worker = yield* W.start({
+          ...workerEnv(settings, schema.name, databaseUrl, `nats://127.0.0.1:${port}`),
+          ...quickBudget,
+          STARTUP_TIMEOUT: "2 seconds"
+        })
+        assert.deepStrictEqual(yield* worker.child.waitForExit("15 seconds"), { code: 1, signal: null })
+        const logs = yield* worker.logs
+        assert.isAbove(W.withMessage(logs, "startup.waiting").length, 0)
+        assert.deepInclude(W.withMessage(logs, "shutdown.completed")[0]!, { result: "failure" })
+      }))
+
+    it.effect("liveness answers 503 after the event loop was blocked past HEALTH_MAX_EVENT_LOOP_LAG, and 200 again later", () =>
+      Effect.gen(function*() {
+        const { stream, settings } = yield* ledgerStream()
+        const schema = yield* TestDatabase.TestSchema
+        const { p, a, b } = yield* twoAccounts("wedge")
+        const wedge = `${p}.wedge`
+        const worker = yield* W.start({
+          ...workerEnv(settings, schema.name, databaseUrl, natsUrl),
+          ...quickBudget,
+          HEALTH_MAX_EVENT_LOOP_LAG: "500 millis",
+          JW_BLOCK_EVENT: wedge,
+          JW_BLOCK_MS: "1500"
+        })
+        yield* W.waitReady(worker)
+        assert.strictEqual((yield* worker.get("/healthz/live")).status, 200)
+        yield* stream.publish("eur", transfer(wedge, a, b, 1_00), wedge)
+        yield* worker.child.waitForLine((l) => l.startsWith("blocking the event loop"), "10 seconds")
+        const wedged = yield* worker.get("/healthz/live")
+        assert.strictEqual(wedged.status, 503, wedged.body)
+        assert.isAbove((JSON.parse(wedged.body) as { readonly eventLoopLagMs: number }).eventLoopLagMs, 500)
+        // The lag is remembered for 10 s, then the probe recovers.
+        yield* Eventually.poll("liveness back to 200", worker.get("/healthz/live"), (r) => r.status === 200, {
+          timeout: "20 seconds",
+          interval: "250 millis"
+        })
+        yield* worker.child.kill("SIGTERM")
+        yield* worker.child.waitForExit("15 seconds")
+      }))
+
+    it.effect("/metrics parses as Prometheus text and counts outcomes by consumer and outcome", () =>
+      Effect.gen(function*() {
+        const { stream, settings } = yield* ledgerStream()
+        const schema = yield* TestDatabase.TestSchema
+        const { p, a, b } = yield* twoAccounts("metrics")
+        const worker = yield* W.start({ ...workerEnv(settings, schema.name, databaseUrl, natsUrl), ...quickBudget })
+        yield* W.waitReady(worker)
+        yield* stream.publish("eur", transfer(`${p}.ok`, a, b, 1_00), `${p}.ok`)
+        yield* stream.publish("eur", "not json", `${p}.bad`)
+        yield* Eventually.holds("two outcomes", Effect.map(W.outcomes(worker), (all) => all.length >= 2))
+        const response = yield* worker.get("/metrics")
+        assert.strictEqual(response.status, 200)
+        const samples = parsePrometheusText(response.body)
+        const outcome = (tag: string) =>
+          samples.find((s) =>
+            s.name === "jetworker_outcomes" && s.labels.consumer === settings.consumer && s.labels.outcome === tag
+          )?.value
+        assert.strictEqual(outcome("Committed"), 1)
+        assert.strictEqual(outcome("Rejected"), 1)
+        yield* worker.child.kill("SIGTERM")
+        yield* worker.child.waitForExit("15 seconds")
+      }))
+  })
+})
