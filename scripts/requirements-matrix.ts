@@ -164,7 +164,7 @@ const requirements: ReadonlyArray<Requirement> = [
   {
     id: "BE-SHUT-006",
     title: "Telemetry shutdown",
-    inScope: false,
+    inScope: true,
     verifications: [
       { line: "shutdown with full buffers", match: /full (telemetry )?buffers/i },
       { line: "a slow receiver for each channel", match: /slow receiver/i },

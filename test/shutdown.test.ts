@@ -374,5 +374,51 @@ describe("shutdown (BE-SHUT)", () => {
         assert.deepStrictEqual([...(yield* transferCounts([slow])).values()], [1])
         assert.deepStrictEqual(yield* balances([a, b]), { [a]: 99_00n, [b]: 1_00n })
       }))
+
+    it.effect("BE-SHUT-004: a black-holed broker: the process exits inside the budget, non-zero, result timeout; the committed transfer is not repeated", () =>
+      Effect.gen(function*() {
+        const { stream, settings } = yield* ledgerStream({ ackWait: Duration.seconds(5) })
+        const schema = yield* TestDatabase.TestSchema
+        const { p, a, b } = yield* twoAccounts("shut9")
+        const target = new URL(natsUrl)
+        const proxy = yield* FaultProxy.make({ target: { host: target.hostname, port: Number(target.port || 4222) } })
+        const slow = `${p}.slow`
+        yield* W.makeSlow(slow, 1_000)
+        const env = { ...workerEnv(settings, schema.name, databaseUrl, `nats://127.0.0.1:${proxy.port}`), ...budget("5 seconds") }
+        const worker = yield* W.start(env)
+        yield* W.waitReady(worker)
+        yield* send(stream, slow, a, b)
+        yield* W.waitReceived(worker, slow)
+        // The handler is in its transaction; the broker goes silent: its ack can never be confirmed.
+        yield* proxy.pause
+        const signalledAt = yield* Clock.currentTimeMillis
+        yield* worker.child.kill("SIGTERM")
+        const exit = yield* worker.child.waitForExit("15 seconds")
+        const took = (yield* Clock.currentTimeMillis) - signalledAt
+        assert.deepStrictEqual(exit, { code: 3, signal: null })
+        assert.isBelow(took, 5_000 + 1_000, `exited ${took} ms after the signal; the budget is 5 s (+1 s margin)`)
+        const logs = yield* worker.logs
+        assert.deepInclude(W.withMessage(logs, "shutdown.completed")[0]!, { result: "timeout" })
+        assert.strictEqual(W.withMessage(logs, "shutdown.completed").length, 1)
+        // The transfer committed (the database was fine); its ack was lost with the broker.
+        assert.deepStrictEqual([...(yield* transferCounts([slow])).values()], [1])
+        yield* proxy.resume
+        yield* W.clearSlow
+        // Whether the ack still reaches the server (bytes the dead worker left in the proxy's
+        // socket buffers are forwarded on resume) or the message is redelivered to a new worker,
+        // it settles without a second effect.
+        const next = yield* W.start({ ...env, NATS_URL: natsUrl })
+        yield* Eventually.holds(
+          "nothing left pending on the consumer",
+          Effect.map(stream.info, (info) => info.num_pending === 0 && info.num_ack_pending === 0),
+          "30 seconds"
+        )
+        const again = (yield* W.outcomes(next)).filter((o) => o.eventId === slow).map((o) => o.tag)
+        assert.isTrue(again.every((tag) => tag === "Duplicate"), again.join(","))
+        yield* next.child.kill("SIGTERM")
+        yield* next.child.waitForExit("15 seconds")
+        assert.deepStrictEqual([...(yield* transferCounts([slow])).values()], [1])
+        assert.deepStrictEqual(yield* balances([a, b]), { [a]: 99_00n, [b]: 1_00n })
+      }))
   })
 })

@@ -5,9 +5,11 @@
  * SIGINT runs one shutdown within SHUTDOWN_BUDGET (default 25 seconds): stops taking messages,
  * lets running transfers finish, releases the rest, closes NATS and PostgreSQL, and exits 0
  * (1 when it stopped because of a failure, 3 when a stage overran its share of the budget).
- * Logs are JSON lines on stdout.
+ * Logs are JSON lines on stdout. With `OTEL_EXPORTER_OTLP_ENDPOINT` set, traces (one span per
+ * transfer), metrics and logs are also exported over OTLP/HTTP.
  */
 import { Worker } from "@jetworker/node"
+import { Otlp } from "@jetworker/opentelemetry"
 import * as LedgerWorker from "./LedgerWorker.ts"
 
-Worker.runMain(LedgerWorker.run(), { layer: LedgerWorker.WorkerLive })
+Worker.runMain(LedgerWorker.run(), { layer: LedgerWorker.WorkerLive, telemetry: Otlp.layerFromEnv })

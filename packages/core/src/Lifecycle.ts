@@ -19,7 +19,8 @@
  * of the drain share (readiness grace + drain after the signal); the process stays up at least the
  * readiness grace (so probes see it unready); resources close by the end of the close share and
  * telemetry is flushed by the end of its share, which leaves the reserve unused by plan. A stage
- * that overruns its share is cut there and makes the shutdown's result `timeout`.
+ * that overruns its share is cut there and makes the shutdown's result `timeout`, except a
+ * telemetry flush: telemetry is best effort and never changes the result.
  *
  * @since 0.2.0
  */
@@ -154,6 +155,13 @@ export interface LifecycleShape {
   readonly component: (name: string, kind: ComponentKind) => Effect.Effect<Component, never, Scope.Scope>
   /** Epoch millis until which start-up may wait for dependencies; `undefined` means do not wait. */
   readonly startupDeadline: () => number | undefined
+  /**
+   * Registers the flush of a buffered telemetry channel (`traces`, `metrics`, `logs`, ...): the
+   * worker runs every registered flush at once as the `telemetry` stage, each bounded by the
+   * telemetry share and reported by its own stage line. A flush that fails or overruns does not
+   * change the shutdown's result. Removed when the scope closes. Unmanaged: does nothing.
+   */
+  readonly telemetry: (channel: string, flush: Effect.Effect<void, unknown>) => Effect.Effect<void, never, Scope.Scope>
 }
 
 const noComponent: Component = { up: Effect.void, down: () => Effect.void }
@@ -165,7 +173,8 @@ export const unmanaged: LifecycleShape = {
   stage: (_stage, _target, _share, effect) =>
     Effect.exit(effect).pipe(Effect.map((exit): StageResult => (Exit.isSuccess(exit) ? "completed" : "failed"))),
   component: () => Effect.succeed(noComponent),
-  startupDeadline: () => undefined
+  startupDeadline: () => undefined,
+  telemetry: () => Effect.void
 }
 
 /** The lifecycle in effect; unmanaged unless a worker provides a managed one. */
@@ -210,6 +219,8 @@ export interface Managed extends LifecycleShape {
   readonly markOverrun: Effect.Effect<void>
   /** The readiness probe's view. */
   readonly readiness: () => Readiness
+  /** The registered telemetry flushes, by channel. */
+  readonly flushes: () => ReadonlyArray<readonly [channel: string, flush: Effect.Effect<void, unknown>]>
 }
 
 /** Options of a managed lifecycle. */
@@ -263,7 +274,8 @@ export const makeManaged = (options: ManagedOptions): Effect.Effect<Managed> =>
         let result: StageResult
         if (exit._tag === "None") {
           result = "timeout"
-          overran = true
+          // Telemetry is best effort: a collector that is slow or gone changes no result.
+          if (share !== "telemetry") overran = true
           yield* Effect.forkDetach(Fiber.interrupt(fiber))
         } else {
           result = Exit.isSuccess(exit.value) ? "completed" : "failed"
@@ -301,6 +313,19 @@ export const makeManaged = (options: ManagedOptions): Effect.Effect<Managed> =>
       return { ready, phase, components: list }
     }
 
+    const flushes = new Set<readonly [string, Effect.Effect<void, unknown>]>()
+    const telemetry = (channel: string, flush: Effect.Effect<void, unknown>) =>
+      Effect.asVoid(
+        Effect.acquireRelease(
+          Effect.sync(() => {
+            const entry = [channel, flush] as const
+            flushes.add(entry)
+            return entry
+          }),
+          (entry) => Effect.sync(() => flushes.delete(entry))
+        )
+      )
+
     const managed: Managed = {
       managed: true,
       budget,
@@ -323,7 +348,9 @@ export const makeManaged = (options: ManagedOptions): Effect.Effect<Managed> =>
       markOverrun: Effect.sync(() => {
         overran = true
       }),
-      readiness
+      readiness,
+      telemetry,
+      flushes: () => [...flushes]
     }
     return managed
   })

@@ -12,8 +12,8 @@
  * @since 0.1.0
  */
 import type { ConsumerMessages, JsMsg } from "@nats-io/jetstream"
-import { type Delivery, Source } from "@jetworker/core"
-import { Duration, Effect, Option } from "effect"
+import { type Delivery, Source, Telemetry } from "@jetworker/core"
+import { Duration, Effect, Metric, Option } from "effect"
 import * as DeadLetter from "./DeadLetter.ts"
 import { toDelivery } from "./internal/delivery.ts"
 import { NatsConnection } from "./NatsConnection.ts"
@@ -31,6 +31,12 @@ export interface Options {
   readonly settleTimeout?: Duration.Input | undefined
   /** Where terminal failures go. Default: stream `<stream>_DLQ`, created when missing. */
   readonly deadLetter?: DeadLetter.Options | undefined
+  /**
+   * How often the consumer's lag (`num_pending`) and unacknowledged count (`num_ack_pending`)
+   * are read from the server into the `jetworker.consumer.lag` and `jetworker.consumer.ack_pending`
+   * gauges; each read is one request, bounded by the API timeout. Default: 10 seconds.
+   */
+  readonly lagInterval?: Duration.Input | undefined
 }
 
 const sourceError = (error: NatsError.NatsError): Source.SourceError =>
@@ -53,6 +59,7 @@ export const make = (options: Options): Source.Source<NatsConnection> => {
   const settleTimeoutMillis = Duration.toMillis(Duration.fromInputUnsafe(options.settleTimeout ?? "5 seconds"))
   const expiresMillis = Math.max(1000, Duration.toMillis(Duration.fromInputUnsafe(options.pullExpires ?? "30 seconds")))
   const destination = DeadLetter.destination(options.stream, options.consumer, options.deadLetter)
+  const lagInterval = Duration.fromInputUnsafe(options.lagInterval ?? "10 seconds")
 
   const open = (open: Source.OpenOptions) =>
     Effect.gen(function*() {
@@ -79,6 +86,21 @@ export const make = (options: Options): Source.Source<NatsConnection> => {
         yield* Effect.logWarning(`${name} has max_ack_pending ${config.max_ack_pending} below prefetch ${open.prefetch}`)
       }
       const lease = Duration.millis(Math.floor((config.ack_wait ?? 30_000_000_000) / 1_000_000))
+
+      // The consumer's lag, polled while the intake is open (a failed read skips one update).
+      const attributes = { consumer: options.consumer, stream: options.stream }
+      const lag = Metric.withAttributes(Telemetry.consumerLag, attributes)
+      const ackPending = Metric.withAttributes(Telemetry.ackPending, attributes)
+      const recordLag = (pending: { readonly num_pending: number; readonly num_ack_pending: number }) =>
+        Effect.andThen(Metric.update(lag, pending.num_pending), Metric.update(ackPending, pending.num_ack_pending))
+      yield* recordLag(info)
+      yield* call(`consumer info ${name}`, () => connection.manager.consumers.info(options.stream, options.consumer)).pipe(
+        Effect.flatMap(recordLag),
+        Effect.ignore,
+        Effect.delay(lagInterval),
+        Effect.forever,
+        Effect.forkScoped
+      )
 
       yield* DeadLetter.ensure(destination, options.deadLetter).pipe(
         Effect.provideService(NatsConnection, connection),

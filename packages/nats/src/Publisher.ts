@@ -4,13 +4,14 @@
  * equal to the event id for events) before the first attempt; on a timeout, a missing responder
  * or a broken connection the same message is sent again with the same id, so the stream's
  * duplicate window turns a publish that was in fact stored into `duplicate: true`. Retries follow
- * a jittered, capped, finite `Schedule`.
+ * a jittered, capped, finite `Schedule`. Each publish is a `send <subject>` span (kind producer)
+ * whose W3C `traceparent` goes in the message's headers, so the consumer's span continues it.
  *
  * @since 0.1.0
  */
 import type { PubAck } from "@nats-io/jetstream"
 import { headers as makeHeaders } from "@nats-io/transport-node"
-import { Envelope } from "@jetworker/core"
+import { Envelope, Telemetry } from "@jetworker/core"
 import { Duration, Effect, Schedule } from "effect"
 import { NatsConnection } from "./NatsConnection.ts"
 import * as NatsError from "./NatsError.ts"
@@ -74,10 +75,16 @@ export const publish = (
     const timeout = options.timeout === undefined
       ? apiTimeoutMillis
       : Duration.toMillis(Duration.fromInputUnsafe(options.timeout))
+    // The publish's own span is the parent the consumer's span continues (W3C `traceparent`).
+    const span = yield* Effect.currentSpan.pipe(Effect.option)
+    const traceparent = span._tag === "Some" ? Telemetry.formatTraceparent(span.value) : undefined
     const once = Effect.tryPromise({
       try: () => {
         const h = makeHeaders()
-        for (const [name, value] of options.headers ?? []) h.append(name, value)
+        for (const [name, value] of options.headers ?? []) {
+          if (traceparent === undefined || name.toLowerCase() !== Telemetry.traceparentHeader) h.append(name, value)
+        }
+        if (traceparent !== undefined) h.set(Telemetry.traceparentHeader, traceparent)
         return jetstream.publish(subject, payload, {
           msgID: options.msgId,
           headers: h,
@@ -88,7 +95,20 @@ export const publish = (
       catch: (error) => NatsError.fromUnknown(operation, error)
     }).pipe(Effect.flatMap((ack) => checkPubAck(operation, options.stream, ack)))
     return yield* once.pipe(Effect.retry({ schedule: retrySchedule(attempts), while: (error) => error.isRetryable }))
-  })
+  }).pipe(
+    Effect.withSpan(Telemetry.sendSpanName(subject), {
+      kind: "producer",
+      attributes: {
+        [Telemetry.Attribute.messagingSystem]: Telemetry.messagingSystem,
+        [Telemetry.Attribute.operationType]: "send",
+        [Telemetry.Attribute.operationName]: "publish",
+        [Telemetry.Attribute.destinationName]: subject,
+        [Telemetry.Attribute.messageId]: options.msgId,
+        [Telemetry.Attribute.bodySize]: payload.byteLength,
+        [Telemetry.Attribute.stream]: options.stream
+      }
+    })
+  )
 
 const encoder = new TextEncoder()
 

@@ -9,19 +9,21 @@
  *
  * - `timestamp` (ISO 8601, UTC), `level` (`DEBUG`, `INFO`, `WARN`, `ERROR`, `FATAL`) and
  *   `message` (a string) are always there;
- * - every log annotation becomes a key of its own (one that would shadow `timestamp`, `level`,
- *   `message`, `details` or `cause` is written as `annotation.<key>`);
+ * - every log annotation becomes a key of its own (one that would shadow a key of this list is
+ *   written as `annotation.<key>`);
+ * - `traceId` and `spanId`: the current span's, on lines written inside one (the handling of a
+ *   delivery, a publish);
  * - `details`: the further arguments of a log call, when there are any;
  * - `cause`: the pretty-printed cause, when the line carries one.
  *
- * `Redacted` values print as `<redacted>`; bigints as strings. It deliberately adds no fiber id,
- * span or trace id of its own.
+ * `Redacted` values print as `<redacted>`; bigints as strings. It deliberately adds no fiber id;
+ * lines written outside any span (the lifecycle events) carry no trace or span id.
  *
  * @since 0.2.0
  */
-import { Cause, Layer, Logger, Redacted, References } from "effect"
+import { Cause, Context, Layer, Logger, Redacted, References, Tracer } from "effect"
 
-const RESERVED = new Set(["timestamp", "level", "message", "details", "cause"])
+const RESERVED = new Set(["timestamp", "level", "message", "traceId", "spanId", "details", "cause"])
 
 const replacer = (_key: string, value: unknown): unknown => {
   if (typeof value === "bigint") return value.toString()
@@ -64,6 +66,12 @@ export const formatter: Logger.Logger<unknown, string> = Logger.make(({ cause, d
   const annotations = fiber.getRef(References.CurrentLogAnnotations)
   for (const key of Object.keys(annotations)) {
     line[RESERVED.has(key) ? `annotation.${key}` : key] = annotations[key]
+  }
+  // The current span, if any: lines written while a delivery is processed carry its trace.
+  const span = Context.getOption(fiber.context, Tracer.ParentSpan)
+  if (span._tag === "Some") {
+    line.traceId = span.value.traceId
+    line.spanId = span.value.spanId
   }
   if (parts.length > 1) line.details = parts.length === 2 ? parts[1] : parts.slice(1)
   if (cause.reasons.length > 0) line.cause = Cause.pretty(cause)

@@ -16,7 +16,9 @@
  * 3. the process stays up until the readiness grace has passed (`grace`);
  * 4. the resources close in reverse order of acquisition (`close`, one line per resource wrapped
  *    with `Lifecycle.resource`, one for the resource scope as a whole, one for the health server);
- * 5. telemetry is flushed (`telemetry`);
+ * 5. telemetry is flushed (`telemetry`, one line per channel: traces, metrics, logs, and the
+ *    stdout logger); a slow or unreachable collector is cut at the end of the telemetry share
+ *    and changes no result;
  * 6. `shutdown.completed` with `result` (`success`, `timeout` or `failure`), `durationMs`,
  *    `budgetMs` and `signal`.
  *
@@ -29,7 +31,7 @@
  * @since 0.2.0
  */
 import { Lifecycle } from "@jetworker/core"
-import { Cause, Clock, Config, Data, Deferred, Duration, Effect, Exit, Fiber, Layer, Result, Scope } from "effect"
+import { Cause, Clock, Config, Context, Data, Deferred, Duration, Effect, Exit, Fiber, Layer, Result, Scope } from "effect"
 import * as HealthServer from "./HealthServer.ts"
 import * as JsonLogger from "./JsonLogger.ts"
 
@@ -85,7 +87,15 @@ export const settings: Config.Config<Settings> = Config.all({
 })
 
 /** What `runMain` takes besides the program. */
-export interface Options<ROut, LE> {
+export interface Options<ROut, LE, TE = never> {
+  /**
+   * Telemetry export (e.g. `Otlp.layerFromEnv` of `@jetworker/opentelemetry`): built first, so
+   * that the resources and the program run with its tracer and loggers; its channels register
+   * their flushes with the lifecycle, which runs them in the `telemetry` stage, last. A failure to
+   * build it is logged and the worker runs without it (telemetry never stops the work).
+   * Default: none (logs go to stdout only; metrics are served on `/metrics`).
+   */
+  readonly telemetry?: Layer.Layer<never, TE> | undefined
   /**
    * The process's resources (NATS connection, SQL pool, ...), built before `program` runs and
    * closed by the shutdown procedure after it ended. Wrap each with `Lifecycle.resource(name, ...)`
@@ -118,9 +128,9 @@ const flushStdout = Effect.callback<void>((resume) => {
  * The whole worker as an Effect: start-up, the wait for a signal or the program's end, the
  * shutdown procedure. Returns the exit code; never fails. `runMain` runs it and exits the process.
  */
-export const run = <E, ROut = never, LE = never>(
+export const run = <E, ROut = never, LE = never, TE = never>(
   program: Effect.Effect<unknown, E, ROut>,
-  options: Options<ROut, LE> = {}
+  options: Options<ROut, LE, TE> = {}
 ): Effect.Effect<number> =>
   Effect.gen(function*() {
     const read = yield* Effect.result(settings)
@@ -181,6 +191,25 @@ export const run = <E, ROut = never, LE = never>(
       }
     }
 
+    const telemetryScope = yield* Scope.make()
+    let telemetryContext = Context.empty()
+    if (options.telemetry !== undefined) {
+      const built = yield* Layer.buildWithScope(options.telemetry, telemetryScope).pipe(
+        Effect.provideService(Lifecycle.Lifecycle, lifecycle),
+        Effect.timeoutOption(s.startupTimeout),
+        Effect.result
+      )
+      if (Result.isFailure(built) || built.success._tag === "None") {
+        yield* Effect.logError("telemetry.unavailable").pipe(
+          Effect.annotateLogs({
+            error: Result.isFailure(built) ? String(built.failure) : "not built within the start-up timeout"
+          })
+        )
+      } else {
+        telemetryContext = built.success.value
+      }
+    }
+
     const resources = yield* Scope.make()
     const layer = (options.layer ?? Layer.empty) as Layer.Layer<ROut, LE>
     const work = yield* Effect.forkDetach(
@@ -197,7 +226,7 @@ export const run = <E, ROut = never, LE = never>(
         yield* lifecycle.started
         yield* Effect.logInfo("worker.started")
         return yield* Effect.provideContext(program, context)
-      }).pipe(Effect.provideService(Lifecycle.Lifecycle, lifecycle))
+      }).pipe(Effect.provideService(Lifecycle.Lifecycle, lifecycle), Effect.provideContext(telemetryContext))
     )
 
     const first = yield* Effect.raceFirst(
@@ -244,6 +273,18 @@ export const run = <E, ROut = never, LE = never>(
     )
     yield* lifecycle.stage("close", "resources", "close", Scope.close(resources, programExit ?? Exit.void))
     yield* lifecycle.stage("close", "health-server", "close", Scope.close(healthScope, Exit.void))
+    // Every channel flushes at once, each bounded by the telemetry share; the stdout logger last
+    // of all, so the lines about the flush are written too.
+    yield* Effect.forEach(
+      lifecycle.flushes(),
+      ([channel, flush]) => lifecycle.stage("telemetry", channel, "telemetry", flush),
+      { concurrency: "unbounded", discard: true }
+    )
+    yield* Effect.forkDetach(Scope.close(telemetryScope, Exit.void)).pipe(
+      Effect.flatMap((fiber) =>
+        Fiber.await(fiber).pipe(Effect.timeoutOption(Duration.millis(budget.success.reserveMillis / 2)))
+      )
+    )
     yield* lifecycle.stage("telemetry", "logger", "telemetry", flushStdout)
 
     const result: ShutdownResult = failed ? "failure" : lifecycle.overran() ? "timeout" : "success"
@@ -264,9 +305,9 @@ export const run = <E, ROut = never, LE = never>(
  * Runs `program` as the process's worker (see the module's description) and exits the process
  * with the shutdown's exit code. Call it once, at the top of the process's entry file.
  */
-export const runMain = <E, ROut = never, LE = never>(
+export const runMain = <E, ROut = never, LE = never, TE = never>(
   program: Effect.Effect<unknown, E, ROut>,
-  options: Options<ROut, LE> = {}
+  options: Options<ROut, LE, TE> = {}
 ): void => {
   Effect.runPromise(run(program, options)).then(
     (code) => process.exit(code),

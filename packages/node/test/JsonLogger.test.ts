@@ -52,4 +52,15 @@ describe("JsonLogger", () => {
       assert.strictEqual(line!.n, "10")
       assert.notInclude(JSON.stringify(line), "secret")
     }))
+
+  it.effect("lines written inside a span carry its trace and span ids; lines outside carry none", () =>
+    Effect.gen(function*() {
+      const lines = yield* capture(Effect.gen(function*() {
+        yield* Effect.logInfo("outside")
+        yield* Effect.logInfo("inside").pipe(Effect.withSpan("work"))
+      }))
+      assert.notProperty(lines[0]!, "traceId")
+      assert.match(String(lines[1]!.traceId), /^[0-9a-f]{32}$/)
+      assert.match(String(lines[1]!.spanId), /^[0-9a-f]{16}$/)
+    }))
 })

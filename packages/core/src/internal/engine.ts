@@ -16,6 +16,7 @@ import * as Outcome from "../Outcome.ts"
 import * as Probe from "../Probe.ts"
 import * as Retry from "../Retry.ts"
 import type { Source, SourceError } from "../Source.ts"
+import * as Telemetry from "../Telemetry.ts"
 import * as LeaseKeeper from "./leaseKeeper.ts"
 
 /** Why a payload was rejected before the handler ran. */
@@ -51,11 +52,8 @@ const finish = Outcome.settled
 
 const EPOCH = DateTime.makeUnsafe(0)
 
-/** Counts outcomes by consumer and outcome tag. */
-export const outcomesCounter = Metric.counter("jetworker.outcomes", {
-  description: "Deliveries settled, by consumer and outcome",
-  incremental: true
-})
+/** Counts outcomes by consumer and outcome tag (`Telemetry.outcomes`). */
+export const outcomesCounter = Telemetry.outcomes
 
 /** Fails the engine before it starts. */
 export const fail = <E>(error: E): Effect.Effect<never, E> => Effect.fail(error)
@@ -84,9 +82,26 @@ const makeProcess = <A, E extends Tagged, R>(
   keeper: LeaseKeeper.LeaseKeeper
 ) => {
   const leaseMillis = Duration.toMillis(lease)
+  const consumer = { consumer: definition.name }
   const counters = new Map(
     Outcome.tags.map((tag) => [tag, Metric.withAttributes(outcomesCounter, { consumer: definition.name, outcome: tag })])
   )
+  // Metrics with the consumer's attributes, built once; those keyed by a reason or stage on first use.
+  const handlerDuration = Metric.withAttributes(Telemetry.handlerDuration, consumer)
+  const inFlightGauge = Metric.withAttributes(Telemetry.inFlight, consumer)
+  const redeliveries = Metric.withAttributes(Telemetry.redeliveries, consumer)
+  const retries = Metric.withAttributes(Telemetry.retries, consumer)
+  const keyed = new Map<string, Metric.Metric<number, unknown>>()
+  const keyedMetric = <M extends Metric.Metric<number, unknown>>(metric: M, key: string, attributes: Record<string, string>): M => {
+    const id = `${metric.id}|${key}`
+    let found = keyed.get(id)
+    if (found === undefined) {
+      found = Metric.withAttributes(metric, { ...consumer, ...attributes })
+      keyed.set(id, found)
+    }
+    return found as M
+  }
+  let running = 0
   // In-process retries only while the next delay keeps the attempt well inside the lease.
   const inProcess = Retry.inProcessSchedule(definition.retry).pipe(
     Schedule.while(({ duration, elapsed }) => leaseMillis <= 0 || elapsed + Duration.toMillis(duration) < leaseMillis / 2)
@@ -184,6 +199,7 @@ const makeProcess = <A, E extends Tagged, R>(
       const held = keeper.register(delivery, receivedAt, yield* Effect.fiber)
       const exit = yield* Effect.exit(restore(attempt(event, delivery, metadata.id)))
       keeper.unregister(held)
+      yield* Metric.update(handlerDuration, (yield* Clock.currentTimeMillis) - receivedAt)
       if (Exit.isSuccess(exit)) {
         if (isDuplicate(exit.value)) return Outcome.verdict("Duplicate", { message })
         yield* Probe.hit({ point: "after-commit", consumer: definition.name, sequence: delivery.sequence, eventId: metadata.id })
@@ -213,17 +229,26 @@ const makeProcess = <A, E extends Tagged, R>(
       return Outcome.verdict("Released", { message, reason: "Retrying", error, retryIn })
     })
 
-  return (delivery: Delivery): Effect.Effect<void, never, R> =>
+  const process = (delivery: Delivery): Effect.Effect<void, never, R> =>
     Effect.uninterruptibleMask((restore) =>
       Effect.gen(function*() {
         const receivedAt = yield* Clock.currentTimeMillis
+        yield* Metric.update(inFlightGauge, ++running)
+        if (delivery.deliveryCount > 1) yield* Metric.update(redeliveries, 1)
         const verdict = yield* judge(delivery, receivedAt, restore)
         // `now` only stamps dead-letter records; skip building a DateTime for the other outcomes.
         const now = verdict._tag === "Committed" || verdict._tag === "Duplicate" || verdict._tag === "Released"
           ? EPOCH
           : DateTime.makeUnsafe(yield* Clock.currentTimeMillis)
         const command = Outcome.toCommand(verdict, { expiredTo: definition.expiredTo, now })
+        const commandStart = yield* Clock.currentTimeMillis
         const sent = yield* execute(delivery, command)
+        if (command._tag !== "Leave") {
+          yield* Metric.update(
+            keyedMetric(Telemetry.settleLatency, command._tag, { command: command._tag }),
+            (yield* Clock.currentTimeMillis) - commandStart
+          )
+        }
         let outcome = finish(verdict, sent, (yield* Clock.currentTimeMillis) - receivedAt)
         if (command._tag === "DeadLetter" && !sent) {
           // Not terminated, so not lost: ask for a later redelivery, which dead-letters it again.
@@ -248,12 +273,60 @@ const makeProcess = <A, E extends Tagged, R>(
           })
         }
         yield* Metric.update(counters.get(outcome._tag)!, 1)
+        yield* Metric.update(inFlightGauge, --running)
+        yield* recordKind(outcome)
+        yield* Effect.annotateCurrentSpan(spanAttributes(outcome))
         yield* logOutcome(outcome)
         if (definition.onOutcome !== undefined) {
           yield* definition.onOutcome(outcome).pipe(Effect.catchCause(() => Effect.void))
         }
       })
     )
+
+  const recordKind = (outcome: Outcome.Outcome): Effect.Effect<void> => {
+    switch (outcome._tag) {
+      case "Released":
+        return outcome.reason === "Retrying" ? Metric.update(retries, 1) : Effect.void
+      case "Expired":
+        return Metric.update(keyedMetric(Telemetry.expired, outcome.stage, { stage: outcome.stage }), 1)
+      case "Rejected":
+      case "DeadLettered":
+        return outcome.confirmed
+          ? Metric.update(keyedMetric(Telemetry.deadLettered, outcome.reason, { reason: outcome.reason }), 1)
+          : Effect.void
+      default:
+        return Effect.void
+    }
+  }
+
+  // One span per delivery, after the messaging semantic conventions; it continues the trace of
+  // the `traceparent` header when the message has one, and is a root span otherwise.
+  return (delivery: Delivery): Effect.Effect<void, never, R> => {
+    const parent = Telemetry.parseTraceparent(delivery.header(Telemetry.traceparentHeader))
+    return process(delivery).pipe(
+      Effect.withSpan(Telemetry.processSpanName(delivery.subject), {
+        kind: "consumer",
+        ...(parent === undefined ? { root: true } : { parent }),
+        attributes: {
+          [Telemetry.Attribute.messagingSystem]: Telemetry.messagingSystem,
+          [Telemetry.Attribute.operationType]: "process",
+          [Telemetry.Attribute.operationName]: "process",
+          [Telemetry.Attribute.destinationName]: delivery.subject,
+          [Telemetry.Attribute.consumerGroup]: definition.name,
+          [Telemetry.Attribute.bodySize]: delivery.payload.byteLength,
+          [Telemetry.Attribute.attempt]: delivery.deliveryCount,
+          [Telemetry.Attribute.streamSequence]: delivery.sequence
+        }
+      })
+    )
+  }
+}
+
+const spanAttributes = (outcome: Outcome.Outcome): Record<string, unknown> => {
+  const attributes: Record<string, unknown> = { [Telemetry.Attribute.outcome]: outcome._tag }
+  if (outcome.message.eventId !== undefined) attributes[Telemetry.Attribute.messageId] = outcome.message.eventId
+  if ("reason" in outcome) attributes[Telemetry.Attribute.outcomeReason] = outcome.reason
+  return attributes
 }
 
 /** Runs the engine until interrupted (then drains) or until the source fails. */

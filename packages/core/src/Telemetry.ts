@@ -1,0 +1,138 @@
+/**
+ * Every telemetry name jetworker uses, in one place: the span names and attributes (after the
+ * OpenTelemetry messaging semantic conventions), the metrics (Effect `Metric`s, exported by
+ * whatever the process wires: the `/metrics` endpoint, an OTLP exporter), and W3C trace context
+ * (`traceparent`) carried in message headers.
+ *
+ * It depends on nothing but `effect`: spans are made with Effect's own tracer, and a parent from
+ * a message header is an `ExternalSpan`, so core and the adapters never depend on the
+ * OpenTelemetry SDK; `@jetworker/opentelemetry` only exports.
+ *
+ * @since 0.2.0
+ */
+import { Metric, Tracer } from "effect"
+
+/** Span and metric attribute names. */
+export const Attribute = {
+  /** `messaging.system`: always `nats`. */
+  messagingSystem: "messaging.system",
+  /** `messaging.operation.type`: `process` (consumer), `send` (publisher). */
+  operationType: "messaging.operation.type",
+  /** `messaging.operation.name`: `process` or `publish`. */
+  operationName: "messaging.operation.name",
+  /** `messaging.destination.name`: the subject. */
+  destinationName: "messaging.destination.name",
+  /** `messaging.consumer.group.name`: the consumer's name. */
+  consumerGroup: "messaging.consumer.group.name",
+  /** `messaging.message.id`: the event id (`Nats-Msg-Id`). */
+  messageId: "messaging.message.id",
+  /** `messaging.message.body.size`: payload bytes. */
+  bodySize: "messaging.message.body.size",
+  /** `jetworker.outcome`: the delivery's outcome tag. */
+  outcome: "jetworker.outcome",
+  /** `jetworker.outcome.reason`: the outcome's reason, where it has one. */
+  outcomeReason: "jetworker.outcome.reason",
+  /** `jetworker.attempt`: the server's delivery count. */
+  attempt: "jetworker.attempt",
+  /** `jetworker.stream.sequence`: the message's stream sequence. */
+  streamSequence: "jetworker.stream.sequence",
+  /** `jetworker.stream`: the stream a published message must be stored by. */
+  stream: "jetworker.stream"
+} as const
+
+/** The `messaging.system` value. */
+export const messagingSystem = "nats"
+
+/** The span of one delivery: `process <subject>`, kind consumer. */
+export const processSpanName = (subject: string): string => `process ${subject}`
+
+/** The span of one confirmed publish: `send <subject>`, kind producer. */
+export const sendSpanName = (subject: string): string => `send ${subject}`
+
+// ---------------------------------------------------------------------------------------------
+// Metrics
+// ---------------------------------------------------------------------------------------------
+
+/** Deliveries settled, by `consumer` and `outcome`. */
+export const outcomes = Metric.counter("jetworker.outcomes", {
+  description: "Deliveries settled, by consumer and outcome",
+  incremental: true
+})
+
+/** Handler time per attempt in milliseconds, by `consumer`. */
+export const handlerDuration = Metric.histogram("jetworker.handler.duration", {
+  description: "Time from receipt to the handler's exit, in milliseconds, by consumer",
+  boundaries: Metric.exponentialBoundaries({ start: 1, factor: 2, count: 16 })
+})
+
+/** Deliveries being processed now, by `consumer`. */
+export const inFlight = Metric.gauge("jetworker.in_flight", {
+  description: "Deliveries being processed now, by consumer"
+})
+
+/** Deliveries whose server delivery count is above 1, by `consumer`. */
+export const redeliveries = Metric.counter("jetworker.redeliveries", {
+  description: "Deliveries that were redelivered by the broker (delivery count above 1), by consumer",
+  incremental: true
+})
+
+/** Attempts that ended in a retry (in-process or nak with delay), by `consumer`. */
+export const retries = Metric.counter("jetworker.retries", {
+  description: "Failed attempts that will be retried, by consumer",
+  incremental: true
+})
+
+/** Expired work, by `consumer` and `stage`. */
+export const expired = Metric.counter("jetworker.expired", {
+  description: "Deliveries that expired before their effect, by consumer and stage",
+  incremental: true
+})
+
+/** Dead-lettered deliveries (`Rejected` and `DeadLettered`), by `consumer` and `reason`. */
+export const deadLettered = Metric.counter("jetworker.dead_lettered", {
+  description: "Deliveries stored in the dead-letter stream, by consumer and reason",
+  incremental: true
+})
+
+/** Round trip of the broker command that settled a delivery, in milliseconds, by `consumer` and `command`. */
+export const settleLatency = Metric.histogram("jetworker.settle.latency", {
+  description: "Time for the broker to confirm an ack, nak or dead letter, in milliseconds, by consumer and command",
+  boundaries: Metric.exponentialBoundaries({ start: 0.25, factor: 2, count: 16 })
+})
+
+/** Messages not yet delivered to the consumer (the server's `num_pending`), by `consumer` and `stream`. */
+export const consumerLag = Metric.gauge("jetworker.consumer.lag", {
+  description: "Messages waiting on the server for the consumer (num_pending), by consumer and stream"
+})
+
+/** Messages delivered and not yet settled (the server's `num_ack_pending`), by `consumer` and `stream`. */
+export const ackPending = Metric.gauge("jetworker.consumer.ack_pending", {
+  description: "Messages delivered to the consumer and not yet acknowledged (num_ack_pending), by consumer and stream"
+})
+
+// ---------------------------------------------------------------------------------------------
+// W3C trace context
+// ---------------------------------------------------------------------------------------------
+
+/** The W3C trace context header. */
+export const traceparentHeader = "traceparent"
+
+const TRACEPARENT = /^([0-9a-f]{2})-([0-9a-f]{32})-([0-9a-f]{16})-([0-9a-f]{2})(-.*)?$/
+
+/**
+ * Reads a `traceparent` header (`00-<trace id>-<span id>-<flags>`) as the parent of a span, or
+ * `undefined` when it is missing or malformed (an all-zero id, version `ff`, wrong lengths).
+ */
+export const parseTraceparent = (value: string | undefined): Tracer.ExternalSpan | undefined => {
+  if (value === undefined) return undefined
+  const match = TRACEPARENT.exec(value.trim().toLowerCase())
+  if (match === null) return undefined
+  const [, version, traceId, spanId, flags, rest] = match
+  if (version === "ff" || (version === "00" && rest !== undefined)) return undefined
+  if (/^0+$/.test(traceId!) || /^0+$/.test(spanId!)) return undefined
+  return Tracer.externalSpan({ traceId: traceId!, spanId: spanId!, sampled: (parseInt(flags!, 16) & 1) === 1 })
+}
+
+/** The `traceparent` value naming `span` as the parent. */
+export const formatTraceparent = (span: { readonly traceId: string; readonly spanId: string; readonly sampled: boolean }): string =>
+  `00-${span.traceId.padStart(32, "0")}-${span.spanId.padStart(16, "0")}-${span.sampled ? "01" : "00"}`
