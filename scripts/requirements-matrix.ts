@@ -120,7 +120,7 @@ const requirements: ReadonlyArray<Requirement> = [
   {
     id: "BE-SHUT-002",
     title: "Stop admitting new work",
-    inScope: false,
+    inScope: true,
     verifications: [
       { line: "readiness change", match: /readiness turns 503/i },
       { line: "intake stop", match: /intake stops/i },
@@ -143,7 +143,7 @@ const requirements: ReadonlyArray<Requirement> = [
   {
     id: "BE-SHUT-004",
     title: "Bounded shutdown budget",
-    inScope: false,
+    inScope: true,
     verifications: [
       { line: "automated check of the application's and the runtime environment's configuration", match: /configuration check/i },
       { line: "a hung operation", match: /hung operation/i },
@@ -211,27 +211,37 @@ const names: Array<TestName> = testFiles(ROOT).flatMap((file) => {
   return [...text.matchAll(TEST_CALL)].map((m) => ({ file: relative(ROOT, file), name: m[2]!.replace(/\s+/g, " ") }))
 })
 
-const ID = /^((?:BE-JOB|BE-SHUT|INT-NATS|INT-EVT)-\d{3})\b/
+// A test may name several requirements: `BE-SHUT-002, BE-SHUT-004: ...`.
+const ONE_ID = "(?:BE-JOB|BE-SHUT|INT-NATS|INT-EVT)-\\d{3}"
+const IDS = new RegExp(`^(${ONE_ID}(?:,\\s*${ONE_ID})*)\\b`)
 const known = new Map(requirements.map((r) => [r.id, r]))
 const problems: Array<string> = []
 const byId = new Map<string, Array<TestName>>()
+/** What a test claims about a requirement: its name without the ids. */
+const claim = (test: TestName): string => test.name.replace(IDS, "")
 for (const test of names) {
-  const id = ID.exec(test.name)?.[1]
-  if (id === undefined) continue
-  if (!known.has(id)) problems.push(`${test.file}: "${test.name}" names unknown requirement ${id}`)
-  const list = byId.get(id) ?? []
-  list.push(test)
-  byId.set(id, list)
+  const ids = IDS.exec(test.name)?.[1]?.split(/,\s*/)
+  if (ids === undefined) continue
+  for (const id of ids) {
+    if (!known.has(id)) problems.push(`${test.file}: "${test.name}" names unknown requirement ${id}`)
+    const list = byId.get(id) ?? []
+    list.push(test)
+    byId.set(id, list)
+  }
 }
 
 const lines: Array<string> = []
 let proven = 0
 let needed = 0
+const fullyProven: Array<string> = []
 for (const requirement of requirements) {
   const tests = byId.get(requirement.id) ?? []
+  const everyClause = requirement.verifications.length > 0 &&
+    requirement.verifications.every((v) => tests.some((t) => v.match.test(claim(t))))
+  if (everyClause) fullyProven.push(requirement.id)
   lines.push(`\n${requirement.id} ${requirement.title}${requirement.inScope ? "" : " (not yet in scope)"}: ${tests.length} test(s)`)
   for (const verification of requirement.verifications) {
-    const covering = tests.filter((t) => verification.match.test(t.name.slice(requirement.id.length)))
+    const covering = tests.filter((t) => verification.match.test(claim(t)))
     if (requirement.inScope) {
       needed++
       if (covering.length > 0) proven++
@@ -241,7 +251,7 @@ for (const requirement of requirements) {
     for (const t of covering) lines.push(`      ${t.file}: ${t.name}`)
   }
   const unmatched = tests.filter((t) =>
-    !requirement.verifications.some((v) => v.match.test(t.name.slice(requirement.id.length)))
+    !requirement.verifications.some((v) => v.match.test(claim(t)))
   )
   for (const t of unmatched) lines.push(`    (also) ${t.file}: ${t.name}`)
 }
@@ -249,6 +259,10 @@ for (const requirement of requirements) {
 console.log(`Requirement -> test matrix (${names.length} tests in ${new Set(names.map((n) => n.file)).size} files)`)
 console.log(lines.join("\n"))
 console.log(`\nVerification lines in scope with a test: ${proven}/${needed}`)
+console.log(
+  `Requirements with a test for every Verification clause: ${fullyProven.length}/${requirements.length}` +
+    (fullyProven.length > 0 ? ` (${fullyProven.join(", ")})` : "")
+)
 if (problems.length > 0) {
   console.log(`\nProblems:\n- ${problems.join("\n- ")}`)
   if (process.argv.includes("--check")) process.exit(1)

@@ -1,0 +1,6 @@
+/**
+ * `@jetworker/cli`: the `jetworker` command and the checks behind it.
+ *
+ * @since 0.2.0
+ */
+export * as ConfigCheck from "./ConfigCheck.ts"
