@@ -7,7 +7,7 @@
  */
 import { assert, describe, layer } from "@effect/vitest"
 import { Eventually, FaultProxy, TestDatabase } from "@jetworker/testing"
-import { Clock, Duration, Effect } from "effect"
+import { Clock, Duration, Effect, Fiber } from "effect"
 import { createServer, type IncomingMessage, type ServerResponse } from "node:http"
 import { balances, ledgerStream, transfer, transferCounts, twoAccounts, workerEnv } from "./support/ledger.ts"
 import { databaseUrl, LedgerTestLive, natsUrl } from "./support/services.ts"
@@ -419,6 +419,56 @@ describe("shutdown (BE-SHUT)", () => {
         yield* next.child.waitForExit("15 seconds")
         assert.deepStrictEqual([...(yield* transferCounts([slow])).values()], [1])
         assert.deepStrictEqual(yield* balances([a, b]), { [a]: 99_00n, [b]: 1_00n })
+      }))
+
+    it.effect("BE-SHUT-003: SIGTERM under load: readiness turns 503 at once, the worker exits 0 inside the budget, and after a restart every transfer is applied exactly once", () =>
+      Effect.gen(function*() {
+        const { stream, settings } = yield* ledgerStream({ ackWait: Duration.seconds(10), concurrency: 8 })
+        const schema = yield* TestDatabase.TestSchema
+        const { p, a, b } = yield* twoAccounts("load")
+        const env = { ...workerEnv(settings, schema.name, databaseUrl, natsUrl), ...budget("10 seconds") }
+        const worker = yield* W.start(env)
+        yield* W.waitReady(worker)
+        const ids = Array.from({ length: 2_000 }, (_, i) => `${p}.t${i}`)
+        const publishing = yield* Effect.forkChild(
+          Effect.forEach(ids, (id) => send(stream, id, a, b, 1), { concurrency: 32, discard: true })
+        )
+        yield* Eventually.holds(
+          "the worker is busy",
+          Effect.map(W.outcomes(worker), (all) => all.filter((o) => o.tag === "Committed").length >= 300),
+          "60 seconds"
+        )
+        const signalledAt = yield* Clock.currentTimeMillis
+        yield* worker.child.kill("SIGTERM")
+        yield* Eventually.poll("readiness 503", worker.get("/healthz/ready"), (r) => r.status === 503, {
+          timeout: "2 seconds",
+          interval: "10 millis"
+        })
+        assert.isBelow((yield* Clock.currentTimeMillis) - signalledAt, 1_000, "readiness turned 503 at once")
+        assert.deepStrictEqual(yield* worker.child.waitForExit("15 seconds"), { code: 0, signal: null })
+        assert.isBelow((yield* Clock.currentTimeMillis) - signalledAt, 10_000, "inside the budget")
+        const logs = yield* worker.logs
+        assert.deepInclude(W.withMessage(logs, "shutdown.completed")[0]!, { result: "success" })
+        yield* Fiber.join(publishing)
+        const before = (yield* W.outcomes(worker)).filter((o) => o.tag === "Committed").length
+        assert.isBelow(before, ids.length, "the shutdown came while work was left")
+        // A new worker finishes the rest; nothing is lost and nothing is applied twice.
+        const next = yield* W.start(env)
+        yield* Eventually.holds(
+          "every transfer applied",
+          Effect.map(transferCounts(ids), (counts) => counts.size === ids.length),
+          "60 seconds"
+        )
+        yield* Eventually.holds(
+          "nothing left on the consumer",
+          Effect.map(stream.info, (info) => info.num_pending === 0 && info.num_ack_pending === 0),
+          "30 seconds"
+        )
+        yield* next.child.kill("SIGTERM")
+        assert.deepStrictEqual(yield* next.child.waitForExit("15 seconds"), { code: 0, signal: null })
+        const counts = yield* transferCounts(ids)
+        assert.isTrue([...counts.values()].every((n) => n === 1))
+        assert.deepStrictEqual(yield* balances([a, b]), { [a]: 100_00n - 2_000n, [b]: 2_000n })
       }))
   })
 })

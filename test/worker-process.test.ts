@@ -122,6 +122,34 @@ describe("worker process", () => {
         assert.deepStrictEqual(yield* worker.child.waitForExit("15 seconds"), { code: 0, signal: null })
       }))
 
+    it.effect("start-up waits for PostgreSQL (readiness 503, progress logged) and becomes ready once it is up", () =>
+      Effect.gen(function*() {
+        const { settings } = yield* ledgerStream()
+        const schema = yield* TestDatabase.TestSchema
+        const port = yield* Effect.scoped(
+          Effect.map(FaultProxy.make({ target: { host: "127.0.0.1", port: 5432 } }), (proxy) => proxy.port)
+        )
+        const real = new URL(databaseUrl)
+        const down = new URL(databaseUrl)
+        down.hostname = "127.0.0.1"
+        down.port = String(port)
+        const worker = yield* W.start({
+          ...workerEnv(settings, schema.name, down.toString(), natsUrl),
+          ...quickBudget,
+          STARTUP_TIMEOUT: "30 seconds"
+        })
+        const waiting = yield* worker.waitForLog("startup.waiting", "10 seconds", (l) => l.dependency === "postgres")
+        assert.match(String(waiting.error), /SqlError/)
+        assert.strictEqual((yield* worker.get("/healthz/ready")).status, 503)
+        yield* FaultProxy.make({ target: { host: real.hostname, port: Number(real.port || 5432) }, listenPort: port })
+        yield* W.waitReady(worker, "20 seconds")
+        const ready = W.withMessage(yield* worker.logs, "worker.ready")
+        assert.strictEqual(ready.length, 1)
+        assert.isAbove(Number(ready[0]!.startupMs), 0)
+        yield* worker.child.kill("SIGTERM")
+        assert.deepStrictEqual(yield* worker.child.waitForExit("15 seconds"), { code: 0, signal: null })
+      }))
+
     it.effect("start-up that outlives STARTUP_TIMEOUT ends with result failure and exit code 1", () =>
       Effect.gen(function*() {
         const { settings } = yield* ledgerStream()

@@ -5,12 +5,13 @@
  * expired transfer, and one whose database insert fails transiently on purpose), runs the worker
  * until every one of them has settled, prints a table of outcomes, and checks that the total money
  * is unchanged, that each transfer took effect at most once and that the dead-letter stream holds
- * the failures. Exits 0 when every check holds, 1 otherwise.
+ * the failures. Runs under `Worker.runMain` like the worker itself; exits 0 when every check holds,
+ * 1 otherwise.
  */
-import { NodeRuntime } from "@effect/platform-node"
 import type { Outcome } from "@jetworker/core"
 import { DeadLetter, NatsConnection, Publisher } from "@jetworker/nats"
-import { Console, DateTime, Deferred, Duration, Effect, Fiber, Layer, Logger, References } from "effect"
+import { Worker } from "@jetworker/node"
+import { Console, DateTime, Deferred, Duration, Effect, Fiber, Layer, References } from "effect"
 import { SqlClient } from "effect/sql"
 import { openAccount, totalBalance, transferCount } from "./Ledger.ts"
 import * as LedgerWorker from "./LedgerWorker.ts"
@@ -163,11 +164,13 @@ const program = Effect.gen(function*() {
   yield* Console.log("\nall checks passed")
 })
 
-const Live = Layer.mergeAll(
-  LedgerWorker.WorkerLive,
-  Logger.layer([Logger.consolePretty()]),
-  // The table reports every outcome; the engine's own per-message warnings would repeat it.
-  Layer.succeed(References.MinimumLogLevel, "Error")
-)
+// The table reports every outcome; the engine's own per-message warnings would repeat it.
+const Quiet = Layer.succeed(References.MinimumLogLevel, "Error")
 
-NodeRuntime.runMain(program.pipe(Effect.provide(Live)), { disableErrorReporting: true })
+// The demo is a worker process too: the same entry point, resources and shutdown procedure as
+// the ledger worker (its JSON lines after the table show the stages), without the health server.
+Worker.runMain(program.pipe(Effect.provide(Quiet)), {
+  layer: LedgerWorker.WorkerLive,
+  readyWhen: "started",
+  settings: { healthPort: "off", readinessGrace: Duration.zero }
+})

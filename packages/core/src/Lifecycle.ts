@@ -24,7 +24,7 @@
  *
  * @since 0.2.0
  */
-import { Clock, Context, Data, Duration, Effect, Exit, Fiber, Layer, Result, Schedule, Scope } from "effect"
+import { Clock, Context, Data, Deferred, Duration, Effect, Exit, Fiber, Layer, Result, Schedule, Scope } from "effect"
 import * as ErrorSummary from "./ErrorSummary.ts"
 
 // ---------------------------------------------------------------------------------------------
@@ -153,7 +153,10 @@ export interface LifecycleShape {
   readonly stage: <E>(stage: Stage, target: string, share: Share, effect: Effect.Effect<void, E>) => Effect.Effect<StageResult>
   /** Registers a part whose state readiness reflects; it starts down ("starting"). */
   readonly component: (name: string, kind: ComponentKind) => Effect.Effect<Component, never, Scope.Scope>
-  /** Epoch millis until which start-up may wait for dependencies; `undefined` means do not wait. */
+  /**
+   * Epoch millis until which start-up may wait for dependencies; `undefined` means do not wait
+   * (unmanaged, or start-up is over: the process has been ready once, or is stopping).
+   */
   readonly startupDeadline: () => number | undefined
   /**
    * Registers the flush of a buffered telemetry channel (`traces`, `metrics`, `logs`, ...): the
@@ -207,8 +210,14 @@ export interface Readiness {
 /** A lifecycle the worker drives. */
 export interface Managed extends LifecycleShape {
   readonly budget: Budget
-  /** Start-up is over: the process's resources are built. */
+  /** The process's resources are built (readiness then waits only for its components). */
   readonly started: Effect.Effect<void>
+  /** Epoch millis by which the process must first be ready. */
+  readonly startupEndsAt: number
+  /** Whether the process has been ready at least once (start-up is over). */
+  readonly everReady: () => boolean
+  /** Waits until the process is ready for the first time. */
+  readonly firstReady: Effect.Effect<void>
   /** Shutdown starts now (once; later calls do nothing). Returns whether this call started it. */
   readonly begin: Effect.Effect<boolean>
   /** Epoch millis at which shutdown started, if it has. */
@@ -226,7 +235,7 @@ export interface Managed extends LifecycleShape {
 /** Options of a managed lifecycle. */
 export interface ManagedOptions {
   readonly budget: Budget
-  /** Bound on start-up (building resources, waiting for dependencies). */
+  /** Bound on start-up: from now until the process is first ready (resources built, consumers reserving). */
   readonly startupTimeout: Duration.Input
   /**
    * When the process counts as ready: `"consumers"` (default) once at least one consumer has
@@ -297,6 +306,7 @@ export const makeManaged = (options: ManagedOptions): Effect.Effect<Managed> =>
           up: Effect.sync(() => {
             state.up = true
             state.reason = undefined
+            noteReady()
           }),
           down: (reason) =>
             Effect.sync(() => {
@@ -305,6 +315,16 @@ export const makeManaged = (options: ManagedOptions): Effect.Effect<Managed> =>
             })
         }))
       )
+
+    // Start-up lasts until the process is first ready (resources built, consumers reserving).
+    let everReady = false
+    const firstReady = Deferred.makeUnsafe<void>()
+    const noteReady = () => {
+      if (!everReady && readiness().ready) {
+        everReady = true
+        Deferred.doneUnsafe(firstReady, Exit.void)
+      }
+    }
 
     const readiness = (): Readiness => {
       const list = [...components].map((c) => ({ name: c.name, kind: c.kind, up: c.up, reason: c.reason }))
@@ -332,9 +352,13 @@ export const makeManaged = (options: ManagedOptions): Effect.Effect<Managed> =>
       deadline,
       stage,
       component,
-      startupDeadline: () => (phase === "starting" ? startupDeadline : undefined),
+      startupDeadline: () => (everReady || phase === "stopping" ? undefined : startupDeadline),
+      startupEndsAt: startupDeadline,
+      everReady: () => everReady,
+      firstReady: Deferred.await(firstReady),
       started: Effect.sync(() => {
         if (phase === "starting") phase = "running"
+        noteReady()
       }),
       begin: Effect.flatMap(Clock.currentTimeMillis, (now) =>
         Effect.sync(() => {

@@ -214,4 +214,19 @@ describe("Lifecycle", () => {
       assert.isTrue(Result.isFailure(once))
       assert.strictEqual(fatal, 1)
     }))
+
+  it.effect("start-up lasts until the process is first ready: then dependencies are no longer waited for", () =>
+    Effect.gen(function*() {
+      const lifecycle = yield* managed()
+      assert.strictEqual(lifecycle.startupDeadline(), 10_000)
+      yield* lifecycle.started
+      assert.strictEqual(lifecycle.startupDeadline(), 10_000, "built, but no consumer yet")
+      const consumer = yield* lifecycle.component("c", "consumer")
+      yield* consumer.up
+      assert.isTrue(lifecycle.everReady())
+      assert.isUndefined(lifecycle.startupDeadline())
+      yield* consumer.down("disconnected")
+      assert.isUndefined(lifecycle.startupDeadline(), "a later outage is not start-up")
+      yield* lifecycle.firstReady
+    }))
 })

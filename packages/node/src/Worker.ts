@@ -30,7 +30,7 @@
  *
  * @since 0.2.0
  */
-import { Lifecycle } from "@jetworker/core"
+import { ErrorSummary, Lifecycle } from "@jetworker/core"
 import { Cause, Clock, Config, Context, Data, Deferred, Duration, Effect, Exit, Fiber, Layer, Result, Scope } from "effect"
 import * as HealthServer from "./HealthServer.ts"
 import * as JsonLogger from "./JsonLogger.ts"
@@ -223,16 +223,36 @@ export const run = <E, ROut = never, LE = never, TE = never>(
               )
           })
         )
+        yield* Effect.logInfo("startup.resources_built")
         yield* lifecycle.started
-        yield* Effect.logInfo("worker.started")
         return yield* Effect.provideContext(program, context)
       }).pipe(Effect.provideService(Lifecycle.Lifecycle, lifecycle), Effect.provideContext(telemetryContext))
     )
 
-    const first = yield* Effect.raceFirst(
-      Effect.map(Deferred.await(firstSignal), (signal) => ({ signal, exit: undefined })),
-      Effect.map(Fiber.await(work), (exit) => ({ signal: undefined, exit }))
+    const startedAt0 = yield* Clock.currentTimeMillis
+    yield* Effect.forkDetach(
+      Effect.flatMap(lifecycle.firstReady, () =>
+        Effect.flatMap(Clock.currentTimeMillis, (now) =>
+          Effect.logInfo("worker.ready").pipe(Effect.annotateLogs({ startupMs: now - startedAt0 }))))
     )
+
+    // Start-up is bounded as a whole: not ready by the deadline (a dependency that never came,
+    // setup that hangs) is a failure.
+    const startupExpired = Effect.flatMap(Clock.currentTimeMillis, (now) =>
+      Effect.sleep(Duration.millis(Math.max(0, lifecycle.startupEndsAt - now)))).pipe(
+        Effect.andThen(Effect.suspend(() => (lifecycle.everReady() ? Effect.never : Effect.void))),
+        Effect.as({
+          signal: undefined,
+          exit: Exit.fail(
+            new StartupTimeout({ message: `not ready within STARTUP_TIMEOUT ${Duration.format(s.startupTimeout)}` })
+          ) as Exit.Exit<unknown, unknown>
+        })
+      )
+    const first = yield* Effect.raceAll([
+      Effect.map(Deferred.await(firstSignal), (signal) => ({ signal, exit: undefined as Exit.Exit<unknown, unknown> | undefined })),
+      Effect.map(Fiber.await(work), (exit) => ({ signal: undefined, exit: exit as Exit.Exit<unknown, unknown> | undefined })),
+      startupExpired
+    ])
     procedureStarted = true
     yield* lifecycle.begin
     const startedAt = lifecycle.startedAt()!
@@ -248,11 +268,12 @@ export const run = <E, ROut = never, LE = never, TE = never>(
       "program",
       "program",
       "close",
-      programExit !== undefined ? Effect.void : Effect.andThen(
+      work.pollUnsafe() !== undefined ? Effect.void : Effect.andThen(
         Fiber.interrupt(work),
         Effect.flatMap(Fiber.await(work), (exit) =>
           Effect.sync(() => {
-            programExit = exit
+            // A start-up timeout stays the reason, not the interruption it caused.
+            programExit ??= exit
           }))
       )
     )
@@ -261,7 +282,12 @@ export const run = <E, ROut = never, LE = never, TE = never>(
       ? programExit.cause
       : undefined
     const failed = failure !== undefined
-    if (failure !== undefined) yield* Effect.logError("worker.failed", failure)
+    if (failure !== undefined) {
+      const summary = ErrorSummary.fromCause(failure)
+      yield* Effect.logError("worker.failed", failure).pipe(
+        Effect.annotateLogs({ error: `${summary.tag}: ${summary.message}` })
+      )
+    }
 
     const graceEnd = lifecycle.deadline("readinessGrace")!
     // Bounded by the drain share (which ends after the grace), so the wait itself is not an overrun.
@@ -272,7 +298,9 @@ export const run = <E, ROut = never, LE = never, TE = never>(
       Effect.flatMap(Clock.currentTimeMillis, (now) => Effect.sleep(Duration.millis(Math.max(0, graceEnd - now))))
     )
     yield* lifecycle.stage("close", "resources", "close", Scope.close(resources, programExit ?? Exit.void))
-    yield* lifecycle.stage("close", "health-server", "close", Scope.close(healthScope, Exit.void))
+    if (s.healthPort !== "off") {
+      yield* lifecycle.stage("close", "health-server", "close", Scope.close(healthScope, Exit.void))
+    }
     // Every channel flushes at once, each bounded by the telemetry share; the stdout logger last
     // of all, so the lines about the flush are written too.
     yield* Effect.forEach(
