@@ -32,4 +32,20 @@ describe("README", () => {
         at = found + 1
       }
     }))
+
+  it.effect("the entry-point snippet is the reference worker's main.ts, line for line", () =>
+    Effect.sync(() => {
+      const [, entry] = blocksUnder(read("README.md"), "What a consumer looks like")
+      const source = read("examples/ledger/src/main.ts")
+      for (const line of entry!.split("\n").map((l) => l.trim()).filter((l) => l !== "")) {
+        assert.include(source, line)
+      }
+    }))
+
+  it.effect("the configuration-check command in the README is the one CI runs", () =>
+    Effect.sync(() => {
+      const command = "pnpm exec jetworker config check --manifest examples/ledger/deploy/deployment.yaml --ack-wait-env LEDGER_ACK_WAIT"
+      assert.include(read("README.md"), command)
+      assert.include(read(".ci/run"), command)
+    }))
 })

@@ -101,6 +101,11 @@ const makeProcess = <A, E extends Tagged, R>(
     }
     return found as M
   }
+  const settleLatency = {
+    Ack: Metric.withAttributes(Telemetry.settleLatency, { ...consumer, command: "Ack" }),
+    Nak: Metric.withAttributes(Telemetry.settleLatency, { ...consumer, command: "Nak" }),
+    DeadLetter: Metric.withAttributes(Telemetry.settleLatency, { ...consumer, command: "DeadLetter" })
+  }
   let running = 0
   // In-process retries only while the next delay keeps the attempt well inside the lease.
   const inProcess = Retry.inProcessSchedule(definition.retry).pipe(
@@ -244,10 +249,7 @@ const makeProcess = <A, E extends Tagged, R>(
         const commandStart = yield* Clock.currentTimeMillis
         const sent = yield* execute(delivery, command)
         if (command._tag !== "Leave") {
-          yield* Metric.update(
-            keyedMetric(Telemetry.settleLatency, command._tag, { command: command._tag }),
-            (yield* Clock.currentTimeMillis) - commandStart
-          )
+          yield* Metric.update(settleLatency[command._tag], (yield* Clock.currentTimeMillis) - commandStart)
         }
         let outcome = finish(verdict, sent, (yield* Clock.currentTimeMillis) - receivedAt)
         if (command._tag === "DeadLetter" && !sent) {
@@ -317,7 +319,8 @@ const makeProcess = <A, E extends Tagged, R>(
           [Telemetry.Attribute.attempt]: delivery.deliveryCount,
           [Telemetry.Attribute.streamSequence]: delivery.sequence
         }
-      })
+        // The call site is always this line: a stack capture per delivery would tell nothing.
+      }, { captureStackTrace: false })
     )
   }
 }
