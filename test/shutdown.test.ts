@@ -57,6 +57,33 @@ const assertStagesOnce = (logs: ReadonlyArray<W.LogLine>, consumer: string, reso
   assert.deepStrictEqual(normalised, wanted, "stage order")
 }
 
+/**
+ * A worker on a throw-away stream and schema with a shutdown budget of `total`, and one transfer
+ * `<prefix>.<name>` in flight: its handler is running, sleeping `millis` inside its transaction.
+ * `env` may rewrite the worker's environment (e.g. to route a dependency through a proxy).
+ */
+const withSlowTransfer = Effect.fnUntraced(function*(options: {
+  readonly label: string
+  readonly name: string
+  readonly millis: number
+  readonly ackWait: Duration.Input
+  readonly total: string
+  readonly env?: ((env: Record<string, string>) => Record<string, string>) | undefined
+}) {
+  const { stream, settings } = yield* ledgerStream({ ackWait: Duration.fromInputUnsafe(options.ackWait) })
+  const schema = yield* TestDatabase.TestSchema
+  const { p, a, b } = yield* twoAccounts(options.label)
+  const id = `${p}.${options.name}`
+  yield* W.makeSlow(id, options.millis)
+  const base = { ...workerEnv(settings, schema.name, databaseUrl, natsUrl), ...budget(options.total) }
+  const env = options.env === undefined ? base : options.env(base)
+  const worker = yield* W.start(env)
+  yield* W.waitReady(worker)
+  yield* send(stream, id, a, b)
+  yield* W.waitReceived(worker, id)
+  return { stream, settings, env, worker, p, a, b, id }
+})
+
 describe("shutdown (BE-SHUT)", () => {
   layer(LedgerTestLive, { excludeTestServices: true, timeout: "120 seconds" })((it) => {
     it.effect("BE-SHUT-001: one stop signal starts one procedure; each stage runs exactly once; exit 0 with result success", () =>
@@ -89,15 +116,13 @@ describe("shutdown (BE-SHUT)", () => {
 
     it.effect("BE-SHUT-001: repeated and concurrent stop signals start no second procedure, close nothing twice and do not extend the wait", () =>
       Effect.gen(function*() {
-        const { stream, settings } = yield* ledgerStream({ ackWait: Duration.seconds(10) })
-        const schema = yield* TestDatabase.TestSchema
-        const { p, a, b } = yield* twoAccounts("shut2")
-        const slow = `${p}.slow`
-        yield* W.makeSlow(slow, 1_500)
-        const worker = yield* W.start({ ...workerEnv(settings, schema.name, databaseUrl, natsUrl), ...budget("10 seconds") })
-        yield* W.waitReady(worker)
-        yield* send(stream, slow, a, b)
-        yield* W.waitReceived(worker, slow)
+        const { settings, worker, id: slow } = yield* withSlowTransfer({
+          label: "shut2",
+          name: "slow",
+          millis: 1_500,
+          ackWait: "10 seconds",
+          total: "10 seconds"
+        })
         // Concurrent: three signals back to back; repeated: two more while the procedure runs.
         yield* worker.child.kill("SIGTERM")
         yield* worker.child.kill("SIGINT")
@@ -156,17 +181,14 @@ describe("shutdown (BE-SHUT)", () => {
 
     it.effect("BE-SHUT-002: readiness turns 503 and intake stops at the signal; a message arriving during shutdown never reaches the stopping worker and commits once after a restart", () =>
       Effect.gen(function*() {
-        const { stream, settings } = yield* ledgerStream({ ackWait: Duration.seconds(10) })
-        const schema = yield* TestDatabase.TestSchema
-        const { p, a, b } = yield* twoAccounts("shut4")
-        const slow = `${p}.slow`
+        const { stream, env, worker, p, a, b, id: slow } = yield* withSlowTransfer({
+          label: "shut4",
+          name: "slow",
+          millis: 2_000,
+          ackWait: "10 seconds",
+          total: "10 seconds"
+        })
         const late = `${p}.late`
-        yield* W.makeSlow(slow, 2_000)
-        const env = { ...workerEnv(settings, schema.name, databaseUrl, natsUrl), ...budget("10 seconds") }
-        const worker = yield* W.start(env)
-        yield* W.waitReady(worker)
-        yield* send(stream, slow, a, b)
-        yield* W.waitReceived(worker, slow)
         const signalledAt = yield* Clock.currentTimeMillis
         yield* worker.child.kill("SIGTERM")
         const unready = yield* Eventually.poll(
@@ -205,15 +227,13 @@ describe("shutdown (BE-SHUT)", () => {
 
     it.effect("BE-SHUT-003: long message handling finishes inside the budget: committed, then acked, before the exit", () =>
       Effect.gen(function*() {
-        const { stream, settings } = yield* ledgerStream({ ackWait: Duration.seconds(10) })
-        const schema = yield* TestDatabase.TestSchema
-        const { p, a, b } = yield* twoAccounts("shut5")
-        const slow = `${p}.slow`
-        yield* W.makeSlow(slow, 3_000)
-        const worker = yield* W.start({ ...workerEnv(settings, schema.name, databaseUrl, natsUrl), ...budget("10 seconds") })
-        yield* W.waitReady(worker)
-        yield* send(stream, slow, a, b)
-        yield* W.waitReceived(worker, slow)
+        const { stream, worker, id: slow } = yield* withSlowTransfer({
+          label: "shut5",
+          name: "slow",
+          millis: 3_000,
+          ackWait: "10 seconds",
+          total: "10 seconds"
+        })
         yield* worker.child.kill("SIGTERM")
         assert.deepStrictEqual(yield* worker.child.waitForExit("15 seconds"), { code: 0, signal: null })
         const all = yield* W.outcomes(worker)
@@ -228,16 +248,13 @@ describe("shutdown (BE-SHUT)", () => {
 
     it.effect("BE-SHUT-003: budget expiry cancels a handler: no success and no ack before the commit; its transaction rolls back, its message is released unacked, redelivered and committed once", () =>
       Effect.gen(function*() {
-        const { stream, settings } = yield* ledgerStream({ ackWait: Duration.seconds(30) })
-        const schema = yield* TestDatabase.TestSchema
-        const { p, a, b } = yield* twoAccounts("shut6")
-        const stuck = `${p}.stuck`
-        yield* W.makeSlow(stuck, 60_000)
-        const env = { ...workerEnv(settings, schema.name, databaseUrl, natsUrl), ...budget("5 seconds") }
-        const worker = yield* W.start(env)
-        yield* W.waitReady(worker)
-        yield* send(stream, stuck, a, b)
-        yield* W.waitReceived(worker, stuck)
+        const { env, worker, a, b, id: stuck } = yield* withSlowTransfer({
+          label: "shut6",
+          name: "stuck",
+          millis: 60_000,
+          ackWait: "30 seconds",
+          total: "5 seconds"
+        })
         const signalledAt = yield* Clock.currentTimeMillis
         yield* worker.child.kill("SIGTERM")
         const exit = yield* worker.child.waitForExit("15 seconds")
@@ -332,21 +349,19 @@ describe("shutdown (BE-SHUT)", () => {
       Effect.gen(function*() {
         // The cut transaction's settlement hangs on the silent database too, so the message
         // comes back after its ack wait: keep that short.
-        const { stream, settings } = yield* ledgerStream({ ackWait: Duration.seconds(5) })
-        const schema = yield* TestDatabase.TestSchema
-        const { p, a, b } = yield* twoAccounts("shut8")
         const target = new URL(databaseUrl)
         const proxy = yield* FaultProxy.make({ target: { host: target.hostname, port: Number(target.port || 5432) } })
         const viaProxy = new URL(databaseUrl)
         viaProxy.hostname = proxy.address.host
         viaProxy.port = String(proxy.address.port)
-        const slow = `${p}.slow`
-        yield* W.makeSlow(slow, 1_000)
-        const env = { ...workerEnv(settings, schema.name, viaProxy.toString(), natsUrl), ...budget("5 seconds") }
-        const worker = yield* W.start(env)
-        yield* W.waitReady(worker)
-        yield* send(stream, slow, a, b)
-        yield* W.waitReceived(worker, slow)
+        const { env, worker, a, b, id: slow } = yield* withSlowTransfer({
+          label: "shut8",
+          name: "slow",
+          millis: 1_000,
+          ackWait: "5 seconds",
+          total: "5 seconds",
+          env: (env) => ({ ...env, DATABASE_URL: viaProxy.toString() })
+        })
         // The transaction is open (sleeping in the trigger); now the database goes silent.
         yield* proxy.pause
         const signalledAt = yield* Clock.currentTimeMillis
@@ -377,18 +392,16 @@ describe("shutdown (BE-SHUT)", () => {
 
     it.effect("BE-SHUT-004: a black-holed broker: the process exits inside the budget, non-zero, result timeout; the committed transfer is not repeated", () =>
       Effect.gen(function*() {
-        const { stream, settings } = yield* ledgerStream({ ackWait: Duration.seconds(5) })
-        const schema = yield* TestDatabase.TestSchema
-        const { p, a, b } = yield* twoAccounts("shut9")
         const target = new URL(natsUrl)
         const proxy = yield* FaultProxy.make({ target: { host: target.hostname, port: Number(target.port || 4222) } })
-        const slow = `${p}.slow`
-        yield* W.makeSlow(slow, 1_000)
-        const env = { ...workerEnv(settings, schema.name, databaseUrl, `nats://127.0.0.1:${proxy.port}`), ...budget("5 seconds") }
-        const worker = yield* W.start(env)
-        yield* W.waitReady(worker)
-        yield* send(stream, slow, a, b)
-        yield* W.waitReceived(worker, slow)
+        const { stream, env, worker, a, b, id: slow } = yield* withSlowTransfer({
+          label: "shut9",
+          name: "slow",
+          millis: 1_000,
+          ackWait: "5 seconds",
+          total: "5 seconds",
+          env: (env) => ({ ...env, NATS_URL: `nats://127.0.0.1:${proxy.port}` })
+        })
         // The handler is in its transaction; the broker goes silent: its ack can never be confirmed.
         yield* proxy.pause
         const signalledAt = yield* Clock.currentTimeMillis
