@@ -79,6 +79,7 @@ describe("telemetry", () => {
           "jetworker.outcome": "Committed",
           "jetworker.attempt": 1
         })
+        assert.deepStrictEqual([...new Set(yield* receiver.traceServices)], ["ledger-under-test"], "OTEL_SERVICE_NAME")
         const metricNames = yield* receiver.metricNames
         for (const name of ["jetworker.outcomes", "jetworker.handler.duration", "jetworker.settle.latency", "jetworker.consumer.lag"]) {
           assert.include(metricNames, name)

@@ -31,6 +31,8 @@ export interface Receiver {
   readonly spans: Effect.Effect<ReadonlyArray<Span>>
   readonly metricNames: Effect.Effect<ReadonlyArray<string>>
   readonly logBodies: Effect.Effect<ReadonlyArray<string>>
+  /** The `service.name` of every resource that sent spans. */
+  readonly traceServices: Effect.Effect<ReadonlyArray<string>>
 }
 
 const value = (v: AnyValue | undefined) =>
@@ -88,6 +90,14 @@ export const make = (mode: Mode) =>
                     ((span.attributes ?? []) as Array<{ key: string; value?: AnyValue }>).map((a) => [a.key, value(a.value)])
                   )
                 }))
+            )
+          ),
+          traceServices: Effect.sync(() =>
+            all("/v1/traces").flatMap((body) =>
+              ((body as { resourceSpans?: Array<{ resource?: { attributes?: Array<{ key: string; value?: AnyValue }> } }> })
+                .resourceSpans ?? []).map((r) =>
+                  String(value((r.resource?.attributes ?? []).find((a) => a.key === "service.name")?.value) ?? "")
+                )
             )
           ),
           metricNames: Effect.sync(() =>
