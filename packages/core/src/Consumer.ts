@@ -64,8 +64,14 @@ export interface BaseOptions<A, E extends Tagged, R, RS> {
     /** What settles expired work: `"ack"` (default) or `"deadLetter"`. */
     readonly onExpired?: "ack" | "deadLetter" | undefined
   } | undefined
-  /** Called once with every outcome, after its broker command; its failures are ignored. */
+  /**
+   * Called once with every outcome, after its broker command, its metric and its log line. Its
+   * failures, defects and synchronous throws are logged and ignored; a call still running after
+   * `onOutcomeTimeout` is interrupted, so it can neither lose an outcome nor hold a shutdown.
+   */
   readonly onOutcome?: ((outcome: Outcome) => Effect.Effect<void>) | undefined
+  /** Bound on one `onOutcome` call. Default: 5 seconds. */
+  readonly onOutcomeTimeout?: Duration.Input | undefined
 }
 
 /** `metadata` may be omitted exactly when the decoded event already is {@link Metadata}. */
@@ -181,6 +187,7 @@ export const make = <A, E extends Tagged, R, RS = never>(
   const handlerTimeout = durationOption(problems, "handlerTimeout", options.handlerTimeout, Duration.seconds(30), false)
   const drainTimeout = durationOption(problems, "drainTimeout", options.drainTimeout, Duration.seconds(10), true)
   const skew = durationOption(problems, "expiry.skew", options.expiry?.skew, Duration.zero, true)
+  const onOutcomeTimeout = durationOption(problems, "onOutcomeTimeout", options.onOutcomeTimeout, Duration.seconds(5), false)
   const metadata = (options as { readonly metadata?: ((event: A) => Metadata) | undefined }).metadata ??
     ((event: A) => event as unknown as Metadata)
   return {
@@ -202,7 +209,8 @@ export const make = <A, E extends Tagged, R, RS = never>(
       drainTimeout,
       skewMillis: Duration.toMillis(skew),
       expiredTo: options.expiry?.onExpired === "deadLetter" ? "DeadLetter" : "Ack",
-      onOutcome: options.onOutcome
+      onOutcome: options.onOutcome,
+      onOutcomeTimeout
     }
   }
 }

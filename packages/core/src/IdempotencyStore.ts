@@ -38,15 +38,18 @@ export const duplicate = (key: Key): Duplicate => ({ [DuplicateTypeId]: Duplicat
 export class IdempotencyError extends Data.TaggedError("IdempotencyError")<{
   /**
    * `Unavailable`: the store cannot be reached or the commit's result is unknown (retry: the key
-   * tells a later attempt what happened). `Conflict`: a serialisation or deadlock failure (retry).
-   * `Misconfigured`: the store's tables are missing or wrong (no retry helps).
+   * tells a later attempt what happened). `Conflict`: a serialisation or deadlock failure, or a
+   * lock or statement timeout (retry). `Misconfigured`: the store's tables are missing or wrong
+   * (no retry helps). `InvalidData`: the database rejected the data of the commit, such as a key
+   * it cannot store (a NUL character in the id) or a violated constraint; the same event fails the
+   * same way every time, so no retry helps and it should be dead-lettered at once.
    */
-  readonly reason: "Unavailable" | "Conflict" | "Misconfigured"
+  readonly reason: "Unavailable" | "Conflict" | "Misconfigured" | "InvalidData"
   readonly message: string
 }> {
-  /** Whether a later attempt may succeed. */
+  /** Whether a later attempt may succeed: only for `Unavailable` and `Conflict`. */
   get isRetryable(): boolean {
-    return this.reason !== "Misconfigured"
+    return this.reason === "Unavailable" || this.reason === "Conflict"
   }
 }
 

@@ -33,7 +33,13 @@ export interface MessageRef {
 }
 
 /** Why an undecodable or invalid message was rejected. */
-export type RejectReason = "MalformedPayload" | "SchemaInvalid"
+export type RejectReason =
+  /** Not UTF-8 JSON. */
+  | "MalformedPayload"
+  /** JSON that fails the consumer's schema. */
+  | "SchemaInvalid"
+  /** The consumer's `metadata` threw or gave no usable event id for the decoded event. */
+  | "MetadataInvalid"
 
 /** Why a message was dead-lettered. */
 export type DeadLetterReason =
@@ -41,6 +47,11 @@ export type DeadLetterReason =
   | "PermanentError"
   /** Transient failures used up every attempt of the retry policy. */
   | "AttemptsExhausted"
+  /**
+   * A defect outside the handler: code the engine calls around it (a probe, a source's delivery)
+   * died. Dead-lettered with the cause so the message is neither lost nor retried blindly.
+   */
+  | "Defect"
 
 /** Why a message was released (not acked) for the broker to redeliver. */
 export type ReleaseReason =

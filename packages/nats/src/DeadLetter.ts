@@ -13,8 +13,8 @@
  *
  * @since 0.1.0
  */
-import type { JsMsg, PubAck, StoredMsg } from "@nats-io/jetstream"
-import { headers as makeHeaders, type MsgHdrs } from "@nats-io/transport-node"
+import { AckPolicy, type ConsumerMessages, DeliverPolicy, type JsMsg, type PubAck, type StoredMsg } from "@nats-io/jetstream"
+import { headers as makeHeaders, type MsgHdrs, nanos } from "@nats-io/transport-node"
 import type { Outcome } from "@jetworker/core"
 import { Duration, Effect } from "effect"
 import { NatsConnection } from "./NatsConnection.ts"
@@ -42,7 +42,11 @@ export const Header = {
 
 /** Where a source's dead letters go, and the limits of that stream. */
 export interface Options {
-  /** Dead-letter stream name. Default: `<source stream>_DLQ`. */
+  /**
+   * Dead-letter stream name. Several sources may share one: each adds its own subject to it (give
+   * them the same limits, or each ensure resets the stream's limits to its own). Default:
+   * `<source stream>_DLQ`.
+   */
   readonly stream?: string | undefined
   /** Subject prefix; messages go to `<prefix>.<source stream>.<consumer>`. Default: `jetworker.dlq`. */
   readonly subjectPrefix?: string | undefined
@@ -73,7 +77,13 @@ export const destination = (sourceStream: string, consumer: string, options: Opt
   }
 }
 
-/** Creates the dead-letter stream (capturing `<prefix>.<source stream>.>`) unless it exists. */
+/**
+ * Makes sure the dead-letter stream captures `<prefix>.<source stream>.>`: creates it when missing,
+ * otherwise adds that subject when no live subject captures it and brings its limits to `options`.
+ * It never removes a subject, since one dead-letter stream may be shared by several sources (the
+ * same `stream` option) or given extra subjects by an operator. With `create: false` it only
+ * checks that the stream exists.
+ */
 export const ensure = (
   destination: Destination,
   options: Options = {}
@@ -91,6 +101,7 @@ export const ensure = (
     yield* Topology.ensureStream({
       name: destination.stream,
       subjects: [`${prefix}.>`],
+      subjectsMode: "add",
       maxAge: options.maxAge ?? "30 days",
       maxBytes: options.maxBytes ?? 1024 * 1024 * 1024,
       discard: "new",
@@ -175,7 +186,8 @@ const parseJson = (text: string): unknown => {
   }
 }
 
-const fromStored = (stored: StoredMsg): DeadLetterMessage => {
+// `read` gets a `StoredMsg`, `list` a `JsMsg`; both go through this one parser.
+const fromStored = (stored: Pick<StoredMsg, "seq" | "header" | "data">): DeadLetterMessage => {
   const h = stored.header
   const get = (name: string) => h.get(name)
   const originalHeaders: Array<readonly [string, string]> = []
@@ -204,6 +216,10 @@ const fromStored = (stored: StoredMsg): DeadLetterMessage => {
   }
 }
 
+// The payload is copied so it does not keep the connection's whole read chunk alive.
+const fromJsMsg = (msg: JsMsg): DeadLetterMessage =>
+  fromStored({ seq: msg.seq, header: msg.headers ?? makeHeaders(), data: new Uint8Array(msg.data) })
+
 /** Reads one dead-letter message by its sequence in the dead-letter stream. */
 export const read = (
   stream: string,
@@ -226,30 +242,109 @@ export const read = (
     return fromStored(stored)
   })
 
-/** Lists up to `limit` (at most 1000) dead-letter messages, oldest first, from sequence `from`. */
+/** How many dead letters one {@link list} returns at most. */
+const listCap = 1000
+
+/**
+ * Reads the pull once it was sent: stops at the batch, at the stream's last sequence when the
+ * listing started, or when the consumer has nothing more pending (so a dead letter replayed
+ * meanwhile does not make it wait for the pull to expire).
+ */
+const collect = async (
+  messages: ConsumerMessages,
+  batch: number,
+  lastSeq: number,
+  signal: AbortSignal
+): Promise<ReadonlyArray<DeadLetterMessage>> => {
+  const onAbort = () => messages.stop()
+  signal.addEventListener("abort", onAbort, { once: true })
+  const out: Array<DeadLetterMessage> = []
+  try {
+    for await (const msg of messages) {
+      if (msg.seq <= lastSeq) out.push(fromJsMsg(msg))
+      if (out.length >= batch || msg.seq >= lastSeq || msg.info.pending === 0) break
+    }
+    return out
+  } finally {
+    signal.removeEventListener("abort", onAbort)
+    // Unsubscribes the pull's inbox; nothing is left to ack (ack policy none).
+    messages.stop()
+  }
+}
+
+/**
+ * Lists up to `limit` (default 100, at most 1000) dead-letter messages, oldest first, with
+ * sequences from `from` (default: the stream's first) up to the stream's last sequence when the
+ * call starts. A missing stream fails with reason `StreamNotFound`.
+ *
+ * Cost, however many dead letters in the range were replayed (deleted): at most 4 JetStream API
+ * requests — the stream's info, creating an ephemeral consumer starting at `from`, one pull of at
+ * most `limit` messages, and deleting the consumer. An empty range costs the info request only.
+ * Each request is bounded by the connection's API timeout, and so is the pull (plus one more API
+ * timeout as a last resort); if the delete is lost, the consumer removes itself once inactive.
+ */
 export const list = (
   stream: string,
   options: { readonly from?: number | undefined; readonly limit?: number | undefined } = {}
 ): Effect.Effect<ReadonlyArray<DeadLetterMessage>, NatsError.NatsError, NatsConnection> =>
   Effect.gen(function*() {
-    const { manager } = yield* NatsConnection
-    const limit = Math.max(0, Math.min(options.limit ?? 100, 1000))
+    const { manager, jetstream, apiTimeoutMillis } = yield* NatsConnection
+    const operation = `list ${stream}`
+    // Whole numbers for the server (a fractional limit or `from` keeps its old meaning).
+    const limit = Math.max(0, Math.min(Math.ceil(options.limit ?? 100), listCap))
     const info = yield* Effect.tryPromise({
       try: () => manager.streams.info(stream),
-      catch: (error) => NatsError.fromUnknown(`list ${stream}`, error)
+      catch: (error) => NatsError.fromUnknown(operation, error)
     })
-    const out: Array<DeadLetterMessage> = []
-    let seq = Math.max(options.from ?? info.state.first_seq, info.state.first_seq)
-    while (out.length < limit && seq <= info.state.last_seq && info.state.messages > 0) {
-      // next_by_subj style lookups need 2.10; walk sequences and skip deleted ones.
-      const stored = yield* Effect.tryPromise({
-        try: () => manager.streams.getMessage(stream, { seq }),
-        catch: (error) => NatsError.fromUnknown(`list ${stream}`, error)
-      }).pipe(Effect.catchIf((error) => error.code === 10037, () => Effect.succeed(null)))
-      if (stored !== null) out.push(fromStored(stored))
-      seq++
-    }
-    return out
+    const { first_seq: firstSeq, last_seq: lastSeq, messages } = info.state
+    const start = Math.max(Math.ceil(options.from ?? firstSeq), firstSeq)
+    // Negated comparisons so that a `limit` or `from` that is not a number lists nothing, as before.
+    if (!(limit > 0) || messages === 0 || !(start <= lastSeq)) return []
+    // nats.js refuses a pull that expires in under a second.
+    const expires = Math.max(1_000, apiTimeoutMillis)
+    return yield* Effect.scoped(Effect.gen(function*() {
+      // One ephemeral consumer reads the range in a single pull, so deleted sequences cost
+      // nothing (2.9 has no "next message after seq" lookup; direct batch get needs 2.11).
+      const consumer = yield* Effect.acquireRelease(
+        Effect.tryPromise({
+          try: () =>
+            manager.consumers.add(stream, {
+              name: `jw_list_${crypto.randomUUID().replaceAll("-", "")}`,
+              deliver_policy: DeliverPolicy.StartSequence,
+              opt_start_seq: start,
+              ack_policy: AckPolicy.None,
+              mem_storage: true,
+              num_replicas: 1,
+              inactive_threshold: nanos(expires + 2 * apiTimeoutMillis)
+            }),
+          catch: (error) => NatsError.fromUnknown(operation, error)
+        }),
+        (created) => Effect.promise(() => manager.consumers.delete(stream, created.name).catch(() => false))
+      )
+      // What the stream holds from `start` (at creation); more would only wait for the pull to expire.
+      const batch = Math.min(limit, consumer.num_pending)
+      if (batch === 0) return []
+      const pull = yield* Effect.tryPromise({
+        try: () => jetstream.consumers.getConsumerFromInfo(consumer).fetch({ max_messages: batch, expires }),
+        catch: (error) => NatsError.fromUnknown(operation, error)
+      })
+      return yield* Effect.tryPromise({
+        try: (signal) => collect(pull, batch, lastSeq, signal),
+        catch: (error) => NatsError.fromUnknown(operation, error)
+      }).pipe(
+        Effect.timeoutOrElse({
+          duration: Duration.millis(expires + apiTimeoutMillis),
+          orElse: () =>
+            Effect.fail(
+              new NatsError.NatsError({
+                reason: "Timeout",
+                operation,
+                message: `no end of the pull within ${expires + apiTimeoutMillis} ms`
+              })
+            )
+        })
+      )
+    }))
   })
 
 /**

@@ -29,6 +29,14 @@ export interface StreamOptions {
   readonly name: string
   /** The subjects it captures. */
   readonly subjects: ReadonlyArray<string>
+  /**
+   * How `subjects` is applied to an existing stream. `"exact"`: the live subjects become exactly
+   * the declared ones (for a stream this declaration owns). `"add"`: declared subjects that no
+   * live subject already captures are added, and no live subject is ever removed (for a stream
+   * shared with other declarations or operators, such as a shared dead-letter stream).
+   * Default: `"exact"`.
+   */
+  readonly subjectsMode?: "exact" | "add" | undefined
   /** Default: `"file"`. */
   readonly storage?: "file" | "memory" | undefined
   /** `Nats-Msg-Id` deduplication window; must cover the producers' republish horizon. Default: 2 minutes. */
@@ -86,7 +94,36 @@ export const streamConfig = (options: StreamOptions): Partial<StreamConfig> & { 
   num_replicas: options.replicas ?? 1
 })
 
-/** Creates the stream, or updates its mutable settings to the declaration. Returns the live info. */
+/**
+ * Whether subject filter `pattern` captures every subject `subject` can match (NATS wildcards:
+ * `*` one token, `>` one or more trailing tokens).
+ */
+const captures = (pattern: string, subject: string): boolean => {
+  const p = pattern.split(".")
+  const s = subject.split(".")
+  for (let i = 0; i < p.length; i++) {
+    if (p[i] === ">") return s.length > i
+    if (i >= s.length) return false
+    if (p[i] === "*" ? s[i] === ">" : p[i] !== s[i]) return false
+  }
+  return p.length === s.length
+}
+
+/**
+ * The subjects an existing stream should have: the declared ones (`"exact"`), or the live ones
+ * plus each declared subject that no live one captures (`"add"`; the server refuses overlapping
+ * subjects in one stream, so a covered subject must not be added).
+ */
+const wantedSubjects = (options: StreamOptions, live: ReadonlyArray<string>): Array<string> =>
+  options.subjectsMode === "add"
+    ? [...live, ...options.subjects.filter((subject) => !live.some((pattern) => captures(pattern, subject)))]
+    : [...options.subjects]
+
+/**
+ * Creates the stream, or updates its mutable settings to the declaration (its subjects as
+ * `subjectsMode` says; settings the declaration does not cover are left as they are). Returns the
+ * live info.
+ */
 export const ensureStream = (options: StreamOptions): Effect.Effect<StreamInfo, NatsError.NatsError, NatsConnection> =>
   Effect.gen(function*() {
     const operation = `ensure stream ${options.name}`
@@ -102,13 +139,14 @@ export const ensureStream = (options: StreamOptions): Effect.Effect<StreamInfo, 
     if (live.storage !== wanted.storage) {
       return yield* invalid(operation, `stream exists with storage ${live.storage}; it cannot change in place`)
     }
-    const same = JSON.stringify([...live.subjects].sort()) === JSON.stringify([...wanted.subjects!].sort()) &&
+    const subjects = wantedSubjects(options, live.subjects)
+    const same = JSON.stringify([...live.subjects].sort()) === JSON.stringify([...subjects].sort()) &&
       live.duplicate_window === wanted.duplicate_window && live.max_age === wanted.max_age &&
       live.max_bytes === wanted.max_bytes && live.max_msgs === wanted.max_msgs && live.discard === wanted.discard &&
       live.num_replicas === wanted.num_replicas
     if (same) return existing
     const { name: _name, storage: _storage, ...mutable } = wanted
-    return yield* call(operation, () => manager.streams.update(options.name, mutable))
+    return yield* call(operation, () => manager.streams.update(options.name, { ...mutable, subjects }))
   })
 
 /** The server config a consumer declaration stands for. */

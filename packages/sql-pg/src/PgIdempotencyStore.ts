@@ -13,7 +13,9 @@
  *
  * Errors: the effect's own errors pass through unchanged, even `SqlError`s; a failure of the
  * store's own statements (the dedup insert, `BEGIN`, `COMMIT`) becomes core's `IdempotencyError`,
- * classified by the SQL error's reason (`Unavailable`, `Conflict` or `Misconfigured`).
+ * classified by the SQLSTATE PostgreSQL reported: `Unavailable` or `Conflict` (retryable),
+ * `Misconfigured`, or `InvalidData` for data the database rejects (a key it cannot store, a
+ * constraint violated at `COMMIT`), which no retry fixes.
  *
  * It deliberately does not create its table (see `Migrations`), retry, or delete rows on its own:
  * rows stay until {@link purge} removes them, and they must outlive the redelivery horizon.

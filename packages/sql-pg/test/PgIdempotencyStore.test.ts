@@ -1,14 +1,14 @@
 import { assert, describe, it, layer } from "@effect/vitest"
 import { PgClient } from "@effect/sql-pg"
 import { CurrentDelivery } from "@jetworker/core/CurrentDelivery"
-import { IdempotencyError, IdempotencyStore, isDuplicate, type Key } from "@jetworker/core/IdempotencyStore"
+import { commit, IdempotencyError, IdempotencyStore, isDuplicate, type Key } from "@jetworker/core/IdempotencyStore"
 import * as Probe from "@jetworker/core/Probe"
 import { Data, Deferred, Effect, Exit, Fiber, Layer, Option, Redacted, Ref } from "effect"
 import { SqlClient } from "effect/sql"
 import * as SqlErrors from "effect/sql/SqlError"
 import { randomUUID } from "node:crypto"
 import * as TestDatabase from "../../testing/src/TestDatabase.ts"
-import { classify } from "../src/internal/errors.ts"
+import { classify, reasonForSqlState, sqlState, sqlStateReasons } from "../src/internal/errors.ts"
 import * as PgIdempotencyStore from "../src/PgIdempotencyStore.ts"
 import {
   awaitLockWaiters,
@@ -206,6 +206,32 @@ layer(
       assert.strictEqual(yield* ledgerRows(key.id), 0)
     }))
 
+  it.effect("BE-JOB-003: a data error in the store's own statement is permanent, not retried as unavailable", () =>
+    Effect.gen(function*() {
+      const ran = yield* Ref.make(false)
+      // PostgreSQL cannot store a NUL character in a text column: the dedup insert fails with 22021.
+      const error = yield* Effect.flip(commit("a\u0000b", Ref.set(ran, true), { scope: "ledger-applier" }))
+      assert.instanceOf(error, IdempotencyError)
+      assert.strictEqual(error.reason, "InvalidData", error.message)
+      assert.isFalse(error.isRetryable)
+      assert.isFalse(yield* Ref.get(ran))
+    }))
+
+  it.effect("BE-JOB-003: a constraint that fails only at COMMIT is permanent InvalidData and records nothing", () =>
+    Effect.gen(function*() {
+      const sql = yield* SqlClient.SqlClient
+      const store = yield* IdempotencyStore
+      const key = freshKey()
+      // Deferred: the effect's INSERT succeeds, and the store's own COMMIT reports the violation (23505).
+      yield* sql`CREATE TABLE IF NOT EXISTS deferred_note (note text UNIQUE DEFERRABLE INITIALLY DEFERRED)`
+      yield* sql`INSERT INTO deferred_note VALUES (${key.id})`
+      const error = yield* Effect.flip(store.commit(key, sql`INSERT INTO deferred_note VALUES (${key.id})`))
+      assert.instanceOf(error, IdempotencyError)
+      assert.strictEqual((error as IdempotencyError).reason, "InvalidData", error.message)
+      assert.isFalse((error as IdempotencyError).isRetryable)
+      assert.strictEqual(yield* dedupRows(key), 0)
+    }))
+
   it.effect("a missing dedup table is an IdempotencyError Misconfigured that says to run the migrations", () =>
     Effect.gen(function*() {
       const store = yield* PgIdempotencyStore.make({ table: "missing_dedup" })
@@ -371,24 +397,87 @@ describe("PgIdempotencyStore without a reachable database", () => {
 })
 
 describe("PgIdempotencyStore error classification", () => {
+  const dedupTable = "\"jetworker_dedup\""
   const sqlError = (reason: SqlErrors.SqlErrorReason) => new SqlErrors.SqlError({ reason })
-  const withCode = (code: string) => Object.assign(new Error("from PostgreSQL"), { code })
+  // What PgConnection passes to the reason it picks from the SQLSTATE: the server's fields on an Error.
+  const reported = (code: string, fields: Readonly<Record<string, string>> = {}) => ({
+    cause: Object.assign(new Error(`server error ${code}`), { code, ...fields }),
+    message: "PgConnection: Query failed",
+    operation: "query"
+  })
+  const retryable: ReadonlyArray<IdempotencyError["reason"]> = ["Unavailable", "Conflict"]
 
-  it("maps each SQL error reason of the store's own statements to an IdempotencyError reason", () => {
+  it("maps one SQLSTATE of every class in the table, as the driver reports it, to its reason", () => {
+    // Each reason class is the one @effect/sql-pg's classifySqlState picks for that code.
     const cases: ReadonlyArray<readonly [SqlErrors.SqlErrorReason, IdempotencyError["reason"]]> = [
+      [new SqlErrors.ConnectionError(reported("08006")), "Unavailable"],
+      [new SqlErrors.UnknownError(reported("53300")), "Unavailable"],
+      [new SqlErrors.UnknownError(reported("57P01")), "Unavailable"],
+      [new SqlErrors.UnknownError(reported("58030")), "Unavailable"],
+      [new SqlErrors.SerializationError(reported("40001")), "Conflict"],
+      [new SqlErrors.DeadlockError(reported("40P01")), "Conflict"],
+      [new SqlErrors.UnknownError(reported("40003")), "Conflict"],
+      [new SqlErrors.LockTimeoutError(reported("55P03")), "Conflict"],
+      [new SqlErrors.StatementTimeoutError(reported("57014")), "Conflict"],
+      [new SqlErrors.SqlSyntaxError(reported("42703")), "Misconfigured"],
+      [new SqlErrors.SqlSyntaxError(reported("42P01")), "Misconfigured"],
+      [new SqlErrors.AuthorizationError(reported("42501")), "Misconfigured"],
+      [new SqlErrors.UnknownError(reported("3F000")), "Misconfigured"],
+      [new SqlErrors.UnknownError(reported("22021")), "InvalidData"],
+      [new SqlErrors.UnknownError(reported("22P02")), "InvalidData"],
+      [new SqlErrors.ConstraintError(reported("23502")), "InvalidData"],
+      [
+        new SqlErrors.UniqueViolation({
+          ...reported("23505", { table: "ledger", constraint: "ledger_pkey" }),
+          constraint: "ledger_pkey"
+        }),
+        "InvalidData"
+      ],
+      // A unique violation on the dedup key: a concurrent commit recorded it; a retry is a duplicate.
+      [
+        new SqlErrors.UniqueViolation({
+          ...reported("23505", { table: "jetworker_dedup", constraint: "jetworker_dedup_pkey" }),
+          constraint: "jetworker_dedup_pkey"
+        }),
+        "Conflict"
+      ],
+      // Classes outside the table stay Unavailable.
+      [new SqlErrors.AuthenticationError(reported("28P01")), "Unavailable"],
+      [new SqlErrors.UnknownError(reported("25P02")), "Unavailable"],
+      [new SqlErrors.UnknownError(reported("XX000")), "Unavailable"],
+      // Without a SQLSTATE (the client's own errors) the reason's tag decides.
       [new SqlErrors.ConnectionError({ cause: new Error("ECONNRESET") }), "Unavailable"],
-      [new SqlErrors.DeadlockError({ cause: withCode("40P01") }), "Conflict"],
-      [new SqlErrors.SerializationError({ cause: withCode("40001") }), "Conflict"],
-      [new SqlErrors.LockTimeoutError({ cause: withCode("55P03") }), "Conflict"],
-      [new SqlErrors.StatementTimeoutError({ cause: withCode("57014") }), "Conflict"],
-      [new SqlErrors.SqlSyntaxError({ cause: withCode("42703") }), "Misconfigured"],
-      [new SqlErrors.UnknownError({ cause: withCode("42P01") }), "Misconfigured"],
-      [new SqlErrors.UnknownError({ cause: new Error("COMMIT rolled back an aborted transaction") }), "Unavailable"],
-      [new SqlErrors.AuthenticationError({ cause: withCode("28P01") }), "Unavailable"],
-      [new SqlErrors.ConstraintError({ cause: withCode("23502") }), "Unavailable"]
+      [new SqlErrors.UnknownError({ cause: new Error("COMMIT rolled back an aborted transaction") }), "Unavailable"]
     ]
     for (const [reason, expected] of cases) {
-      assert.strictEqual(classify(sqlError(reason), "\"jetworker_dedup\"").reason, expected, reason._tag)
+      const code = sqlState(sqlError(reason)) ?? "none"
+      const error = classify(sqlError(reason), dedupTable)
+      assert.strictEqual(error.reason, expected, `${reason._tag} ${code}`)
+      assert.strictEqual(error.isRetryable, retryable.includes(expected), `${reason._tag} ${code}`)
+      if (code !== "none") assert.include(error.message, `SQLSTATE ${code}`)
     }
+  })
+
+  it("a unique violation on a same-named table of another schema is not the dedup key", () => {
+    const reason = new SqlErrors.UniqueViolation({
+      ...reported("23505", { schema: "other", table: "jetworker_dedup" }),
+      constraint: "jetworker_dedup_pkey"
+    })
+    assert.strictEqual(classify(sqlError(reason), "\"mine\".\"jetworker_dedup\"").reason, "InvalidData")
+    const own = new SqlErrors.UniqueViolation({
+      ...reported("23505", { schema: "mine", table: "jetworker_dedup" }),
+      constraint: "jetworker_dedup_pkey"
+    })
+    assert.strictEqual(classify(sqlError(own), "\"mine\".\"jetworker_dedup\"").reason, "Conflict")
+  })
+
+  it("a code's entry wins over its class's, and the table holds only classes and codes", () => {
+    assert.strictEqual(reasonForSqlState("57014"), "Conflict")
+    assert.strictEqual(reasonForSqlState("57P03"), "Unavailable")
+    assert.strictEqual(reasonForSqlState("55P03"), "Conflict")
+    assert.strictEqual(reasonForSqlState("55006"), "Unavailable")
+    // A mistyped key would silently match nothing.
+    for (const [key] of sqlStateReasons) assert.match(key, /^[0-9A-Z]{2}([0-9A-Z]{3})?$/, key)
+    assert.strictEqual(new Set(sqlStateReasons.map(([key]) => key)).size, sqlStateReasons.length)
   })
 })

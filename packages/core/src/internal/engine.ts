@@ -42,6 +42,7 @@ export interface Definition<in out A, in out E extends Tagged, out R> {
   readonly skewMillis: number
   readonly expiredTo: "Ack" | "DeadLetter"
   readonly onOutcome: ((outcome: Outcome.Outcome) => Effect.Effect<void>) | undefined
+  readonly onOutcomeTimeout: Duration.Duration
 }
 
 /** A handler attempt that ran past `handlerTimeout`; transient. */
@@ -140,7 +141,9 @@ const makeProcess = <A, E extends Tagged, R>(
   }
 
   const attempt = (event: A, delivery: Delivery, eventId: string) =>
-    definition.handle(event).pipe(
+    // Suspended: a handler that throws instead of returning an Effect fails its attempt as a
+    // defect (transient) rather than killing the delivery's fiber.
+    Effect.suspend(() => definition.handle(event)).pipe(
       Effect.timeoutOrElse({
         duration: definition.handlerTimeout,
         orElse: () =>
@@ -157,6 +160,45 @@ const makeProcess = <A, E extends Tagged, R>(
         subject: delivery.subject,
         sequence: delivery.sequence
       })
+    )
+
+  // User code: it may throw, or give no usable id; either rejects the message with the cause.
+  const readMetadata = (event: A): Result.Result<Metadata, ErrorSummary.ErrorSummary> => {
+    let metadata: Metadata
+    try {
+      metadata = definition.metadata(event)
+    } catch (error) {
+      return Result.fail(ErrorSummary.fromError(error, "Defect"))
+    }
+    if (typeof metadata !== "object" || metadata === null || typeof metadata.id !== "string" || metadata.id === "") {
+      return Result.fail(
+        ErrorSummary.make("MetadataInvalid", "the consumer's metadata gave no event id (a non-empty string)")
+      )
+    }
+    return Result.succeed(metadata)
+  }
+
+  // The safety net: a defect anywhere on the per-delivery path outside the handler (a probe, a
+  // source) still ends the delivery in an outcome, dead-lettered with the cause.
+  const judgeSafely = (
+    delivery: Delivery,
+    receivedAt: number,
+    restore: <X, Y, Z>(effect: Effect.Effect<X, Y, Z>) => Effect.Effect<X, Y, Z>
+  ): Effect.Effect<Verdict, never, R> =>
+    judge(delivery, receivedAt, restore).pipe(
+      Effect.catchCause((cause) =>
+        Effect.succeed(Outcome.verdict("DeadLettered", {
+          message: {
+            consumer: definition.name,
+            subject: delivery.subject,
+            sequence: delivery.sequence,
+            deliveryCount: delivery.deliveryCount,
+            eventId: undefined
+          },
+          reason: "Defect",
+          error: ErrorSummary.fromCause(cause)
+        }))
+      )
     )
 
   const judge = (
@@ -177,7 +219,11 @@ const makeProcess = <A, E extends Tagged, R>(
         return Outcome.verdict("Rejected", { message: ref, reason: decoded.failure.reason, error: decoded.failure.error })
       }
       const event = decoded.success
-      const metadata = definition.metadata(event)
+      const read = readMetadata(event)
+      if (Result.isFailure(read)) {
+        return Outcome.verdict("Rejected", { message: ref, reason: "MetadataInvalid", error: read.failure })
+      }
+      const metadata = read.success
       const message = { ...ref, eventId: metadata.id }
       // Compared in epoch milliseconds: a DateTime is built only for an expired event.
       const nowMillis = yield* Clock.currentTimeMillis
@@ -240,7 +286,7 @@ const makeProcess = <A, E extends Tagged, R>(
         const receivedAt = yield* Clock.currentTimeMillis
         yield* Metric.update(inFlightGauge, ++running)
         if (delivery.deliveryCount > 1) yield* Metric.update(redeliveries, 1)
-        const verdict = yield* judge(delivery, receivedAt, restore)
+        const verdict = yield* judgeSafely(delivery, receivedAt, restore)
         // `now` only stamps dead-letter records; skip building a DateTime for the other outcomes.
         const now = verdict._tag === "Committed" || verdict._tag === "Duplicate" || verdict._tag === "Released"
           ? EPOCH
@@ -280,7 +326,16 @@ const makeProcess = <A, E extends Tagged, R>(
         yield* Effect.annotateCurrentSpan(spanAttributes(outcome))
         yield* logOutcome(outcome)
         if (definition.onOutcome !== undefined) {
-          yield* definition.onOutcome(outcome).pipe(Effect.catchCause(() => Effect.void))
+          const onOutcome = definition.onOutcome
+          yield* Effect.suspend(() => onOutcome(outcome)).pipe(
+            // Interruptible, so the bound holds even though settlement itself is not.
+            Effect.interruptible,
+            Effect.timeoutOrElse({
+              duration: definition.onOutcomeTimeout,
+              orElse: () => Effect.logWarning(`onOutcome ran longer than ${Duration.format(definition.onOutcomeTimeout)}; cut`)
+            }),
+            Effect.catchCause((cause) => Effect.logWarning("onOutcome failed", ErrorSummary.fromCause(cause)))
+          )
         }
       })
     )

@@ -1,0 +1,123 @@
+import { assert, describe, layer } from "@effect/vitest"
+import { DeadLetter, NatsConnection, Publisher } from "@jetworker/nats"
+import { TestStream } from "@jetworker/testing"
+import { Duration, Effect } from "effect"
+
+const NatsLive = NatsConnection.layer({
+  servers: process.env.NATS_URL ?? "nats://127.0.0.1:4222",
+  name: "jetworker-test-deadletter"
+})
+
+const encoder = new TextEncoder()
+
+const uniqueId = () => crypto.randomUUID().replaceAll("-", "").slice(0, 12)
+
+/**
+ * Two throw-away source streams dead-lettering into one shared dead-letter stream. The subject
+ * prefix is unique too: the server refuses overlapping subjects across streams, and other test
+ * files create dead-letter streams under the default prefix at the same time.
+ */
+const sharedDeadLetter = Effect.gen(function*() {
+  const { manager } = yield* NatsConnection.NatsConnection
+  const id = uniqueId()
+  const stream = `DLQ_SHARED_${id}`
+  const subjectPrefix = `dlq_${id}`
+  const options: DeadLetter.Options = { stream, subjectPrefix }
+  const a = yield* TestStream.make({ prefix: "SRC_A" })
+  const b = yield* TestStream.make({ prefix: "SRC_B" })
+  yield* Effect.addFinalizer(() =>
+    Effect.promise(() => manager.streams.delete(stream).catch(() => false)).pipe(
+      Effect.timeoutOption(Duration.seconds(5))
+    )
+  )
+  return {
+    options,
+    stream,
+    subjectPrefix,
+    a: DeadLetter.destination(a.stream, a.consumer, options),
+    b: DeadLetter.destination(b.stream, b.consumer, options),
+    capture: (source: string) => `${subjectPrefix}.${source}.>`
+  }
+})
+
+/** The live config of `stream`. */
+const liveConfig = (stream: string) =>
+  Effect.gen(function*() {
+    const { manager } = yield* NatsConnection.NatsConnection
+    const info = yield* Effect.promise(() => manager.streams.info(stream))
+    return info.config
+  })
+
+/** The live subjects of `stream`. */
+const liveSubjects = (stream: string) => Effect.map(liveConfig(stream), (config) => config.subjects)
+
+/** Publishes to `destination` (confirmed by its stream) and returns the stored message's subject. */
+const publishAndRead = (destination: DeadLetter.Destination, msgId: string) =>
+  Effect.gen(function*() {
+    const { manager } = yield* NatsConnection.NatsConnection
+    const ack = yield* Publisher.publish(destination.subject, encoder.encode(msgId), {
+      msgId,
+      stream: destination.stream,
+      attempts: 1
+    })
+    const stored = yield* Effect.promise(() => manager.streams.getMessage(destination.stream, { seq: ack.seq }))
+    return stored?.subject
+  })
+
+describe("DeadLetter", () => {
+  layer(NatsLive, { excludeTestServices: true })((it) => {
+    it.effect("BE-JOB-003: a dead-letter stream shared by two sources keeps both sources' subjects", () =>
+      Effect.gen(function*() {
+        const shared = yield* sharedDeadLetter
+        yield* DeadLetter.ensure(shared.a, shared.options)
+        yield* DeadLetter.ensure(shared.b, shared.options)
+        // A source restarting must not take the other source's subject away again.
+        yield* DeadLetter.ensure(shared.a, shared.options)
+
+        const subjects = yield* liveSubjects(shared.stream)
+        assert.includeMembers(subjects, [shared.capture(shared.a.sourceStream), shared.capture(shared.b.sourceStream)])
+        assert.strictEqual(yield* publishAndRead(shared.a, "a-1"), shared.a.subject)
+        assert.strictEqual(yield* publishAndRead(shared.b, "b-1"), shared.b.subject)
+      }))
+
+    it.effect("BE-JOB-003: a subject an operator added to a shared dead-letter stream survives an ensure", () =>
+      Effect.gen(function*() {
+        const shared = yield* sharedDeadLetter
+        const { manager } = yield* NatsConnection.NatsConnection
+        yield* DeadLetter.ensure(shared.a, shared.options)
+        const manual = `${shared.subjectPrefix}_ops.manual.>`
+        const before = yield* liveSubjects(shared.stream)
+        yield* Effect.promise(() =>
+          manager.streams.update(shared.stream, { subjects: [...before, manual], description: "kept by ops" })
+        )
+
+        yield* DeadLetter.ensure(shared.a, shared.options)
+        yield* DeadLetter.ensure(shared.b, shared.options)
+
+        const subjects = yield* liveSubjects(shared.stream)
+        assert.includeMembers(subjects, [
+          manual,
+          shared.capture(shared.a.sourceStream),
+          shared.capture(shared.b.sourceStream)
+        ])
+        assert.strictEqual(subjects.length, 3)
+        // Adding B's subject updated the stream; what the declaration does not cover stays.
+        assert.strictEqual((yield* liveConfig(shared.stream)).description, "kept by ops")
+      }))
+
+    it.effect("BE-JOB-003: a broader subject already on the shared stream counts as capturing the source's subject", () =>
+      Effect.gen(function*() {
+        const shared = yield* sharedDeadLetter
+        const { manager } = yield* NatsConnection.NatsConnection
+        yield* DeadLetter.ensure(shared.a, shared.options)
+        // The server refuses overlapping subjects in one stream, so adding the narrower one would fail.
+        const broad = `${shared.subjectPrefix}.>`
+        yield* Effect.promise(() => manager.streams.update(shared.stream, { subjects: [broad] }))
+
+        yield* DeadLetter.ensure(shared.b, shared.options)
+
+        assert.deepStrictEqual(yield* liveSubjects(shared.stream), [broad])
+        assert.strictEqual(yield* publishAndRead(shared.b, "b-1"), shared.b.subject)
+      }))
+  })
+})
