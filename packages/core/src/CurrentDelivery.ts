@@ -2,11 +2,19 @@
  * The delivery a handler is running for, as a service the engine provides to each handler run:
  * the consumer name (the deduplication scope), the event id, the attempt and the message's place
  * in the broker. Handlers read it for logging or to pass ids on; the idempotency store reads it
- * for its key.
+ * for its key and reports through it what happened to the delivery's effect, so the outcome says
+ * what happened whatever the handler returns.
  *
  * @since 0.1.0
  */
-import { Context } from "effect"
+import { Context, Effect } from "effect"
+
+/**
+ * What an idempotency store found for the delivery's own key: `AlreadyCommitted` (an earlier
+ * delivery committed this event: the outcome is `Duplicate`), or `Committed` (the effect's
+ * transaction committed, reported after `COMMIT` even if the handler was interrupted meanwhile).
+ */
+export type Report = "AlreadyCommitted" | "Committed"
 
 /** What a running handler knows about its delivery. */
 export interface Info {
@@ -22,7 +30,20 @@ export interface Info {
   readonly subject: string
   /** The broker's position of the message. */
   readonly sequence: number
+  /** Tells the engine what happened to this delivery's effect (see {@link Report}); for stores. */
+  readonly report: (report: Report) => void
 }
 
 /** The delivery the current handler runs for. */
 export class CurrentDelivery extends Context.Service<CurrentDelivery, Info>()("@jetworker/core/CurrentDelivery") {}
+
+/**
+ * Reports `report` for the delivery being handled, when `key` is its own (the consumer's scope and
+ * the event's id); a commit of another key, or no delivery at all, reports nothing.
+ */
+export const reportFor = (key: { readonly scope: string; readonly id: string }, report: Report): Effect.Effect<void> =>
+  Effect.map(Effect.serviceOption(CurrentDelivery), (current) => {
+    if (current._tag === "Some" && current.value.consumer === key.scope && current.value.eventId === key.id) {
+      current.value.report(report)
+    }
+  })

@@ -10,7 +10,7 @@
  * @since 0.1.0
  */
 import { Context, Data, Effect, Option } from "effect"
-import { CurrentDelivery } from "./CurrentDelivery.ts"
+import { CurrentDelivery, reportFor } from "./CurrentDelivery.ts"
 
 /** The deduplication key: a scope (the consumer name) and the event's stable id. */
 export interface Key {
@@ -18,21 +18,36 @@ export interface Key {
   readonly id: string
 }
 
-const DuplicateTypeId: unique symbol = Symbol.for("@jetworker/core/IdempotencyStore/Duplicate")
+const AlreadyCommittedTypeId: unique symbol = Symbol.for("@jetworker/core/IdempotencyStore/AlreadyCommitted")
 
-/** The result of a commit when the key was already committed: nothing was done. */
-export interface Duplicate {
-  readonly [DuplicateTypeId]: typeof DuplicateTypeId
-  readonly _tag: "Duplicate"
+/**
+ * The result of a commit when the key was already committed: nothing was done. The engine learns
+ * it from the store's report (`CurrentDelivery.report`), not from this value, so a handler may map
+ * or discard it and the outcome is still `Duplicate`.
+ */
+export interface AlreadyCommitted {
+  readonly [AlreadyCommittedTypeId]: typeof AlreadyCommittedTypeId
+  readonly _tag: "AlreadyCommitted"
   readonly key: Key
 }
 
-/** Whether a handler's result says "this was a duplicate" (so the outcome is `Duplicate`). */
-export const isDuplicate = (value: unknown): value is Duplicate =>
-  typeof value === "object" && value !== null && DuplicateTypeId in value
+/** Whether a commit's result says "already committed: nothing was done". */
+export const isAlreadyCommitted = (value: unknown): value is AlreadyCommitted =>
+  typeof value === "object" && value !== null && AlreadyCommittedTypeId in value
 
-/** Builds the {@link Duplicate} marker. */
-export const duplicate = (key: Key): Duplicate => ({ [DuplicateTypeId]: DuplicateTypeId, _tag: "Duplicate", key })
+/** Builds the {@link AlreadyCommitted} marker. */
+export const alreadyCommitted = (key: Key): AlreadyCommitted => ({
+  [AlreadyCommittedTypeId]: AlreadyCommittedTypeId,
+  _tag: "AlreadyCommitted",
+  key
+})
+
+/** @deprecated Renamed {@link AlreadyCommitted} (the outcome is `Duplicate`; this is the store's result). */
+export type Duplicate = AlreadyCommitted
+/** @deprecated Renamed {@link isAlreadyCommitted}. */
+export const isDuplicate: (value: unknown) => value is AlreadyCommitted = isAlreadyCommitted
+/** @deprecated Renamed {@link alreadyCommitted}. */
+export const duplicate: (key: Key) => AlreadyCommitted = alreadyCommitted
 
 /** Why the store could not decide or commit. */
 export class IdempotencyError extends Data.TaggedError("IdempotencyError")<{
@@ -57,12 +72,14 @@ export class IdempotencyError extends Data.TaggedError("IdempotencyError")<{
 export class IdempotencyStore extends Context.Service<IdempotencyStore, {
   /**
    * Runs `effect` and records `key` in one atomic commit, or does nothing and returns
-   * {@link Duplicate} when `key` is already recorded. A concurrent commit of the same key waits
+   * {@link AlreadyCommitted} when `key` is already recorded. A store reports both to the current
+   * delivery (`CurrentDelivery.reportFor`): `AlreadyCommitted` when it finds the key, `Committed`
+   * once the transaction's `COMMIT` succeeded (even if the fiber was interrupted meanwhile). A concurrent commit of the same key waits
    * for the other to finish: it is a duplicate when the other commits, and proceeds when the
    * other rolls back. When `effect` fails, or the commit does, nothing is recorded.
    */
   readonly commit: <A, E, R>(key: Key, effect: Effect.Effect<A, E, R>) => Effect.Effect<
-    A | Duplicate,
+    A | AlreadyCommitted,
     E | IdempotencyError,
     R
   >
@@ -73,14 +90,14 @@ export class IdempotencyStore extends Context.Service<IdempotencyStore, {
 /**
  * Runs `effect` at most once per event: `effect` and the deduplication row for `id` commit
  * together. The scope is the current delivery's consumer name unless `scope` is given.
- * Returns the effect's value, or {@link Duplicate} when this event was already committed; the
- * engine turns the latter into the `Duplicate` outcome.
+ * Returns the effect's value, or {@link AlreadyCommitted} when this event was already committed;
+ * either way the engine learns it from the store's report, so the handler may discard the result.
  */
 export const commit = <A, E, R>(
   id: string,
   effect: Effect.Effect<A, E, R>,
   options?: { readonly scope?: string | undefined }
-): Effect.Effect<A | Duplicate, E | IdempotencyError, R | IdempotencyStore> =>
+): Effect.Effect<A | AlreadyCommitted, E | IdempotencyError, R | IdempotencyStore> =>
   Effect.gen(function*() {
     const store = yield* IdempotencyStore
     let scope = options?.scope
@@ -94,5 +111,9 @@ export const commit = <A, E, R>(
       }
       scope = current.value.consumer
     }
-    return yield* store.commit({ scope, id }, effect)
+    const key = { scope, id }
+    const result = yield* store.commit(key, effect)
+    // Any store's "already committed" reaches the engine, even one that does not report it itself.
+    if (isAlreadyCommitted(result)) yield* reportFor(key, "AlreadyCommitted")
+    return result
   })

@@ -6,7 +6,7 @@
  *
  * | outcome      | broker command                         | effect committed?      |
  * |--------------|----------------------------------------|------------------------|
- * | Committed    | Ack (confirmed)                        | yes, exactly once      |
+ * | Committed    | Ack (confirmed); Leave if ack withheld | yes, exactly once      |
  * | Duplicate    | Ack                                    | no (it already was)    |
  * | Expired      | Ack, or DeadLetter when so configured  | no                     |
  * | Rejected     | DeadLetter (publish, then term)        | no                     |
@@ -66,9 +66,15 @@ export type ReleaseReason =
 
 /** Every variant of {@link Outcome}, each with what an operator needs. */
 export type Outcome = Data.TaggedEnum<{
-  /** The handler's effects are committed; the message was acked. */
+  /** The handler's effects are committed; the message was acked (unless `ackWithheld` says why not). */
   Committed: {
     readonly message: MessageRef
+    /**
+     * Why no ack was sent although the effect committed: the handler was interrupted while its
+     * `COMMIT` ran (`Interrupted`: shutdown; `LeaseLost`: another consumer may own the message).
+     * The redelivery settles as `Duplicate`. Absent when the ack was sent.
+     */
+    readonly ackWithheld?: "Interrupted" | "LeaseLost" | undefined
     /** Whether the server confirmed the ack; if not, expect a harmless `Duplicate` later. */
     readonly confirmed: boolean
     /** Wall time from receipt to settlement, in milliseconds. */
@@ -187,6 +193,7 @@ export const toCommand = (
 ): Command => {
   switch (outcome._tag) {
     case "Committed":
+      return outcome.ackWithheld === undefined ? Command.Ack() : Command.Leave()
     case "Duplicate":
       return Command.Ack()
     case "Expired":
@@ -218,6 +225,9 @@ export const describe = (outcome: Outcome): string => {
     (outcome.message.eventId === undefined ? "" : ` (${outcome.message.eventId})`)
   switch (outcome._tag) {
     case "Committed":
+      return outcome.ackWithheld !== undefined
+        ? `Committed ${ref}, ack withheld (${outcome.ackWithheld}): the redelivery will be a Duplicate`
+        : `Committed ${ref}${outcome.confirmed ? "" : ", ack unconfirmed"}`
     case "Duplicate":
       return `${outcome._tag} ${ref}${outcome.confirmed ? "" : ", ack unconfirmed"}`
     case "Expired":

@@ -16,6 +16,14 @@ const expiresAt = DateTime.makeUnsafe(Date.parse("2026-11-30T11:59:00.000Z"))
 /** One verdict of every kind (and every reason that changes the command). */
 const verdicts = {
   committed: Outcome.verdict("Committed", { message }),
+  committedAckWithheld: Outcome.verdict("Committed", { message, ackWithheld: "Interrupted" }),
+  committedLeaseLost: Outcome.verdict("Committed", { message, ackWithheld: "LeaseLost" }),
+  rejectedMetadata: Outcome.verdict("Rejected", {
+    message: { ...message, eventId: undefined },
+    reason: "MetadataInvalid",
+    error: ErrorSummary.make("MetadataInvalid", "the consumer's metadata gave no event id (a non-empty string)")
+  }),
+  defect: Outcome.verdict("DeadLettered", { message, reason: "Defect", error }),
   duplicate: Outcome.verdict("Duplicate", { message }),
   expired: Outcome.verdict("Expired", { message, expiresAt, detectedAt: now, stage: "BeforeHandler" }),
   rejectedMalformed: Outcome.verdict("Rejected", {
@@ -49,6 +57,10 @@ describe("Outcome", () => {
     Effect.sync(() => {
       const table: ReadonlyArray<readonly [Outcome.Verdict, "Ack" | "DeadLetter", Outcome.Command["_tag"]]> = [
         [verdicts.committed, "Ack", "Ack"],
+        [verdicts.committedAckWithheld, "Ack", "Leave"],
+        [verdicts.committedLeaseLost, "Ack", "Leave"],
+        [verdicts.rejectedMetadata, "Ack", "DeadLetter"],
+        [verdicts.defect, "Ack", "DeadLetter"],
         [verdicts.duplicate, "Ack", "Ack"],
         [verdicts.expired, "Ack", "Ack"],
         [verdicts.expired, "DeadLetter", "DeadLetter"],

@@ -24,8 +24,8 @@
  */
 import * as CurrentDelivery from "@jetworker/core/CurrentDelivery"
 import {
-  duplicate,
-  type Duplicate,
+  alreadyCommitted,
+  type AlreadyCommitted,
   IdempotencyError,
   IdempotencyStore,
   type Key
@@ -82,15 +82,22 @@ export const make: (options?: Options) => Effect.Effect<
   const commit = <A, E, R>(
     key: Key,
     effect: Effect.Effect<A, E, R>
-  ): Effect.Effect<A | Duplicate, E | IdempotencyError, R> => {
+  ): Effect.Effect<A | AlreadyCommitted, E | IdempotencyError, R> => {
     const protectedEffect: Effect.Effect<A, UserFailure<E>, R> = effect.pipe(
       Effect.mapError(box),
       Effect.tap(() => beforeCommit(key))
     )
     const attempt = Effect.flatMap(
       sql.unsafe<{ readonly inserted: boolean }>(insertText, [key.scope, key.id]),
-      (rows): Effect.Effect<A | Duplicate, UserFailure<E>, R> =>
-        rows.length === 0 ? Effect.succeed(duplicate(key)) : protectedEffect
+      (rows): Effect.Effect<A | AlreadyCommitted, UserFailure<E>, R> =>
+        rows.length === 0
+          ? Effect.as(CurrentDelivery.reportFor(key, "AlreadyCommitted"), alreadyCommitted(key))
+          : Effect.andThen(
+            // Runs after the outermost COMMIT succeeded, even if the fiber was interrupted while
+            // it ran: the engine then reports the truth (committed), not a rollback.
+            sql.afterCommit(CurrentDelivery.reportFor(key, "Committed")),
+            protectedEffect
+          )
     )
     return Effect.mapError(sql.withTransaction(attempt), toStoreError)
   }

@@ -303,7 +303,8 @@ layer(
           attempt: 1,
           attempts: 3,
           subject: "ledger.transfer",
-          sequence: 42
+          sequence: 42,
+          report: () => undefined
         }),
         Effect.provideService(Probe.Probe, probe)
       )

@@ -10,7 +10,7 @@ import { CurrentDelivery } from "../CurrentDelivery.ts"
 import type { Delivery } from "../Delivery.ts"
 import { isExpired, type Metadata } from "../Envelope.ts"
 import * as ErrorSummary from "../ErrorSummary.ts"
-import { isDuplicate } from "../IdempotencyStore.ts"
+import { isAlreadyCommitted } from "../IdempotencyStore.ts"
 import * as Lifecycle from "../Lifecycle.ts"
 import * as Outcome from "../Outcome.ts"
 import * as Probe from "../Probe.ts"
@@ -43,6 +43,12 @@ export interface Definition<in out A, in out E extends Tagged, out R> {
   readonly expiredTo: "Ack" | "DeadLetter"
   readonly onOutcome: ((outcome: Outcome.Outcome) => Effect.Effect<void>) | undefined
   readonly onOutcomeTimeout: Duration.Duration
+}
+
+/** What the idempotency store reported about one delivery's effect (through `CurrentDelivery`). */
+interface Reports {
+  committed: boolean
+  alreadyCommitted: boolean
 }
 
 /** A handler attempt that ran past `handlerTimeout`; transient. */
@@ -140,7 +146,7 @@ const makeProcess = <A, E extends Tagged, R>(
     }
   }
 
-  const attempt = (event: A, delivery: Delivery, eventId: string) =>
+  const attempt = (event: A, delivery: Delivery, eventId: string, reports: Reports) =>
     // Suspended: a handler that throws instead of returning an Effect fails its attempt as a
     // defect (transient) rather than killing the delivery's fiber.
     Effect.suspend(() => definition.handle(event)).pipe(
@@ -158,7 +164,11 @@ const makeProcess = <A, E extends Tagged, R>(
         attempt: delivery.deliveryCount,
         attempts: definition.retry.attempts,
         subject: delivery.subject,
-        sequence: delivery.sequence
+        sequence: delivery.sequence,
+        report: (report) => {
+          if (report === "Committed") reports.committed = true
+          else reports.alreadyCommitted = true
+        }
       })
     )
 
@@ -248,13 +258,26 @@ const makeProcess = <A, E extends Tagged, R>(
       }
       yield* Probe.hit({ point: "received", consumer: definition.name, sequence: delivery.sequence, eventId: metadata.id })
       const held = keeper.register(delivery, receivedAt, yield* Effect.fiber)
-      const exit = yield* Effect.exit(restore(attempt(event, delivery, metadata.id)))
+      // What the store reports about this delivery's effect, whatever the handler returns.
+      const reports: Reports = { committed: false, alreadyCommitted: false }
+      const exit = yield* Effect.exit(restore(attempt(event, delivery, metadata.id, reports)))
       keeper.unregister(held)
       yield* Metric.update(handlerDuration, (yield* Clock.currentTimeMillis) - receivedAt)
+      const afterCommit = Probe.hit({ point: "after-commit", consumer: definition.name, sequence: delivery.sequence, eventId: metadata.id })
       if (Exit.isSuccess(exit)) {
-        if (isDuplicate(exit.value)) return Outcome.verdict("Duplicate", { message })
-        yield* Probe.hit({ point: "after-commit", consumer: definition.name, sequence: delivery.sequence, eventId: metadata.id })
+        // A store that reports nothing (called directly, not through `IdempotencyStore.commit`)
+        // still says so in its result.
+        if ((reports.alreadyCommitted || isAlreadyCommitted(exit.value)) && !reports.committed) {
+          return Outcome.verdict("Duplicate", { message })
+        }
+        yield* afterCommit
         return Outcome.verdict("Committed", { message })
+      }
+      if (reports.committed && Cause.hasInterruptsOnly(exit.cause)) {
+        // Interrupted while COMMIT ran: the effect is committed. Say so, and leave the ack to the
+        // redelivery (a Duplicate): a lost lease forbids it, and shutdown is past its drain.
+        yield* afterCommit
+        return Outcome.verdict("Committed", { message, ackWithheld: held.lost ? "LeaseLost" : "Interrupted" })
       }
       const error = ErrorSummary.fromCause(exit.cause)
       const failure = Cause.findErrorOption(exit.cause)
@@ -297,7 +320,9 @@ const makeProcess = <A, E extends Tagged, R>(
         if (command._tag !== "Leave") {
           yield* Metric.update(settleLatency[command._tag], (yield* Clock.currentTimeMillis) - commandStart)
         }
-        let outcome = finish(verdict, sent, (yield* Clock.currentTimeMillis) - receivedAt)
+        // A withheld ack is not a confirmed one, although saying nothing always "succeeds".
+        const confirmed = sent && !(verdict._tag === "Committed" && verdict.ackWithheld !== undefined)
+        let outcome = finish(verdict, confirmed, (yield* Clock.currentTimeMillis) - receivedAt)
         if (command._tag === "DeadLetter" && !sent) {
           // Not terminated, so not lost: ask for a later redelivery, which dead-letters it again.
           const retryIn = yield* Retry.delayAfter(definition.retry, delivery.deliveryCount)
