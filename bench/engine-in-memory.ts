@@ -52,6 +52,7 @@ const engine = Effect.gen(function*() {
     open: () =>
       Effect.succeed({
         lease: Duration.seconds(30),
+        maxDeliver: undefined,
         take: Effect.sync(() => delivery(++sequence)),
         close: Effect.void
       })

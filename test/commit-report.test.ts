@@ -84,12 +84,13 @@ describe("the store reports to the engine", () => {
         })))
         const id = `commit-${crypto.randomUUID()}`
         yield* stream.publish("a", payload(id), id)
-        // Wait for the COMMIT to be running on the server, then shut the consumer down.
+        // Wait for this COMMIT to be running on the server (sleeping in the deferred trigger: other
+        // test files commit on the same database), then shut the consumer down.
         yield* Eventually.holds(
           "the COMMIT is in flight",
           sql<{ readonly n: number }>`
             SELECT count(*)::int AS n FROM pg_stat_activity
-            WHERE state = 'active' AND query = 'COMMIT' AND pid <> pg_backend_pid()`.pipe(Effect.map((rows) => (rows[0]?.n ?? 0) > 0)),
+            WHERE state = 'active' AND query = 'COMMIT' AND wait_event = 'PgSleep' AND pid <> pg_backend_pid()`.pipe(Effect.map((rows) => (rows[0]?.n ?? 0) > 0)),
           "10 seconds"
         )
         yield* Fiber.interrupt(fiber)

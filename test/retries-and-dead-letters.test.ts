@@ -135,6 +135,13 @@ const outcomeCounts = (name: string) =>
     return counts
   })
 
+/** The `jetworker.stranded` counter of consumer `name`. */
+const strandedCount = (name: string) =>
+  Effect.map(Metric.snapshot, (snapshots) =>
+    snapshots
+      .filter((s) => s.id === "jetworker.stranded" && s.attributes?.consumer === name)
+      .reduce((sum, s) => sum + Number((s.state as { readonly count: number | bigint }).count), 0))
+
 describe("retries and dead letters", () => {
   layer(LedgerTestLive, { excludeTestServices: true })((it) => {
     it.effect(
@@ -504,7 +511,8 @@ describe("retries and dead letters", () => {
           assert.strictEqual(h.get("X-Trace"), "trace-123")
           assert.deepStrictEqual(h.values("X-Multi"), ["one", "two"])
           // The original id is kept, renamed, so it cannot deduplicate in the dead-letter stream.
-          assert.strictEqual(h.get("Jetworker-Original-Nats-Msg-Id"), id)
+          assert.strictEqual(h.get("Jetworker-Original-Nats_Msg-Id"), id)
+          assert.isFalse([...h.keys()].some((k) => k !== "Nats-Msg-Id" && k.includes("Nats-Msg-Id")), "no second Nats-Msg-Id to confuse the server")
           assert.notStrictEqual(h.get("Nats-Msg-Id"), id)
           assert.deepStrictEqual(JSON.parse(h.get(DeadLetter.Header.error)), {
             kind: "Failure",
@@ -580,6 +588,46 @@ describe("retries and dead letters", () => {
           const dead = yield* DeadLetter.list(stream.deadLetterStream)
           assert.deepStrictEqual(dead.map((d) => [d.sourceSequence, d.reason]), [[seq, "PermanentError"]])
           assertSettledOnServer(yield* stream.info, seq)
+        })
+    )
+
+    it.effect(
+      "BE-JOB-003: dead-letter write: a dead letter that cannot be written by the broker's last delivery (MaxDeliver) ends in an observable terminal outcome and metric, and the message is recoverable once the dead-letter stream has room",
+      () =>
+        Effect.gen(function*() {
+          const stream = yield* TestStream.make({ ackWait: "2 seconds", maxDeliver: 3 })
+          const log = yield* OutcomeLog.make
+          const { manager } = yield* NatsConnection.NatsConnection
+          const p = uniquePrefix("strand")
+          const id = `${p}.t1`
+          yield* openAccount(`${p}.a`, "EUR", 100_00)
+          const strandedBefore = yield* strandedCount(stream.consumer)
+          // A dead-letter stream that refuses everything for the whole life of the message.
+          yield* startWorker(stream, log, { attempts: 2, base: "50 millis", deadLetter: { maxBytes: 1 } })
+          const seq = yield* stream.publish("eur", transfer(id, `${p}.a`, `${p}.nobody`, 1_00), id)
+          const outcomes = yield* log.waitUntil(
+            (all) => all.some((x) => x._tag === "DeadLettered"),
+            wait,
+            "the terminal outcome on the last delivery"
+          )
+          const trail = ofSequence(outcomes, seq)
+          const last = trail[trail.length - 1]!
+          assert.strictEqual(last._tag, "DeadLettered")
+          assert.strictEqual(last.message.deliveryCount, 3, "on the broker's last delivery")
+          assert.isFalse(last.confirmed, "the dead letter was not stored")
+          for (const x of trail.slice(0, -1)) assert.isTrue(x._tag === "Released" && x.reason === "DeadLetterFailed")
+          assert.strictEqual((yield* strandedCount(stream.consumer)) - strandedBefore, 1, "counted in jetworker.stranded")
+          // The broker will not deliver it again; it is still in the stream.
+          const stored = yield* Effect.promise(() => manager.streams.getMessage(stream.stream, { seq }))
+          assert.strictEqual(stored?.seq, seq)
+          // Room again: recovered into the dead-letter stream by its sequence, once however often.
+          yield* Effect.promise(() => manager.streams.update(stream.deadLetterStream, { max_bytes: -1 }))
+          const first = yield* DeadLetter.recover({ stream: stream.stream, consumer: stream.consumer, sequence: seq })
+          const again = yield* DeadLetter.recover({ stream: stream.stream, consumer: stream.consumer, sequence: seq })
+          assert.isFalse(first.duplicate)
+          assert.deepStrictEqual([again.seq, again.duplicate], [first.seq, true], "the second is a duplicate of the first")
+          const dead = yield* DeadLetter.list(stream.deadLetterStream)
+          assert.deepStrictEqual(dead.map((d) => [d.sourceSequence, d.reason, d.eventId]), [[seq, "DeliveriesExhausted", undefined]])
         })
     )
 

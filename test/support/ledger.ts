@@ -23,6 +23,7 @@ export const settingsFor = (
   concurrency: 4,
   attempts: 5,
   retryBase: Duration.millis(50),
+  inProcessRetries: 2,
   ...overrides
 })
 
@@ -59,6 +60,7 @@ export const workerEnv = (settings: LedgerWorker.Settings, schema: string, datab
   LEDGER_CONCURRENCY: String(settings.concurrency),
   LEDGER_ATTEMPTS: String(settings.attempts),
   LEDGER_RETRY_BASE: `${Duration.toMillis(settings.retryBase)} millis`,
+  LEDGER_IN_PROCESS_RETRIES: String(settings.inProcessRetries),
   // A free loopback port per child, so parallel tests never collide on the health server.
   HEALTH_PORT: "0",
   HEALTH_HOST: "127.0.0.1"

@@ -7,7 +7,7 @@
 import { PgClient } from "@effect/sql-pg"
 import { Consumer, IdempotencyStore, Lifecycle, type Outcome, Retry } from "@jetworker/core"
 import { JetStreamSource, NatsConnection, Topology } from "@jetworker/nats"
-import { Migrations, PgIdempotencyStore } from "@jetworker/sql-pg"
+import { Migrations, PgAttemptStore, PgIdempotencyStore } from "@jetworker/sql-pg"
 import { Config, Duration, Effect, Layer, Redacted } from "effect"
 import { SqlClient } from "effect/sql"
 import { applyTransfer } from "./Ledger.ts"
@@ -31,6 +31,8 @@ export interface Settings {
   readonly attempts: number
   /** `LEDGER_RETRY_BASE`, default `200 millis`: first retry delay (doubling, jittered, capped at 30 s). */
   readonly retryBase: Duration.Duration
+  /** `LEDGER_IN_PROCESS_RETRIES`, default 2: quick retries inside one attempt before a nak. */
+  readonly inProcessRetries: number
 }
 
 /** Reads {@link Settings} from the environment. */
@@ -41,7 +43,8 @@ export const settings = Config.all({
   ackWait: Config.Duration("LEDGER_ACK_WAIT").pipe(Config.withDefault(Duration.seconds(30))),
   concurrency: Config.Int("LEDGER_CONCURRENCY").pipe(Config.withDefault(8)),
   attempts: Config.Int("LEDGER_ATTEMPTS").pipe(Config.withDefault(5)),
-  retryBase: Config.Duration("LEDGER_RETRY_BASE").pipe(Config.withDefault(Duration.millis(200)))
+  retryBase: Config.Duration("LEDGER_RETRY_BASE").pipe(Config.withDefault(Duration.millis(200))),
+  inProcessRetries: Config.Int("LEDGER_IN_PROCESS_RETRIES").pipe(Config.withDefault(2))
 })
 
 /** The consumer definition. */
@@ -65,13 +68,18 @@ export const consumer = (
       SqlError: "isRetryable",
       IdempotencyError: "isRetryable"
     },
-    retry: Retry.exponential({ attempts: settings.attempts, base: settings.retryBase, cap: "30 seconds" }),
+    retry: Retry.exponential({
+    attempts: settings.attempts,
+    base: settings.retryBase,
+    cap: "30 seconds",
+    inProcessRetries: settings.inProcessRetries
+  }),
     concurrency: settings.concurrency,
     // No drainTimeout: under Worker.runMain the shutdown budget (SHUTDOWN_BUDGET) bounds the drain.
     onOutcome
   })
 
-/** Declares the stream and consumer (MaxDeliver above the attempts) and runs both sets of migrations. */
+/** Declares the stream and consumer (MaxDeliver above the crash-loop guard) and runs both sets of migrations. */
 export const setup = (settings: Settings) =>
   Effect.gen(function*() {
     yield* Topology.ensureStream({
@@ -84,7 +92,9 @@ export const setup = (settings: Settings) =>
       stream: settings.stream,
       name: settings.consumer,
       ackWait: settings.ackWait,
-      maxDeliver: settings.attempts + 2,
+      // Above the engine's crash-loop guard (twice the attempts): attempts are failed handler
+      // runs (the attempt store), and releases at shutdown must not run a message out of deliveries.
+      maxDeliver: 2 * settings.attempts + 1,
       maxAckPending: 1000
     })
     // Under a starting worker, waits (bounded by STARTUP_TIMEOUT) for a database that is not up yet.
@@ -116,7 +126,7 @@ export const DatabaseLive = Layer.unwrap(Effect.gen(function*() {
 }))
 
 /**
- * Everything the worker needs: NATS (`NATS_URL`), PostgreSQL and the idempotency store, and the
+ * Everything the worker needs: NATS (`NATS_URL`), PostgreSQL with the idempotency and attempt stores, and the
  * risk check (`LEDGER_RISK_URL`, with its HTTP client when set). Each is a `Lifecycle.resource`: the worker's shutdown closes it as one stage within the close share, and
  * readiness reflects PostgreSQL through a `SELECT 1` every 5 seconds (NATS through its connection
  * status).
@@ -124,7 +134,7 @@ export const DatabaseLive = Layer.unwrap(Effect.gen(function*() {
 export const WorkerLive = Layer.mergeAll(
   Lifecycle.resource("nats", NatsConnection.layerConfig({ name: "ledger-applier" })),
   RiskCheck.layerConfig,
-  PgIdempotencyStore.layer().pipe(
+  Layer.merge(PgIdempotencyStore.layer(), PgAttemptStore.layer()).pipe(
     Layer.provideMerge(
       Lifecycle.resource("postgres", DatabaseLive, { check: SqlClient.SqlClient.use((sql) => sql`SELECT 1`) })
     )

@@ -72,6 +72,14 @@ export interface BaseOptions<A, E extends Tagged, R, RS> {
   readonly onOutcome?: ((outcome: Outcome) => Effect.Effect<void>) | undefined
   /** Bound on one `onOutcome` call. Default: 5 seconds. */
   readonly onOutcomeTimeout?: Duration.Input | undefined
+  /**
+   * The crash-loop guard: a message delivered more often than this without settling is
+   * dead-lettered (`DeliveriesExhausted`) without running the handler. Attempts are counted
+   * apart from deliveries when an `AttemptStore` is in the context (failed attempts only);
+   * without one the delivery count is the attempt count. Lowered to the broker's MaxDeliver − 1
+   * when that is smaller. 1 to 10 000. Default: twice the retry policy's attempts.
+   */
+  readonly maxDeliveries?: number | undefined
 }
 
 /** `metadata` may be omitted exactly when the decoded event already is {@link Metadata}. */
@@ -187,6 +195,7 @@ export const make = <A, E extends Tagged, R, RS = never>(
   const handlerTimeout = durationOption(problems, "handlerTimeout", options.handlerTimeout, Duration.seconds(30), false)
   const drainTimeout = durationOption(problems, "drainTimeout", options.drainTimeout, Duration.seconds(10), true)
   const skew = durationOption(problems, "expiry.skew", options.expiry?.skew, Duration.zero, true)
+  const maxDeliveries = intOption(problems, "maxDeliveries", options.maxDeliveries, 2 * retry.attempts, 10_000)
   const onOutcomeTimeout = durationOption(problems, "onOutcomeTimeout", options.onOutcomeTimeout, Duration.seconds(5), false)
   const metadata = (options as { readonly metadata?: ((event: A) => Metadata) | undefined }).metadata ??
     ((event: A) => event as unknown as Metadata)
@@ -210,7 +219,8 @@ export const make = <A, E extends Tagged, R, RS = never>(
       skewMillis: Duration.toMillis(skew),
       expiredTo: options.expiry?.onExpired === "deadLetter" ? "DeadLetter" : "Ack",
       onOutcome: options.onOutcome,
-      onOutcomeTimeout
+      onOutcomeTimeout,
+      maxDeliveries
     }
   }
 }

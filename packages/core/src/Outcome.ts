@@ -47,6 +47,8 @@ export type DeadLetterReason =
   | "PermanentError"
   /** Transient failures used up every attempt of the retry policy. */
   | "AttemptsExhausted"
+  /** Delivered more often than the consumer's `maxDeliveries` without settling (a crash loop). */
+  | "DeliveriesExhausted"
   /**
    * A defect outside the handler: code the engine calls around it (a probe, a source's delivery)
    * died. Dead-lettered with the cause so the message is neither lost nor retried blindly.
@@ -105,7 +107,12 @@ export type Outcome = Data.TaggedEnum<{
     readonly confirmed: boolean
     readonly durationMillis: number
   }
-  /** A permanent error or exhausted attempts; dead-lettered with the cause, then terminated. */
+  /**
+   * A permanent error or exhausted attempts; dead-lettered with the cause, then terminated.
+   * `confirmed: false` here (and on `Rejected`) means the dead letter could not be written on the
+   * broker's last delivery: the message stays in its stream, no longer delivered, counted in
+   * `jetworker.stranded`, until `DeadLetter.recover` stores it.
+   */
   DeadLettered: {
     readonly message: MessageRef
     readonly reason: DeadLetterReason

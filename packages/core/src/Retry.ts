@@ -2,8 +2,9 @@
  * Retry policies: how many attempts a message gets and how long to wait between them, built on
  * `Schedule` (exponential growth, 80–120% jitter, a cap, a finite number of attempts).
  *
- * Attempts are counted by the broker's delivery count, never in local memory, so the budget holds
- * across crashes and restarts: attempt `n` is the `n`-th delivery. After a transient failure the
+ * Attempts are counted outside local memory, so the budget holds across crashes and restarts: by an
+ * `AttemptStore` when the context has one (failed attempts of the handler only, so releases spend
+ * nothing), otherwise by the broker's delivery count (attempt `n` is the `n`-th delivery). After a transient failure the
  * engine may retry a few times inside the same delivery (`inProcess`, short delays only, while the
  * lease is comfortably held); once those are spent the message is naked with the delay for its
  * attempt, and when the last attempt fails the outcome is `DeadLettered`. A handler therefore runs
@@ -15,7 +16,7 @@ import { Duration, Effect, Schedule } from "effect"
 
 /** A validated retry policy. Build it with {@link exponential}. */
 export interface RetryPolicy {
-  /** Deliveries the message gets before it is dead-lettered (at least 1). */
+  /** Failed attempts a message gets before it is dead-lettered (at least 1). */
   readonly attempts: number
   /** Delay before the second attempt. */
   readonly base: Duration.Duration

@@ -26,6 +26,11 @@ export interface Intake {
   /** The broker's lease on each delivery (JetStream: AckWait). */
   readonly lease: Duration.Duration
   /**
+   * The delivery after which the broker stops delivering a message (JetStream: MaxDeliver), or
+   * `undefined` for no limit. The engine dead-letters before it.
+   */
+  readonly maxDeliver: number | undefined
+  /**
    * The next delivery, waiting for one when none is buffered. Fails with `SourceError` when the
    * source can deliver no more (connection closed for good, consumer deleted) or has been closed.
    * Never call it concurrently with itself.

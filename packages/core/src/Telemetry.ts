@@ -94,6 +94,15 @@ export const deadLettered = Metric.counter("jetworker.dead_lettered", {
   incremental: true
 })
 
+/**
+ * Dead letters that could not be written by the broker's last delivery (MaxDeliver): the message
+ * stays in its stream, no longer delivered, until recovered. By `consumer`. Alert on it.
+ */
+export const stranded = Metric.counter("jetworker.stranded", {
+  description: "Messages whose dead letter failed on the broker's last delivery; recover them by sequence",
+  incremental: true
+})
+
 /** Round trip of the broker command that settled a delivery, in milliseconds, by `consumer` and `command`. */
 export const settleLatency = Metric.histogram("jetworker.settle.latency", {
   description: "Time for the broker to confirm an ack, nak or dead letter, in milliseconds, by consumer and command",

@@ -4,6 +4,7 @@
  *
  * @since 0.1.0
  */
+export * as AttemptStore from "./AttemptStore.ts"
 export * as Classification from "./Classification.ts"
 export * as Consumer from "./Consumer.ts"
 export * as CurrentDelivery from "./CurrentDelivery.ts"

@@ -16,7 +16,7 @@
 import { AckPolicy, type ConsumerMessages, DeliverPolicy, type JsMsg, type PubAck, type StoredMsg } from "@nats-io/jetstream"
 import { headers as makeHeaders, type MsgHdrs, nanos } from "@nats-io/transport-node"
 import type { Outcome } from "@jetworker/core"
-import { Duration, Effect } from "effect"
+import { DateTime, Duration, Effect } from "effect"
 import { NatsConnection } from "./NatsConnection.ts"
 import * as NatsError from "./NatsError.ts"
 import { checkPubAck } from "./Publisher.ts"
@@ -36,7 +36,7 @@ export const Header = {
   failedAt: "Jetworker-Failed-At",
   /** On a replayed message: `<dead-letter stream>:<sequence>` it came from. */
   replayOf: "Jetworker-Replay-Of",
-  /** Prefix of a renamed `Nats-*` header of the original. */
+  /** Prefix of a kept `Nats-*` header of the original, stored as `Jetworker-Original-Nats_<rest>`. */
   originalPrefix: "Jetworker-Original-"
 } as const
 
@@ -109,16 +109,40 @@ export const ensure = (
     })
   })
 
+/**
+ * The name under which an original `Nats-*` header is kept: `Jetworker-Original-Nats_<rest>`.
+ * The `-` after `Nats` must go: NATS 2.9 finds a header by searching the whole header block for
+ * its name, and a second `...Nats-Msg-Id` anywhere in it (even after the real one) makes the
+ * server ignore `Nats-Msg-Id` altogether, so dead letters were never deduplicated.
+ */
+const keptName = (key: string): string => `${Header.originalPrefix}Nats_${key.slice("nats-".length)}`
+
+/** The original name of a kept header (both the current `Nats_` form and the older `Nats-` one). */
+const originalName = (kept: string): string => {
+  const rest = kept.slice(Header.originalPrefix.length)
+  return /^nats_/i.test(rest) ? `Nats-${rest.slice("nats_".length)}` : rest
+}
+
 const copyOriginalHeaders = (from: MsgHdrs | undefined, to: MsgHdrs): void => {
   if (from === undefined) return
   for (const key of from.keys()) {
-    const name = key.toLowerCase().startsWith("nats-") ? `${Header.originalPrefix}${key}` : key
+    const name = key.toLowerCase().startsWith("nats-") ? keptName(key) : key
     for (const value of from.values(key)) to.append(name, value)
   }
 }
 
+/** The parts of an original message a dead letter keeps. */
+interface Original {
+  readonly headers: MsgHdrs | undefined
+  readonly subject: string
+  readonly seq: number
+}
+
+/** The `Nats-Msg-Id` of the dead letter of stream sequence `seq`: one per message, however often written. */
+const deadLetterId = (destination: Destination, seq: number) => `${destination.sourceStream}.${destination.consumer}.${seq}`
+
 /** The headers of a dead-letter message for `msg` failing with `record`. */
-export const headersFor = (destination: Destination, msg: JsMsg, record: Outcome.DeadLetterRecord): MsgHdrs => {
+export const headersFor = (destination: Destination, msg: Original, record: Outcome.DeadLetterRecord): MsgHdrs => {
   const h = makeHeaders()
   copyOriginalHeaders(msg.headers, h)
   h.set(Header.stream, destination.sourceStream)
@@ -137,7 +161,7 @@ export const headersFor = (destination: Destination, msg: JsMsg, record: Outcome
 /** Publishes `msg` with `record` to the dead-letter stream and waits for the stream's PubAck. */
 export const publish = (
   destination: Destination,
-  msg: JsMsg,
+  msg: Original & { readonly data: Uint8Array },
   record: Outcome.DeadLetterRecord
 ): Effect.Effect<PubAck, NatsError.NatsError, NatsConnection> =>
   Effect.gen(function*() {
@@ -146,7 +170,7 @@ export const publish = (
     const ack = yield* Effect.tryPromise({
       try: () =>
         jetstream.publish(destination.subject, msg.data, {
-          msgID: `${destination.sourceStream}.${destination.consumer}.${msg.seq}`,
+          msgID: deadLetterId(destination, msg.seq),
           headers: headersFor(destination, msg, record),
           expect: { streamName: destination.stream },
           timeout: apiTimeoutMillis
@@ -193,7 +217,7 @@ const fromStored = (stored: Pick<StoredMsg, "seq" | "header" | "data">): DeadLet
   const originalHeaders: Array<readonly [string, string]> = []
   for (const key of h.keys()) {
     if (key.startsWith(Header.originalPrefix)) {
-      for (const value of h.values(key)) originalHeaders.push([key.slice(Header.originalPrefix.length), value])
+      for (const value of h.values(key)) originalHeaders.push([originalName(key), value])
     } else if (!key.startsWith("Jetworker-") && !key.toLowerCase().startsWith("nats-")) {
       for (const value of h.values(key)) originalHeaders.push([key, value])
     }
@@ -384,4 +408,67 @@ export const replay = (
       catch: (error) => NatsError.fromUnknown(`delete ${stream}#${sequence} after replay`, error)
     })
     return ack
+  })
+
+/** What {@link recover} needs. */
+export interface RecoverOptions {
+  /** The source stream that still holds the message. */
+  readonly stream: string
+  /** The consumer that gave up on it (its dead-letter destination and dedup scope). */
+  readonly consumer: string
+  /** The message's sequence in `stream` (from the `dead-letter.stranded` log line or the MaxDeliver advisory). */
+  readonly sequence: number
+  /** The consumer's dead-letter settings, as its source has them. Default: the defaults. */
+  readonly deadLetter?: Options | undefined
+}
+
+/**
+ * Stores a message the broker stopped delivering (it reached MaxDeliver before its dead letter
+ * could be written: the engine logged `dead-letter.stranded` and counted `jetworker.stranded`) in
+ * the consumer's dead-letter stream, read from the source stream by its sequence, with reason
+ * `DeliveriesExhausted`. It uses the same `Nats-Msg-Id` as the engine's own dead letter of that
+ * sequence, so recovering twice (or after the engine did write it) stores it once within the
+ * dead-letter stream's duplicate window.
+ */
+export const recover = (options: RecoverOptions): Effect.Effect<PubAck, NatsError.NatsError, NatsConnection> =>
+  Effect.gen(function*() {
+    const { manager } = yield* NatsConnection
+    const operation = `recover ${options.stream}#${options.sequence}`
+    const target = destination(options.stream, options.consumer, options.deadLetter)
+    yield* ensure(target, options.deadLetter)
+    const stored = yield* Effect.tryPromise({
+      try: () => manager.streams.getMessage(options.stream, { seq: options.sequence }),
+      catch: (error) => NatsError.fromUnknown(operation, error)
+    })
+    if (stored === null) {
+      return yield* new NatsError.NatsError({
+        reason: "ApiError",
+        operation,
+        message: `no message ${options.sequence} in ${options.stream} (removed by its retention or deleted)`,
+        code: 10037
+      })
+    }
+    const deliveries = yield* Effect.tryPromise({
+      try: () => manager.consumers.info(options.stream, options.consumer),
+      catch: (error) => NatsError.fromUnknown(operation, error)
+    }).pipe(Effect.map((info) => Math.max(0, info.config.max_deliver ?? 0)), Effect.orElseSucceed(() => 0))
+    const record: Outcome.DeadLetterRecord = {
+      outcome: "DeadLettered",
+      reason: "DeliveriesExhausted",
+      error: {
+        kind: "Failure",
+        tag: "Stranded",
+        message: "recovered from the source stream: the broker stopped delivering it before its dead letter was written",
+        fields: {}
+      },
+      message: {
+        consumer: options.consumer,
+        subject: stored.subject,
+        sequence: stored.seq,
+        deliveryCount: deliveries,
+        eventId: undefined
+      },
+      failedAt: DateTime.makeUnsafe(Date.now())
+    }
+    return yield* publish(target, { headers: stored.header, subject: stored.subject, seq: stored.seq, data: stored.data }, record)
   })

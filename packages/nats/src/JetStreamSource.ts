@@ -180,7 +180,7 @@ export const make = (options: Options): Source.Source<NatsConnection> => {
         })
       })
       yield* Effect.addFinalizer(() => close)
-      return { lease, take, close } satisfies Source.Intake
+      return { lease, maxDeliver: maxDeliver > 0 ? maxDeliver : undefined, take, close } satisfies Source.Intake
     })
 
   return { name, open }

@@ -6,7 +6,9 @@
  *
  * @since 0.1.0
  */
-/** Migrations creating the tables the store needs. */
+/** Migrations creating the tables the stores need. */
 export * as Migrations from "./Migrations.ts"
+/** The PostgreSQL attempt store: failed attempts per event, for the attempts budget. */
+export * as PgAttemptStore from "./PgAttemptStore.ts"
 /** The PostgreSQL idempotency store and its bounded clean-up. */
 export * as PgIdempotencyStore from "./PgIdempotencyStore.ts"

@@ -5,6 +5,7 @@
  * Internal: the public face is `Consumer`.
  */
 import { Cause, Clock, Data, DateTime, Duration, Effect, Exit, FiberSet, Metric, Option, Result, Schedule, Semaphore } from "effect"
+import { AttemptStore, type AttemptStoreShape } from "../AttemptStore.ts"
 import { type Classification, classify, type Tagged } from "../Classification.ts"
 import { CurrentDelivery } from "../CurrentDelivery.ts"
 import type { Delivery } from "../Delivery.ts"
@@ -43,6 +44,7 @@ export interface Definition<in out A, in out E extends Tagged, out R> {
   readonly expiredTo: "Ack" | "DeadLetter"
   readonly onOutcome: ((outcome: Outcome.Outcome) => Effect.Effect<void>) | undefined
   readonly onOutcomeTimeout: Duration.Duration
+  readonly maxDeliveries: number
 }
 
 /** What the idempotency store reported about one delivery's effect (through `CurrentDelivery`). */
@@ -86,7 +88,10 @@ const logOutcome = (outcome: Outcome.Outcome): Effect.Effect<void> => {
 const makeProcess = <A, E extends Tagged, R>(
   definition: Definition<A, E, R>,
   lease: Duration.Duration,
-  keeper: LeaseKeeper.LeaseKeeper
+  keeper: LeaseKeeper.LeaseKeeper,
+  attemptStore: AttemptStoreShape | undefined,
+  deliveryBound: number,
+  maxDeliver: number | undefined
 ) => {
   const leaseMillis = Duration.toMillis(lease)
   const consumer = { consumer: definition.name }
@@ -96,6 +101,7 @@ const makeProcess = <A, E extends Tagged, R>(
   // Metrics with the consumer's attributes, built once; those keyed by a reason or stage on first use.
   const handlerDuration = Metric.withAttributes(Telemetry.handlerDuration, consumer)
   const inFlightGauge = Metric.withAttributes(Telemetry.inFlight, consumer)
+  const stranded = Metric.withAttributes(Telemetry.stranded, consumer)
   const redeliveries = Metric.withAttributes(Telemetry.redeliveries, consumer)
   const retries = Metric.withAttributes(Telemetry.retries, consumer)
   const keyed = new Map<string, Metric.Metric<number, unknown>>()
@@ -146,7 +152,7 @@ const makeProcess = <A, E extends Tagged, R>(
     }
   }
 
-  const attempt = (event: A, delivery: Delivery, eventId: string, reports: Reports) =>
+  const attempt = (event: A, delivery: Delivery, eventId: string, attemptNumber: number, reports: Reports) =>
     // Suspended: a handler that throws instead of returning an Effect fails its attempt as a
     // defect (transient) rather than killing the delivery's fiber.
     Effect.suspend(() => definition.handle(event)).pipe(
@@ -161,7 +167,7 @@ const makeProcess = <A, E extends Tagged, R>(
       Effect.provideService(CurrentDelivery, {
         consumer: definition.name,
         eventId,
-        attempt: delivery.deliveryCount,
+        attempt: attemptNumber,
         attempts: definition.retry.attempts,
         subject: delivery.subject,
         sequence: delivery.sequence,
@@ -245,14 +251,39 @@ const makeProcess = <A, E extends Tagged, R>(
           stage: "BeforeHandler"
         })
       }
-      if (delivery.deliveryCount > definition.retry.attempts) {
-        // Earlier deliveries ended without settling (a crash loop, a lost nak): stop here.
+      if (delivery.deliveryCount > deliveryBound) {
+        // Earlier deliveries ended without settling (a crash loop): stop while the broker still
+        // delivers, so the message is dead-lettered rather than dropped at its MaxDeliver.
+        return Outcome.verdict("DeadLettered", {
+          message,
+          reason: "DeliveriesExhausted",
+          error: ErrorSummary.make(
+            "DeliveriesExhausted",
+            `delivered ${delivery.deliveryCount} times without settling; the bound is ${deliveryBound} deliveries`
+          )
+        })
+      }
+      const key = { scope: definition.name, id: metadata.id }
+      // Failed attempts so far: the store's count (read only for a redelivery: a first delivery
+      // has none, unless NATS rewound its count, and then the failure's own count catches it),
+      // or without a store the deliveries before this one.
+      const failedBefore = attemptStore === undefined
+        ? delivery.deliveryCount - 1
+        : delivery.deliveryCount === 1
+        ? 0
+        : yield* attemptStore.failures(key).pipe(
+          Effect.catch((error) =>
+            Effect.as(Effect.logWarning(`attempt store unavailable; counting deliveries: ${error.message}`), delivery.deliveryCount - 1)
+          )
+        )
+      if (failedBefore >= definition.retry.attempts) {
+        // The last attempt failed but was not dead-lettered (a crash, a failed dead-letter write).
         return Outcome.verdict("DeadLettered", {
           message,
           reason: "AttemptsExhausted",
           error: ErrorSummary.make(
             "AttemptsExhausted",
-            `delivered ${delivery.deliveryCount} times; the retry policy allows ${definition.retry.attempts}`
+            `${failedBefore} failed attempts; the retry policy allows ${definition.retry.attempts}`
           )
         })
       }
@@ -260,7 +291,7 @@ const makeProcess = <A, E extends Tagged, R>(
       const held = keeper.register(delivery, receivedAt, yield* Effect.fiber)
       // What the store reports about this delivery's effect, whatever the handler returns.
       const reports: Reports = { committed: false, alreadyCommitted: false }
-      const exit = yield* Effect.exit(restore(attempt(event, delivery, metadata.id, reports)))
+      const exit = yield* Effect.exit(restore(attempt(event, delivery, metadata.id, failedBefore + 1, reports)))
       keeper.unregister(held)
       yield* Metric.update(handlerDuration, (yield* Clock.currentTimeMillis) - receivedAt)
       const afterCommit = Probe.hit({ point: "after-commit", consumer: definition.name, sequence: delivery.sequence, eventId: metadata.id })
@@ -296,10 +327,15 @@ const makeProcess = <A, E extends Tagged, R>(
       }
       const transient = Option.isNone(failure) || isTransient(failure.value as E | HandlerTimeout)
       if (!transient) return Outcome.verdict("DeadLettered", { message, reason: "PermanentError", error })
-      if (delivery.deliveryCount >= definition.retry.attempts) {
+      const failed = attemptStore === undefined ? delivery.deliveryCount : yield* attemptStore.recordFailure(key).pipe(
+        Effect.catch((storeError) =>
+          Effect.as(Effect.logWarning(`attempt store unavailable; counting deliveries: ${storeError.message}`), Math.max(failedBefore + 1, delivery.deliveryCount))
+        )
+      )
+      if (failed >= definition.retry.attempts) {
         return Outcome.verdict("DeadLettered", { message, reason: "AttemptsExhausted", error })
       }
-      const retryIn = yield* Retry.delayAfter(definition.retry, delivery.deliveryCount)
+      const retryIn = yield* Retry.delayAfter(definition.retry, failed)
       return Outcome.verdict("Released", { message, reason: "Retrying", error, retryIn })
     })
 
@@ -323,7 +359,21 @@ const makeProcess = <A, E extends Tagged, R>(
         // A withheld ack is not a confirmed one, although saying nothing always "succeeds".
         const confirmed = sent && !(verdict._tag === "Committed" && verdict.ackWithheld !== undefined)
         let outcome = finish(verdict, confirmed, (yield* Clock.currentTimeMillis) - receivedAt)
-        if (command._tag === "DeadLetter" && !sent) {
+        if (command._tag === "DeadLetter" && !sent && maxDeliver !== undefined && delivery.deliveryCount >= maxDeliver) {
+          // The broker's last delivery: no redelivery can retry the dead letter. The outcome stays
+          // the dead-letter verdict, unconfirmed; the message stays in its stream, no longer
+          // delivered, and is recovered by its sequence once the dead-letter stream takes it.
+          yield* Metric.update(stranded, 1)
+          yield* Effect.logError("dead-letter.stranded").pipe(
+            Effect.annotateLogs({
+              consumer: definition.name,
+              source: definition.source.name,
+              sequence: delivery.sequence,
+              deliveryCount: delivery.deliveryCount,
+              recover: `DeadLetter.recover({ stream, consumer, sequence: ${delivery.sequence} }) once the dead-letter stream has room`
+            })
+          )
+        } else if (command._tag === "DeadLetter" && !sent) {
           // Not terminated, so not lost: ask for a later redelivery, which dead-letters it again.
           const retryIn = yield* Retry.delayAfter(definition.retry, delivery.deliveryCount)
           const naked = yield* execute(delivery, Outcome.Command.Nak({ delay: retryIn }))
@@ -344,6 +394,12 @@ const makeProcess = <A, E extends Tagged, R>(
             sequence: delivery.sequence,
             eventId: verdict.message.eventId
           })
+        }
+        const hadFailures = delivery.deliveryCount > 1 || (outcome._tag === "DeadLettered" && outcome.reason === "AttemptsExhausted")
+        if (attemptStore !== undefined && outcome._tag !== "Released" && outcome.message.eventId !== undefined && hadFailures) {
+          // Bounded growth: a message's failure count goes once it is settled for good (a count
+          // left by a rewound delivery count is purged by age: `PgAttemptStore.purge`).
+          yield* attemptStore.clear({ scope: definition.name, id: outcome.message.eventId }).pipe(Effect.ignore)
         }
         yield* Metric.update(counters.get(outcome._tag)!, 1)
         yield* Metric.update(inFlightGauge, --running)
@@ -439,7 +495,13 @@ export const run = <A, E extends Tagged, R>(definition: Definition<A, E, R>): Ef
           }
         })
       )
-      const process = makeProcess(definition, intake.lease, keeper)
+      const attemptStore = Option.getOrUndefined(yield* Effect.serviceOption(AttemptStore))
+      // The crash-loop guard: the consumer's own bound, and below the broker's MaxDeliver so the
+      // engine still gets the delivery on which it dead-letters the message itself.
+      const deliveryBound = intake.maxDeliver === undefined
+        ? definition.maxDeliveries
+        : Math.min(definition.maxDeliveries, intake.maxDeliver - 1)
+      const process = makeProcess(definition, intake.lease, keeper, attemptStore, deliveryBound, intake.maxDeliver)
       const runFiber = FiberSet.run(inFlight)
       yield* component.up
       yield* Effect.logInfo(

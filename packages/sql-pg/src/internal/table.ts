@@ -32,3 +32,18 @@ export const ddl = (quoted: string, indexName: string): ReadonlyArray<string> =>
 )`,
   `CREATE INDEX IF NOT EXISTS "${indexName}" ON ${quoted} (committed_at)`
 ]
+
+/** The table the migrations create for failed-attempt counts, and the attempt store uses. */
+export const defaultAttemptsTable = "jetworker_attempts"
+
+/** The DDL for an attempts table named `quoted` (already validated and quoted); idempotent. */
+export const attemptsDdl = (quoted: string, indexName: string): ReadonlyArray<string> => [
+  `CREATE TABLE IF NOT EXISTS ${quoted} (
+  scope text NOT NULL,
+  id text NOT NULL,
+  failures integer NOT NULL,
+  updated_at timestamptz NOT NULL DEFAULT now(),
+  PRIMARY KEY (scope, id)
+)`,
+  `CREATE INDEX IF NOT EXISTS "${indexName}" ON ${quoted} (updated_at)`
+]

@@ -1,0 +1,93 @@
+/**
+ * The attempts budget's memory on PostgreSQL: one row per event that has failed at least once,
+ * `(scope, id, failures)`, in the table the migrations create (`jetworker_attempts`). Each failure
+ * is recorded by one atomic upsert on its own connection, outside the handler's transaction (which
+ * rolled back), so the count survives crashes, restarts and the broker rewinding its delivery
+ * count. The engine reads it only for redeliveries and clears the row once the message is settled
+ * for good, so a message that never fails costs no round trip and leaves no row.
+ *
+ * It deliberately does not decide anything: the engine compares the count with the retry policy.
+ *
+ * @since 0.2.0
+ */
+import { AttemptStore, AttemptStoreError, type AttemptStoreShape } from "@jetworker/core/AttemptStore"
+import type { Key } from "@jetworker/core/IdempotencyStore"
+import { Duration, Effect, Layer, Option } from "effect"
+import { SqlClient } from "effect/sql"
+import type { SqlError } from "effect/sql/SqlError"
+import * as Table from "./internal/table.ts"
+
+/** Options of the store. */
+export interface Options {
+  /**
+   * The attempts table, a lowercase identifier optionally qualified by a schema. It must have the
+   * shape the migrations create. Default: `"jetworker_attempts"`.
+   */
+  readonly table?: string | undefined
+}
+
+const storeError = (operation: string) => (error: SqlError) =>
+  new AttemptStoreError({ message: `attempt store ${operation}: ${error.message}` })
+
+/** Builds the store on the current `SqlClient`; fails when the table name is invalid. */
+export const make = (options?: Options): Effect.Effect<AttemptStoreShape, AttemptStoreError, SqlClient.SqlClient> =>
+  Effect.gen(function*() {
+    const name = options?.table ?? Table.defaultAttemptsTable
+    const table = Table.quote(name)
+    if (table === undefined) return yield* new AttemptStoreError({ message: Table.invalidMessage(name) })
+    const sql = yield* SqlClient.SqlClient
+    const upsert = `INSERT INTO ${table} AS t (scope, id, failures) VALUES ($1, $2, 1)
+ON CONFLICT (scope, id) DO UPDATE SET failures = t.failures + 1, updated_at = now()
+RETURNING failures`
+    const select = `SELECT failures FROM ${table} WHERE scope = $1 AND id = $2`
+    const remove = `DELETE FROM ${table} WHERE scope = $1 AND id = $2`
+    return {
+      failures: (key: Key) =>
+        sql.unsafe<{ readonly failures: number }>(select, [key.scope, key.id]).pipe(
+          Effect.map((rows) => rows[0]?.failures ?? 0),
+          Effect.mapError(storeError("read"))
+        ),
+      recordFailure: (key: Key) =>
+        sql.unsafe<{ readonly failures: number }>(upsert, [key.scope, key.id]).pipe(
+          Effect.map((rows) => rows[0]?.failures ?? 1),
+          Effect.mapError(storeError("record"))
+        ),
+      clear: (key: Key) => sql.unsafe(remove, [key.scope, key.id]).pipe(Effect.asVoid, Effect.mapError(storeError("clear")))
+    }
+  })
+
+/** The store as a layer over the current `SqlClient`. */
+export const layer = (options?: Options): Layer.Layer<AttemptStore, AttemptStoreError, SqlClient.SqlClient> =>
+  Layer.effect(AttemptStore, Effect.map(make(options), (shape) => AttemptStore.of(shape)))
+
+/**
+ * Deletes at most `limit` rows not updated for `olderThan` (messages that stopped failing
+ * without reaching a final outcome the engine saw, e.g. purged from the stream) and returns how
+ * many it deleted.
+ */
+export const purge = (options: {
+  readonly olderThan: Duration.Input
+  readonly limit: number
+  readonly table?: string | undefined
+}): Effect.Effect<number, AttemptStoreError, SqlClient.SqlClient> =>
+  Effect.gen(function*() {
+    const name = options.table ?? Table.defaultAttemptsTable
+    const table = Table.quote(name)
+    if (table === undefined) return yield* new AttemptStoreError({ message: Table.invalidMessage(name) })
+    const olderThan = Duration.fromInput(options.olderThan)
+    if (Option.isNone(olderThan) || !Duration.isFinite(olderThan.value) || !Number.isSafeInteger(options.limit) || options.limit < 1) {
+      return yield* new AttemptStoreError({ message: "purge: olderThan must be a finite duration and limit a positive integer" })
+    }
+    const sql = yield* SqlClient.SqlClient
+    const rows = yield* sql.unsafe<{ readonly deleted: number }>(
+      `WITH doomed AS (
+  SELECT scope, id FROM ${table} WHERE updated_at < now() - make_interval(secs => $1::double precision)
+  ORDER BY updated_at LIMIT $2::integer FOR UPDATE SKIP LOCKED
+), deleted AS (
+  DELETE FROM ${table} AS t USING doomed WHERE t.scope = doomed.scope AND t.id = doomed.id RETURNING 1
+)
+SELECT count(*)::integer AS deleted FROM deleted`,
+      [Duration.toMillis(olderThan.value) / 1000, options.limit]
+    ).pipe(Effect.mapError(storeError("purge")))
+    return rows[0]?.deleted ?? 0
+  })
