@@ -109,9 +109,11 @@ export type Outcome = Data.TaggedEnum<{
   }
   /**
    * A permanent error or exhausted attempts; dead-lettered with the cause, then terminated.
-   * `confirmed: false` here (and on `Rejected`) means the dead letter could not be written on the
-   * broker's last delivery: the message stays in its stream, no longer delivered, counted in
-   * `jetworker.stranded`, until `DeadLetter.recover` stores it.
+   * `confirmed: false` here (and on `Rejected`) means either that the dead letter was stored but
+   * the term of the original was not confirmed (a redelivery writes it again, stored once), or
+   * that it could not be written on the broker's last delivery: then the message stays in its
+   * stream, no longer delivered, counted in `jetworker.stranded`, until `DeadLetter.recover`
+   * stores it.
    */
   DeadLettered: {
     readonly message: MessageRef

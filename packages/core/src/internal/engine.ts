@@ -53,6 +53,9 @@ interface Reports {
   alreadyCommitted: boolean
 }
 
+/** The event expired while the engine waited to run the handler again (an in-process retry). */
+class ExpiredBeforeRun extends Data.TaggedError("ExpiredBeforeRun")<{ readonly detectedAt: number }> {}
+
 /** A handler attempt that ran past `handlerTimeout`; transient. */
 export class HandlerTimeout extends Data.TaggedError("HandlerTimeout")<{ readonly message: string }> {}
 
@@ -124,8 +127,10 @@ const makeProcess = <A, E extends Tagged, R>(
   const inProcess = Retry.inProcessSchedule(definition.retry).pipe(
     Schedule.while(({ duration, elapsed }) => leaseMillis <= 0 || elapsed + Duration.toMillis(duration) < leaseMillis / 2)
   )
-  const isTransient = (error: E | HandlerTimeout): boolean =>
-    error._tag === "HandlerTimeout" && error instanceof HandlerTimeout
+  const isTransient = (error: E | HandlerTimeout | ExpiredBeforeRun): boolean =>
+    error instanceof ExpiredBeforeRun
+      ? false
+      : error._tag === "HandlerTimeout" && error instanceof HandlerTimeout
       ? true
       : classify(definition.classify, error as E) === "transient"
 
@@ -139,23 +144,46 @@ const makeProcess = <A, E extends Tagged, R>(
       )
     )
 
-  const execute = (delivery: Delivery, command: Outcome.Command): Effect.Effect<boolean> => {
+  /**
+   * Sends `command`: `confirmed`, `failed`, or for a dead letter `stored` — written and confirmed,
+   * but the term of the original was not (found by the simulation: the outcome must not then
+   * claim the message was released).
+   */
+  const execute = (delivery: Delivery, command: Outcome.Command): Effect.Effect<"confirmed" | "stored" | "failed"> => {
     switch (command._tag) {
       case "Ack":
-        return confirmed(delivery.ack)
+        return Effect.map(confirmed(delivery.ack), (ok) => (ok ? "confirmed" : "failed"))
       case "Nak":
-        return confirmed(delivery.nak(command.delay))
+        return Effect.map(confirmed(delivery.nak(command.delay)), (ok) => (ok ? "confirmed" : "failed"))
       case "DeadLetter":
-        return confirmed(delivery.deadLetter(command.record))
+        return delivery.deadLetter(command.record).pipe(
+          Effect.as("confirmed" as const),
+          Effect.catchCause((cause) => {
+            const error = Cause.findErrorOption(cause)
+            const stored = Option.isSome(error) && error.value.command === "Term"
+            return Effect.as(
+              Effect.logWarning(
+                stored ? "dead letter stored; the term of the original was not confirmed" : "broker command failed",
+                ErrorSummary.fromCause(cause)
+              ),
+              stored ? ("stored" as const) : ("failed" as const)
+            )
+          })
+        )
       case "Leave":
-        return Effect.succeed(true)
+        return Effect.succeed("confirmed")
     }
   }
 
-  const attempt = (event: A, delivery: Delivery, eventId: string, attemptNumber: number, reports: Reports) =>
+  const attempt = (event: A, delivery: Delivery, metadata: Metadata, attemptNumber: number, reports: Reports) =>
+    // Every run, the first and each in-process retry after its delay, starts only if the event
+    // has not expired meanwhile (found by the simulation: a retry used to run past the expiry).
     // Suspended: a handler that throws instead of returning an Effect fails its attempt as a
     // defect (transient) rather than killing the delivery's fiber.
-    Effect.suspend(() => definition.handle(event)).pipe(
+    Effect.flatMap(Clock.currentTimeMillis, (now): Effect.Effect<unknown, E | ExpiredBeforeRun, R | CurrentDelivery> =>
+      metadata.expiresAt !== undefined && isExpired(metadata, now, definition.skewMillis)
+        ? Effect.fail(new ExpiredBeforeRun({ detectedAt: now }))
+        : Effect.suspend(() => definition.handle(event))).pipe(
       Effect.timeoutOrElse({
         duration: definition.handlerTimeout,
         orElse: () =>
@@ -166,7 +194,7 @@ const makeProcess = <A, E extends Tagged, R>(
       Effect.retry({ schedule: inProcess, while: isTransient }),
       Effect.provideService(CurrentDelivery, {
         consumer: definition.name,
-        eventId,
+        eventId: metadata.id,
         attempt: attemptNumber,
         attempts: definition.retry.attempts,
         subject: delivery.subject,
@@ -291,7 +319,7 @@ const makeProcess = <A, E extends Tagged, R>(
       const held = keeper.register(delivery, receivedAt, yield* Effect.fiber)
       // What the store reports about this delivery's effect, whatever the handler returns.
       const reports: Reports = { committed: false, alreadyCommitted: false }
-      const exit = yield* Effect.exit(restore(attempt(event, delivery, metadata.id, failedBefore + 1, reports)))
+      const exit = yield* Effect.exit(restore(attempt(event, delivery, metadata, failedBefore + 1, reports)))
       keeper.unregister(held)
       yield* Metric.update(handlerDuration, (yield* Clock.currentTimeMillis) - receivedAt)
       const afterCommit = Probe.hit({ point: "after-commit", consumer: definition.name, sequence: delivery.sequence, eventId: metadata.id })
@@ -312,6 +340,14 @@ const makeProcess = <A, E extends Tagged, R>(
       }
       const error = ErrorSummary.fromCause(exit.cause)
       const failure = Cause.findErrorOption(exit.cause)
+      if (Option.isSome(failure) && failure.value instanceof ExpiredBeforeRun && metadata.expiresAt !== undefined) {
+        return Outcome.verdict("Expired", {
+          message,
+          expiresAt: metadata.expiresAt,
+          detectedAt: DateTime.makeUnsafe(failure.value.detectedAt),
+          stage: "AfterWait"
+        })
+      }
       if (held.lost && Cause.hasInterrupts(exit.cause)) {
         // The keeper could not hold the lease: another consumer may own the message; leave it.
         return Outcome.verdict("Released", {
@@ -352,14 +388,18 @@ const makeProcess = <A, E extends Tagged, R>(
           : DateTime.makeUnsafe(yield* Clock.currentTimeMillis)
         const command = Outcome.toCommand(verdict, { expiredTo: definition.expiredTo, now })
         const commandStart = yield* Clock.currentTimeMillis
-        const sent = yield* execute(delivery, command)
+        const result = yield* execute(delivery, command)
+        const sent = result === "confirmed"
         if (command._tag !== "Leave") {
           yield* Metric.update(settleLatency[command._tag], (yield* Clock.currentTimeMillis) - commandStart)
         }
         // A withheld ack is not a confirmed one, although saying nothing always "succeeds".
         const confirmed = sent && !(verdict._tag === "Committed" && verdict.ackWithheld !== undefined)
         let outcome = finish(verdict, confirmed, (yield* Clock.currentTimeMillis) - receivedAt)
-        if (command._tag === "DeadLetter" && !sent && maxDeliver !== undefined && delivery.deliveryCount >= maxDeliver) {
+        if (result === "stored") {
+          // Dead-lettered for good (a redelivery after a lost term writes the same dead letter
+          // again, stored once): the outcome stays, unconfirmed, and nothing is naked.
+        } else if (command._tag === "DeadLetter" && !sent && maxDeliver !== undefined && delivery.deliveryCount >= maxDeliver) {
           // The broker's last delivery: no redelivery can retry the dead letter. The outcome stays
           // the dead-letter verdict, unconfirmed; the message stays in its stream, no longer
           // delivered, and is recovered by its sequence once the dead-letter stream takes it.
@@ -376,7 +416,7 @@ const makeProcess = <A, E extends Tagged, R>(
         } else if (command._tag === "DeadLetter" && !sent) {
           // Not terminated, so not lost: ask for a later redelivery, which dead-letters it again.
           const retryIn = yield* Retry.delayAfter(definition.retry, delivery.deliveryCount)
-          const naked = yield* execute(delivery, Outcome.Command.Nak({ delay: retryIn }))
+          const naked = (yield* execute(delivery, Outcome.Command.Nak({ delay: retryIn }))) === "confirmed"
           outcome = finish(
             Outcome.verdict("Released", {
               message: verdict.message,
