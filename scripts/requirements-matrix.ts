@@ -84,10 +84,11 @@ const requirements: ReadonlyArray<Requirement> = [
   {
     id: "BE-JOB-006",
     title: "Ownership of reserved work",
-    inScope: false,
+    inScope: true,
     verifications: [
       { line: "pause longer than the reservation", match: /pause longer/i },
-      { line: "failed and delayed extension", match: /extension/i },
+      { line: "failed extension", match: /failed extension/i },
+      { line: "delayed extension", match: /delayed extension/i },
       { line: "old and new owner running concurrently", match: /old and new owner/i },
       { line: "no ack after ownership is lost", match: /ownership is lost|lease (is )?lost/i }
     ]

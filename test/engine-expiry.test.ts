@@ -47,3 +47,33 @@ describe("engine: expiry", () => {
       assert.isTrue(broker.quiescent(), "acked (the contract's default for expired work)")
     }))
 })
+
+describe("engine: lease deadline before the ack", () => {
+  it.effect("BE-JOB-006: no ack after ownership is lost: a handler that ends past the lease deadline, before the keeper notices, commits but does not ack", () =>
+    Effect.gen(function*() {
+      // Lease 600 ms: the keeper looks every 100 ms and calls it lost from 540 ms on; every
+      // extension fails. The handler ends at 570 ms: past the deadline, before the keeper's look.
+      const broker = InMemoryBroker.make({ lease: "600 millis", faults: { extendFails: 1 } })
+      const store = InMemoryIdempotencyStore.make()
+      const outcomes: Array<Outcome.Outcome> = []
+      const now = yield* Clock.currentTimeMillis
+      yield* broker.publish(JSON.stringify({ id: "e1", expiresAt: now + 60_000 }))
+      const fiber = yield* Effect.forkChild(Consumer.run(Consumer.make({
+        name: "lease",
+        source: broker.source,
+        schema: Event,
+        metadata: (event) => ({ id: event.id, time: DateTime.makeUnsafe(now) }),
+        handle: (event) => Effect.andThen(Effect.sleep("570 millis"), IdempotencyStore.commit(event.id, Effect.void)),
+        classify: { IdempotencyError: "isRetryable" },
+        onOutcome: (outcome) => Effect.sync(() => outcomes.push(outcome))
+      })).pipe(Effect.provide(store.layer)))
+      for (let i = 0; i < 100 && outcomes.length === 0; i++) yield* TestClock.adjust("10 millis")
+      yield* Fiber.interrupt(fiber)
+      assert.deepStrictEqual(outcomes.map((o) => o._tag), ["Committed"])
+      const [committed] = outcomes
+      assert.strictEqual(committed?._tag === "Committed" ? committed.ackWithheld : undefined, "LeaseLost")
+      assert.isFalse(committed!.confirmed)
+      assert.strictEqual(store.commits().length, 1, "the effect is committed (the dedup row fences a second owner)")
+      assert.isFalse(broker.events().some((e) => e._tag === "Acked"), "no ack was sent")
+    }))
+})

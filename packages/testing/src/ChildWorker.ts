@@ -33,8 +33,11 @@ export interface SpawnOptions {
   readonly maxLines?: number
 }
 
-/** A signal a test may send. */
-export type Signal = "SIGKILL" | "SIGTERM" | "SIGINT"
+/**
+ * A signal a test may send. `SIGSTOP` pauses the child (its timers, sockets and event loop
+ * stand still, as in a long GC pause or a frozen VM) until `SIGCONT`.
+ */
+export type Signal = "SIGKILL" | "SIGTERM" | "SIGINT" | "SIGSTOP" | "SIGCONT"
 
 /** How a child ended: an exit code, or the signal that killed it. */
 export interface ExitStatus {

@@ -47,6 +47,27 @@ export interface Definition<in out A, in out E extends Tagged, out R> {
   readonly maxDeliveries: number
 }
 
+/** The lease of the delivery being judged, once the keeper watches it. */
+interface LeaseBox {
+  held: LeaseKeeper.Lease | undefined
+}
+
+/** Whether `verdict` settles with an ack. */
+const acks = (verdict: Verdict): boolean =>
+  (verdict._tag === "Committed" && verdict.ackWithheld === undefined) || verdict._tag === "Duplicate" ||
+  verdict._tag === "Expired"
+
+/** The verdict for the same work once its lease is lost: no ack (a committed effect stays committed). */
+const withholdAck = (verdict: Verdict): Verdict =>
+  verdict._tag === "Committed"
+    ? { ...verdict, ackWithheld: "LeaseLost" }
+    : Outcome.verdict("Released", {
+      message: verdict.message,
+      reason: "LeaseLost",
+      error: ErrorSummary.make("LeaseLost", "the lease ran out before the ack; another consumer may own the message"),
+      retryIn: undefined
+    })
+
 /** What the idempotency store reported about one delivery's effect (through `CurrentDelivery`). */
 interface Reports {
   committed: boolean
@@ -227,9 +248,10 @@ const makeProcess = <A, E extends Tagged, R>(
   const judgeSafely = (
     delivery: Delivery,
     receivedAt: number,
-    restore: <X, Y, Z>(effect: Effect.Effect<X, Y, Z>) => Effect.Effect<X, Y, Z>
+    restore: <X, Y, Z>(effect: Effect.Effect<X, Y, Z>) => Effect.Effect<X, Y, Z>,
+    leaseBox: LeaseBox
   ): Effect.Effect<Verdict, never, R> =>
-    judge(delivery, receivedAt, restore).pipe(
+    judge(delivery, receivedAt, restore, leaseBox).pipe(
       Effect.catchCause((cause) =>
         Effect.succeed(Outcome.verdict("DeadLettered", {
           message: {
@@ -248,7 +270,8 @@ const makeProcess = <A, E extends Tagged, R>(
   const judge = (
     delivery: Delivery,
     receivedAt: number,
-    restore: <X, Y, Z>(effect: Effect.Effect<X, Y, Z>) => Effect.Effect<X, Y, Z>
+    restore: <X, Y, Z>(effect: Effect.Effect<X, Y, Z>) => Effect.Effect<X, Y, Z>,
+    leaseBox: LeaseBox
   ): Effect.Effect<Verdict, never, R> =>
     Effect.gen(function*() {
       const decoded = definition.decode(delivery.payload)
@@ -317,6 +340,7 @@ const makeProcess = <A, E extends Tagged, R>(
       }
       yield* Probe.hit({ point: "received", consumer: definition.name, sequence: delivery.sequence, eventId: metadata.id })
       const held = keeper.register(delivery, receivedAt, yield* Effect.fiber)
+      leaseBox.held = held
       // What the store reports about this delivery's effect, whatever the handler returns.
       const reports: Reports = { committed: false, alreadyCommitted: false }
       const exit = yield* Effect.exit(restore(attempt(event, delivery, metadata, failedBefore + 1, reports)))
@@ -381,7 +405,14 @@ const makeProcess = <A, E extends Tagged, R>(
         const receivedAt = yield* Clock.currentTimeMillis
         yield* Metric.update(inFlightGauge, ++running)
         if (delivery.deliveryCount > 1) yield* Metric.update(redeliveries, 1)
-        const verdict = yield* judgeSafely(delivery, receivedAt, restore)
+        const leaseBox: LeaseBox = { held: undefined }
+        const judged = yield* judgeSafely(delivery, receivedAt, restore, leaseBox)
+        // Never ack past the local lease deadline (with the keeper's 10% margin): the server may
+        // have handed the message to another consumer, and it would accept this ack for both.
+        const verdict = leaseBox.held !== undefined && leaseMillis > 0 && acks(judged) &&
+            (yield* Clock.currentTimeMillis) >= leaseBox.held.heldSince + leaseMillis * 0.9
+          ? withholdAck(judged)
+          : judged
         // `now` only stamps dead-letter records; skip building a DateTime for the other outcomes.
         const now = verdict._tag === "Committed" || verdict._tag === "Duplicate" || verdict._tag === "Released"
           ? EPOCH
