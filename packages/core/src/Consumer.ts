@@ -14,6 +14,8 @@
  */
 import { Data, Duration, type Effect, Exit, Result, Schema } from "effect"
 import type { Classification, Tagged } from "./Classification.ts"
+import type { WorkExpired } from "./Expiry.ts"
+import type { LeaseExpired } from "./Lease.ts"
 import type { CurrentDelivery } from "./CurrentDelivery.ts"
 import type { Metadata } from "./Envelope.ts"
 import * as ErrorSummary from "./ErrorSummary.ts"
@@ -38,8 +40,11 @@ export interface BaseOptions<A, E extends Tagged, R, RS> {
    * engine provides it `CurrentDelivery`.
    */
   readonly handle: (event: A) => Effect.Effect<unknown, E, R>
-  /** One entry for every `_tag` the handler can fail with. */
-  readonly classify: NoInfer<Classification<E>>
+  /**
+   * One entry for every `_tag` the handler can fail with, except `WorkExpired` (`Expiry.ensure`)
+   * and `LeaseExpired` (`Lease.ensure`), which the engine handles itself.
+   */
+  readonly classify: NoInfer<Classification<Exclude<E, WorkExpired | LeaseExpired>>>
   /** Attempts and backoff. Default: `Retry.defaultPolicy` (5 attempts, 200 ms doubling to 30 s, jittered). */
   readonly retry?: Retry.RetryPolicy | undefined
   /** Handlers running at once, 1 to 10 000. Default: 16. */
@@ -210,7 +215,7 @@ export const make = <A, E extends Tagged, R, RS = never>(
       metadata,
       // The engine provides `CurrentDelivery` to every handler run.
       handle: options.handle as (event: A) => Effect.Effect<unknown, E, Exclude<R, CurrentDelivery> | RS | CurrentDelivery>,
-      classify: options.classify,
+      classify: options.classify as Classification<E>,
       retry,
       concurrency,
       prefetch,

@@ -30,6 +30,12 @@ export interface Info {
   readonly subject: string
   /** The broker's position of the message. */
   readonly sequence: number
+  /** The broker's delivery count (1-based); `attempt` counts failed attempts instead when an attempt store is used. */
+  readonly deliveryCount: number
+  /** The event's deadline with the consumer's skew allowance, in epoch millis, if it has one (see `Expiry.ensure`). */
+  readonly expiresAt: number | undefined
+  /** The local lease deadline now, in epoch millis, or undefined without a lease (see `Lease.ensure`). */
+  readonly leaseDeadline: () => number | undefined
   /** Tells the engine what happened to this delivery's effect (see {@link Report}); for stores. */
   readonly report: (report: Report) => void
 }

@@ -304,6 +304,9 @@ layer(
           attempts: 3,
           subject: "ledger.transfer",
           sequence: 42,
+          deliveryCount: 1,
+          expiresAt: undefined,
+          leaseDeadline: () => undefined,
           report: () => undefined
         }),
         Effect.provideService(Probe.Probe, probe)

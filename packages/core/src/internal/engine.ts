@@ -11,6 +11,8 @@ import { CurrentDelivery } from "../CurrentDelivery.ts"
 import type { Delivery } from "../Delivery.ts"
 import { isExpired, type Metadata } from "../Envelope.ts"
 import * as ErrorSummary from "../ErrorSummary.ts"
+import { WorkExpired } from "../Expiry.ts"
+import { LeaseExpired } from "../Lease.ts"
 import { isAlreadyCommitted } from "../IdempotencyStore.ts"
 import * as Lifecycle from "../Lifecycle.ts"
 import * as Outcome from "../Outcome.ts"
@@ -149,7 +151,7 @@ const makeProcess = <A, E extends Tagged, R>(
     Schedule.while(({ duration, elapsed }) => leaseMillis <= 0 || elapsed + Duration.toMillis(duration) < leaseMillis / 2)
   )
   const isTransient = (error: E | HandlerTimeout | ExpiredBeforeRun): boolean =>
-    error instanceof ExpiredBeforeRun
+    error instanceof ExpiredBeforeRun || error instanceof WorkExpired || error instanceof LeaseExpired
       ? false
       : error._tag === "HandlerTimeout" && error instanceof HandlerTimeout
       ? true
@@ -196,7 +198,14 @@ const makeProcess = <A, E extends Tagged, R>(
     }
   }
 
-  const attempt = (event: A, delivery: Delivery, metadata: Metadata, attemptNumber: number, reports: Reports) =>
+  const attempt = (
+    event: A,
+    delivery: Delivery,
+    metadata: Metadata,
+    attemptNumber: number,
+    reports: Reports,
+    leaseBox: LeaseBox
+  ) =>
     // Every run, the first and each in-process retry after its delay, starts only if the event
     // has not expired meanwhile (found by the simulation: a retry used to run past the expiry).
     // Suspended: a handler that throws instead of returning an Effect fails its attempt as a
@@ -220,6 +229,10 @@ const makeProcess = <A, E extends Tagged, R>(
         attempts: definition.retry.attempts,
         subject: delivery.subject,
         sequence: delivery.sequence,
+        deliveryCount: delivery.deliveryCount,
+        expiresAt: metadata.expiresAt === undefined ? undefined : metadata.expiresAt.epochMilliseconds + definition.skewMillis,
+        leaseDeadline: () =>
+          leaseBox.held === undefined || !(leaseMillis > 0) ? undefined : leaseBox.held.heldSince + leaseMillis * 0.9,
         report: (report) => {
           if (report === "Committed") reports.committed = true
           else reports.alreadyCommitted = true
@@ -343,7 +356,7 @@ const makeProcess = <A, E extends Tagged, R>(
       leaseBox.held = held
       // What the store reports about this delivery's effect, whatever the handler returns.
       const reports: Reports = { committed: false, alreadyCommitted: false }
-      const exit = yield* Effect.exit(restore(attempt(event, delivery, metadata, failedBefore + 1, reports)))
+      const exit = yield* Effect.exit(restore(attempt(event, delivery, metadata, failedBefore + 1, reports, leaseBox)))
       keeper.unregister(held)
       yield* Metric.update(handlerDuration, (yield* Clock.currentTimeMillis) - receivedAt)
       const afterCommit = Probe.hit({ point: "after-commit", consumer: definition.name, sequence: delivery.sequence, eventId: metadata.id })
@@ -364,12 +377,24 @@ const makeProcess = <A, E extends Tagged, R>(
       }
       const error = ErrorSummary.fromCause(exit.cause)
       const failure = Cause.findErrorOption(exit.cause)
-      if (Option.isSome(failure) && failure.value instanceof ExpiredBeforeRun && metadata.expiresAt !== undefined) {
+      if (
+        Option.isSome(failure) && (failure.value instanceof ExpiredBeforeRun || failure.value instanceof WorkExpired) &&
+        metadata.expiresAt !== undefined
+      ) {
         return Outcome.verdict("Expired", {
           message,
           expiresAt: metadata.expiresAt,
           detectedAt: DateTime.makeUnsafe(failure.value.detectedAt),
           stage: "AfterWait"
+        })
+      }
+      if (Option.isSome(failure) && failure.value instanceof LeaseExpired) {
+        // The handler found its lease gone before an irreversible step (`Lease.ensure`).
+        return Outcome.verdict("Released", {
+          message,
+          reason: "LeaseLost",
+          error: ErrorSummary.fromError(failure.value),
+          retryIn: undefined
         })
       }
       if (held.lost && Cause.hasInterrupts(exit.cause)) {

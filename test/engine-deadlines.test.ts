@@ -1,12 +1,13 @@
 /**
- * Expiry checked again before every run of the handler (BE-JOB-005), over the in-memory broker
- * and store under `TestClock`: an event that expires while the engine waits for an in-process
- * retry ends `Expired` (stage `AfterWait`) without its effect.
+ * Deadlines inside the engine, over the in-memory broker and store under `TestClock`: expiry
+ * checked before every run of the handler and by the handler itself after a wait (BE-JOB-005),
+ * and the lease deadline checked before every ack and by the handler before an irreversible step
+ * (BE-JOB-006).
  */
 import { assert, describe, it } from "@effect/vitest"
-import { Consumer, IdempotencyStore, type Outcome, Retry } from "@jetworker/core"
+import { Consumer, Expiry, IdempotencyStore, Lease, type Outcome, Retry } from "@jetworker/core"
 import { InMemoryBroker, InMemoryIdempotencyStore } from "@jetworker/testing"
-import { Clock, Data, DateTime, Effect, Fiber, Schema } from "effect"
+import { Clock, Data, DateTime, Effect, Fiber, Metric, Schema } from "effect"
 import { TestClock } from "effect/testing"
 
 class Flaky extends Data.TaggedError("Flaky")<{ readonly message: string }> {}
@@ -75,5 +76,73 @@ describe("engine: lease deadline before the ack", () => {
       assert.isFalse(committed!.confirmed)
       assert.strictEqual(store.commits().length, 1, "the effect is committed (the dedup row fences a second owner)")
       assert.isFalse(broker.events().some((e) => e._tag === "Acked"), "no ack was sent")
+    }))
+})
+
+/** The `jetworker.expired` counter of consumer `name` at `stage`. */
+const expiredCount = (name: string, stage: string) =>
+  Effect.map(Metric.snapshot, (snapshots) =>
+    snapshots
+      .filter((m) => m.id === "jetworker.expired" && m.attributes?.consumer === name && m.attributes?.stage === stage)
+      .reduce((sum, m) => sum + Number((m.state as { readonly count: number | bigint }).count), 0))
+
+describe("engine: deadlines the handler checks", () => {
+  it.effect("BE-JOB-005: expiry while waiting for a dependency: a handler that waited past the deadline and checks Expiry.ensure ends Expired with no business effect, counted in the expiry metric", () =>
+    Effect.gen(function*() {
+      const broker = InMemoryBroker.make({ lease: "30 seconds" })
+      const store = InMemoryIdempotencyStore.make()
+      const outcomes: Array<Outcome.Outcome> = []
+      const now = yield* Clock.currentTimeMillis
+      const before = yield* expiredCount("waits", "AfterWait")
+      yield* broker.publish(JSON.stringify({ id: "e1", expiresAt: now + 200 }))
+      const fiber = yield* Effect.forkChild(Consumer.run(Consumer.make({
+        name: "waits",
+        source: broker.source,
+        schema: Event,
+        metadata: (event) => ({ id: event.id, time: DateTime.makeUnsafe(now), expiresAt: DateTime.makeUnsafe(event.expiresAt) }),
+        handle: (event) =>
+          Effect.sleep("300 millis").pipe( // waiting for a dependency (a lock, a rate limit)
+            Effect.andThen(Expiry.ensure),
+            Effect.andThen(IdempotencyStore.commit(event.id, Effect.void))
+          ),
+        classify: { IdempotencyError: "isRetryable" }, // WorkExpired needs no entry
+        onOutcome: (outcome) => Effect.sync(() => outcomes.push(outcome))
+      })).pipe(Effect.provide(store.layer)))
+      for (let i = 0; i < 20 && outcomes.length === 0; i++) yield* TestClock.adjust("50 millis")
+      yield* Fiber.interrupt(fiber)
+      assert.deepStrictEqual(outcomes.map((o) => [o._tag, o._tag === "Expired" ? o.stage : ""]), [["Expired", "AfterWait"]])
+      assert.deepStrictEqual(store.commits(), [])
+      assert.strictEqual((yield* expiredCount("waits", "AfterWait")) - before, 1)
+    }))
+
+  it.effect("BE-JOB-006: Lease.ensure before an irreversible step: past the local lease deadline the handler stops, the delivery is released without an ack, and the fencing token named it", () =>
+    Effect.gen(function*() {
+      const broker = InMemoryBroker.make({ lease: "600 millis", faults: { extendFails: 1 } })
+      const outcomes: Array<Outcome.Outcome> = []
+      const tokens: Array<Lease.FencingToken> = []
+      let effects = 0
+      const now = yield* Clock.currentTimeMillis
+      yield* broker.publish(JSON.stringify({ id: "e1", expiresAt: now + 60_000 }))
+      const fiber = yield* Effect.forkChild(Consumer.run(Consumer.make({
+        name: "fenced",
+        source: broker.source,
+        schema: Event,
+        metadata: (event) => ({ id: event.id, time: DateTime.makeUnsafe(now) }),
+        handle: () =>
+          Effect.gen(function*() {
+            tokens.push(yield* Lease.fencingToken)
+            yield* Effect.sleep("570 millis") // the slow part, past the lease deadline (540 ms)
+            yield* Lease.ensure
+            effects++ // the irreversible step
+          }),
+        classify: {}, // LeaseExpired needs no entry
+        onOutcome: (outcome) => Effect.sync(() => outcomes.push(outcome))
+      })))
+      for (let i = 0; i < 100 && outcomes.length === 0; i++) yield* TestClock.adjust("10 millis")
+      yield* Fiber.interrupt(fiber)
+      assert.strictEqual(effects, 0)
+      assert.deepStrictEqual(outcomes.map((o) => [o._tag, "reason" in o ? o.reason : ""]), [["Released", "LeaseLost"]])
+      assert.deepStrictEqual(tokens, [{ scope: "fenced", eventId: "e1", sequence: 1, deliveryCount: 1 }])
+      assert.isFalse(broker.events().some((e) => e._tag === "Acked"))
     }))
 })

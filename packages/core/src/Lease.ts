@@ -1,0 +1,57 @@
+/**
+ * Ownership checked by the handler itself (BE-JOB-006). The broker does not check who acks or
+ * extends (NATS 2.9 answers an old owner's `+WPI` and `+ACK` too), so a confirmed extension proves
+ * nothing: before an effect that cannot be undone (a payment call, an e-mail), a handler calls
+ * `Lease.ensure`, which fails with {@link LeaseExpired} once the local lease deadline has passed
+ * (then another consumer may own the message); the engine ends the delivery `Released`
+ * (`LeaseLost`) without an ack. `Lease.fencingToken` gives what to pass downstream so that a
+ * receiver can refuse a stale owner: the idempotency key and the delivery's place.
+ *
+ * The dedup row remains the fence for effects inside the database transaction: an old and a new
+ * owner commit at most once together. It needs no classification entry.
+ *
+ * @since 0.2.0
+ */
+import { Clock, Data, Effect, Option } from "effect"
+import { CurrentDelivery } from "./CurrentDelivery.ts"
+
+/** The local lease deadline has passed; another consumer may own the message. */
+export class LeaseExpired extends Data.TaggedError("LeaseExpired")<{
+  readonly eventId: string
+  /** The local deadline, in epoch milliseconds. */
+  readonly deadline: number
+}> {
+  override get message(): string {
+    return `the lease of event ${this.eventId} ran out at ${new Date(this.deadline).toISOString()}`
+  }
+}
+
+/** What identifies this owner's attempt: the idempotency key and the delivery. */
+export interface FencingToken {
+  /** The deduplication scope (the consumer name). */
+  readonly scope: string
+  /** The event id: with `scope`, the idempotency key to pass downstream. */
+  readonly eventId: string
+  /** The message's stream sequence. */
+  readonly sequence: number
+  /** The broker's delivery count: a later owner of the same message has a higher one. */
+  readonly deliveryCount: number
+}
+
+/** Fails with {@link LeaseExpired} past the local lease deadline; succeeds otherwise (and outside a delivery). */
+export const ensure: Effect.Effect<void, LeaseExpired> = Effect.flatMap(
+  Effect.serviceOption(CurrentDelivery),
+  (current) => {
+    if (Option.isNone(current)) return Effect.void
+    const deadline = current.value.leaseDeadline()
+    if (deadline === undefined) return Effect.void
+    const eventId = current.value.eventId
+    return Effect.flatMap(Clock.currentTimeMillis, (now) =>
+      now >= deadline ? Effect.fail(new LeaseExpired({ eventId, deadline })) : Effect.void)
+  }
+)
+
+/** The current delivery's fencing token. */
+export const fencingToken: Effect.Effect<FencingToken, never, CurrentDelivery> = CurrentDelivery.use((d) =>
+  Effect.succeed({ scope: d.consumer, eventId: d.eventId, sequence: d.sequence, deliveryCount: d.deliveryCount })
+)
