@@ -210,10 +210,12 @@ const makeProcess = <A, E extends Tagged, R>(
     // has not expired meanwhile (found by the simulation: a retry used to run past the expiry).
     // Suspended: a handler that throws instead of returning an Effect fails its attempt as a
     // defect (transient) rather than killing the delivery's fiber.
-    Effect.flatMap(Clock.currentTimeMillis, (now): Effect.Effect<unknown, E | ExpiredBeforeRun, R | CurrentDelivery> =>
-      metadata.expiresAt !== undefined && isExpired(metadata, now, definition.skewMillis)
-        ? Effect.fail(new ExpiredBeforeRun({ detectedAt: now }))
-        : Effect.suspend(() => definition.handle(event))).pipe(
+    (metadata.expiresAt === undefined
+      ? Effect.suspend((): Effect.Effect<unknown, E | ExpiredBeforeRun, R | CurrentDelivery> => definition.handle(event))
+      : Effect.flatMap(Clock.currentTimeMillis, (now): Effect.Effect<unknown, E | ExpiredBeforeRun, R | CurrentDelivery> =>
+        isExpired(metadata, now, definition.skewMillis)
+          ? Effect.fail(new ExpiredBeforeRun({ detectedAt: now }))
+          : Effect.suspend(() => definition.handle(event)))).pipe(
       Effect.timeoutOrElse({
         duration: definition.handlerTimeout,
         orElse: () =>
