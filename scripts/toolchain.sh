@@ -23,10 +23,13 @@ jw_ensure_node() {
     ln -sf "$JW_TOOLS/node/bin/node" "$JW_TOOLS/bin/node"
     return
   fi
-  local have=""
-  if command -v node >/dev/null 2>&1; then have=$(node -p 'process.versions.node' 2>/dev/null || true); fi
+  # The machine's node, never our own link to it (sourced twice, .tools/bin is already on PATH,
+  # and linking `command -v node` would make the link point at itself).
+  local have="" machine=""
+  machine=$(PATH=$(printf '%s' "$PATH" | tr ':' '\n' | grep -vxF "$JW_TOOLS/bin" | paste -sd: -) command -v node 2>/dev/null || true)
+  if [ -n "$machine" ]; then machine=$(readlink -f "$machine"); have=$("$machine" -p 'process.versions.node' 2>/dev/null || true); fi
   if [ -n "$have" ] && jw_version_ge "$have" "$JW_MIN_NODE"; then
-    ln -sf "$(command -v node)" "$JW_TOOLS/bin/node"
+    ln -sf "$machine" "$JW_TOOLS/bin/node"
     return
   fi
   command -v npm >/dev/null 2>&1 || { jw_log "need npm (any version) to fetch Node $JW_NODE_VERSION"; exit 1; }
