@@ -73,7 +73,7 @@ const requirements: ReadonlyArray<Requirement> = [
   {
     id: "BE-JOB-005",
     title: "Work expiry",
-    inScope: false,
+    inScope: true,
     verifications: [
       { line: "delivery before and after expiry", match: /before and after expiry|after expiry/i },
       { line: "expiry while waiting for a dependency", match: /while waiting/i },

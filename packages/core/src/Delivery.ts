@@ -38,6 +38,8 @@ export interface Delivery {
   readonly sequence: number
   /** How many times the broker has delivered this message, this time included (1-based). */
   readonly deliveryCount: number
+  /** When the broker stored the message, in epoch millis (its own clock), if it says. */
+  readonly publishedAt?: number | undefined
   /** Reads one header of the message (the first value when repeated). */
   readonly header: (name: string) => string | undefined
   /** Acknowledges; succeeds only once the broker confirms. */

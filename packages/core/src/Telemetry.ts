@@ -109,6 +109,16 @@ export const settleLatency = Metric.histogram("jetworker.settle.latency", {
   boundaries: Metric.exponentialBoundaries({ start: 0.25, factor: 2, count: 16 })
 })
 
+/**
+ * The last producer clock skew seen, by `consumer`: the broker's stored time of a message minus
+ * the producer's `time` (creation) in its event, in milliseconds. Negative when the producer's
+ * clock runs ahead of the broker's. Expiry is judged on the consumer's clock with the consumer's
+ * skew allowance; watch this against that allowance.
+ */
+export const producerClockSkew = Metric.gauge("jetworker.producer.clock_skew", {
+  description: "Broker stored time minus the producer's event time, in milliseconds (last seen), by consumer"
+})
+
 /** Messages not yet delivered to the consumer (the server's `num_pending`), by `consumer` and `stream`. */
 export const consumerLag = Metric.gauge("jetworker.consumer.lag", {
   description: "Messages waiting on the server for the consumer (num_pending), by consumer and stream"

@@ -54,6 +54,8 @@ export interface Message {
   deliveries: number
   /** When it may be delivered (pending) or when its lease runs out (inflight), in epoch millis. */
   dueAt: number
+  /** When it was stored, in epoch millis. */
+  readonly publishedAt: number
 }
 
 /** How the broker behaves. */
@@ -132,6 +134,7 @@ export const make = (options: Options): InMemoryBroker => {
     payload: message.payload,
     sequence: message.sequence,
     deliveryCount,
+    publishedAt: message.publishedAt,
     header: (name) => message.headers[name],
     ack: settle("Ack", (now) => {
       if (message.status === "done" || message.status === "dropped") return
@@ -229,7 +232,8 @@ export const make = (options: Options): InMemoryBroker => {
             headers,
             status: "pending",
             deliveries: 0,
-            dueAt: now
+            dueAt: now,
+            publishedAt: now
           }
           messages.push(message)
           signal()

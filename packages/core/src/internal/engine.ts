@@ -127,6 +127,7 @@ const makeProcess = <A, E extends Tagged, R>(
   // Metrics with the consumer's attributes, built once; those keyed by a reason or stage on first use.
   const handlerDuration = Metric.withAttributes(Telemetry.handlerDuration, consumer)
   const inFlightGauge = Metric.withAttributes(Telemetry.inFlight, consumer)
+  const clockSkew = Metric.withAttributes(Telemetry.producerClockSkew, consumer)
   const stranded = Metric.withAttributes(Telemetry.stranded, consumer)
   const redeliveries = Metric.withAttributes(Telemetry.redeliveries, consumer)
   const retries = Metric.withAttributes(Telemetry.retries, consumer)
@@ -307,6 +308,9 @@ const makeProcess = <A, E extends Tagged, R>(
       }
       const metadata = read.success
       const message = { ...ref, eventId: metadata.id }
+      if (delivery.publishedAt !== undefined) {
+        yield* Metric.update(clockSkew, delivery.publishedAt - metadata.time.epochMilliseconds)
+      }
       // Compared in epoch milliseconds: a DateTime is built only for an expired event.
       const nowMillis = yield* Clock.currentTimeMillis
       if (metadata.expiresAt !== undefined && isExpired(metadata, nowMillis, definition.skewMillis)) {

@@ -54,6 +54,8 @@ export const toDelivery = (
     payload: msg.data,
     sequence: msg.seq,
     deliveryCount: msg.info.deliveryCount,
+    // The server's stored time (nanoseconds as a bigint, so no precision is lost on the way).
+    publishedAt: Number(msg.timestampNanos / 1_000_000n),
     header: (name) => {
       if (headers === undefined || !headers.has(name)) return undefined
       return headers.get(name)
