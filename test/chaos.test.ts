@@ -1,0 +1,107 @@
+/**
+ * Chaos against the real NATS and PostgreSQL (BE-JOB-001/002/006 together): three ledger worker
+ * processes on one durable consumer while transfers are published; at seeded random moments a
+ * worker is frozen past its AckWait (SIGSTOP, then SIGCONT) or killed (SIGKILL, then restarted).
+ * Afterwards every transfer is applied exactly once: one row each, and every balance exactly what
+ * the transfers make of it. The seed is printed on failure (`JW_CHAOS_SEED` replays the schedule).
+ */
+import { assert, describe, layer } from "@effect/vitest"
+import { DeadLetter } from "@jetworker/nats"
+import { Eventually, TestDatabase } from "@jetworker/testing"
+import { Duration, Effect, Fiber } from "effect"
+import { balances, ledgerStream, openAccount, transfer, transferCounts, uniquePrefix, workerEnv } from "./support/ledger.ts"
+import { databaseUrl, LedgerTestLive, natsUrl } from "./support/services.ts"
+import * as W from "./support/worker.ts"
+
+const generator = (seed: number) => {
+  let a = seed >>> 0
+  return () => {
+    a = (a + 0x6D2B79F5) >>> 0
+    let t = a
+    t = Math.imul(t ^ (t >>> 15), t | 1)
+    t ^= t + Math.imul(t ^ (t >>> 7), t | 61)
+    return ((t ^ (t >>> 14)) >>> 0) / 4294967296
+  }
+}
+
+const seed = Number(process.env.JW_CHAOS_SEED ?? Date.now() % 1_000_000)
+
+describe("chaos", () => {
+  layer(LedgerTestLive, { excludeTestServices: true, timeout: "180 seconds" })((it) => {
+    it.effect(`BE-JOB-002: three workers frozen and killed at random apply every transfer exactly once (seed ${seed})`, () =>
+      Effect.gen(function*() {
+        const random = generator(seed)
+        const { stream, settings } = yield* ledgerStream({ ackWait: Duration.seconds(2), concurrency: 4 })
+        const schema = yield* TestDatabase.TestSchema
+        const p = uniquePrefix("chaos")
+        const accounts = Array.from({ length: 8 }, (_, i) => `${p}.acct${i}`)
+        for (const account of accounts) yield* openAccount(account, "EUR", 1_000_00)
+        const transfers = Array.from({ length: 300 }, (_, i) => {
+          const from = accounts[Math.floor(random() * accounts.length)]!
+          let to = accounts[Math.floor(random() * accounts.length)]!
+          if (to === from) to = accounts[(accounts.indexOf(from) + 1) % accounts.length]!
+          return { id: `${p}.t${i}`, from, to, amount: 1 + Math.floor(random() * 100) }
+        })
+        const env = {
+          ...workerEnv(settings, schema.name, databaseUrl, natsUrl),
+          SHUTDOWN_BUDGET: "5 seconds",
+          SHUTDOWN_READINESS_GRACE: "0 millis",
+          SHUTDOWN_CLOSE: "1 second",
+          SHUTDOWN_TELEMETRY: "500 millis",
+          SHUTDOWN_RESERVE: "500 millis"
+        }
+        // Workers live in their own scopes so that a killed one can be replaced.
+        const workers: Array<W.Worker> = []
+        for (let i = 0; i < 3; i++) workers.push(yield* W.start(env))
+        for (const worker of workers) yield* W.waitReady(worker)
+        const publishing = yield* Effect.forkChild(
+          Effect.forEach(transfers, (t) => stream.publish("eur", transfer(t.id, t.from, t.to, t.amount), t.id), {
+            concurrency: 16,
+            discard: true
+          })
+        )
+        // The chaos schedule: 20 faults, 300 to 700 ms apart (the pacing of the faults, not a wait).
+        const stopped = new Set<number>()
+        for (let fault = 0; fault < 20; fault++) {
+          yield* Effect.sleep(Duration.millis(300 + Math.floor(random() * 400)))
+          const index = Math.floor(random() * workers.length)
+          const worker = workers[index]!
+          if (stopped.has(index)) {
+            yield* worker.child.kill("SIGCONT")
+            stopped.delete(index)
+          } else if (random() < 0.5) {
+            yield* worker.child.kill("SIGSTOP") // frozen; its lease runs out after 2 s
+            stopped.add(index)
+          } else {
+            yield* worker.child.kill("SIGKILL")
+            yield* worker.child.waitForExit("10 seconds")
+            workers[index] = yield* W.start(env)
+          }
+        }
+        for (const index of stopped) yield* workers[index]!.child.kill("SIGCONT")
+        yield* Fiber.join(publishing)
+        yield* Eventually.holds(
+          "every transfer applied",
+          Effect.map(transferCounts(transfers.map((t) => t.id)), (counts) => counts.size === transfers.length),
+          "90 seconds"
+        )
+        yield* Eventually.holds(
+          "nothing left on the consumer",
+          Effect.map(stream.info, (info) => info.num_pending === 0 && info.num_ack_pending === 0),
+          "60 seconds"
+        )
+        for (const worker of workers) yield* worker.child.kill("SIGTERM")
+        for (const worker of workers) yield* worker.child.waitForExit("15 seconds")
+
+        const counts = yield* transferCounts(transfers.map((t) => t.id))
+        assert.isTrue([...counts.values()].every((n) => n === 1), `seed ${seed}`)
+        const expected: Record<string, bigint> = Object.fromEntries(accounts.map((acct) => [acct, 1_000_00n]))
+        for (const t of transfers) {
+          expected[t.from] = expected[t.from]! - BigInt(t.amount)
+          expected[t.to] = expected[t.to]! + BigInt(t.amount)
+        }
+        assert.deepStrictEqual(yield* balances(accounts), expected, `seed ${seed}: balances`)
+        assert.deepStrictEqual(yield* DeadLetter.list(stream.deadLetterStream), [], `seed ${seed}: nothing dead-lettered`)
+      }))
+  })
+})
