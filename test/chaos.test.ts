@@ -11,18 +11,9 @@ import { Eventually, TestDatabase } from "@jetworker/testing"
 import { Duration, Effect, Fiber } from "effect"
 import { balances, ledgerStream, openAccount, transfer, transferCounts, uniquePrefix, workerEnv } from "./support/ledger.ts"
 import { databaseUrl, LedgerTestLive, natsUrl } from "./support/services.ts"
+import { generator } from "./support/random.ts"
 import * as W from "./support/worker.ts"
 
-const generator = (seed: number) => {
-  let a = seed >>> 0
-  return () => {
-    a = (a + 0x6D2B79F5) >>> 0
-    let t = a
-    t = Math.imul(t ^ (t >>> 15), t | 1)
-    t ^= t + Math.imul(t ^ (t >>> 7), t | 61)
-    return ((t ^ (t >>> 14)) >>> 0) / 4294967296
-  }
-}
 
 const seed = Number(process.env.JW_CHAOS_SEED ?? Date.now() % 1_000_000)
 

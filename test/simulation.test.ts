@@ -20,23 +20,13 @@ import { Consumer, IdempotencyStore, type Outcome, Retry } from "@jetworker/core
 import { InMemoryBroker, InMemoryIdempotencyStore } from "@jetworker/testing"
 import { Clock, Data, DateTime, Effect, Fiber, Schema } from "effect"
 import { TestClock } from "effect/testing"
+import { generator } from "./support/random.ts"
 
 class Transient extends Data.TaggedError("Transient")<{ readonly message: string }> {}
 class Permanent extends Data.TaggedError("Permanent")<{ readonly message: string }> {}
 
 const Event = Schema.Struct({ id: Schema.String, expiresAt: Schema.optional(Schema.Number) })
 
-/** mulberry32: a small, seedable generator, so a run replays exactly. */
-const generator = (seed: number) => {
-  let a = seed >>> 0
-  return () => {
-    a = (a + 0x6D2B79F5) >>> 0
-    let t = a
-    t = Math.imul(t ^ (t >>> 15), t | 1)
-    t ^= t + Math.imul(t ^ (t >>> 7), t | 61)
-    return ((t ^ (t >>> 14)) >>> 0) / 4294967296
-  }
-}
 
 interface Plan {
   readonly id: string
