@@ -17,6 +17,19 @@ export interface ErrorSummary {
   readonly message: string
   /** The error's own scalar fields (strings, numbers, booleans), at most 20 of them. */
   readonly fields: Readonly<Record<string, string | number | boolean>>
+  /**
+   * What the error wraps, outermost first (its `reason`, then each `cause`), at most 5 levels:
+   * for a PostgreSQL error, the driver's error with its SQLSTATE `code`, `detail` and
+   * `constraint`. Absent when the error wraps nothing.
+   */
+  readonly causes?: ReadonlyArray<CauseSummary> | undefined
+}
+
+/** One wrapped error of an {@link ErrorSummary}'s chain. */
+export interface CauseSummary {
+  readonly tag: string
+  readonly message: string
+  readonly fields: Readonly<Record<string, string | number | boolean>>
 }
 
 const MAX_MESSAGE = 500
@@ -28,12 +41,15 @@ const oneLine = (text: string, max: number): string => {
   return flat.length > max ? `${flat.slice(0, max - 1)}…` : flat
 }
 
+const MAX_CAUSES = 5
+
 const scalarFields = (value: object): Record<string, string | number | boolean> => {
   const fields: Record<string, string | number | boolean> = {}
   let count = 0
   for (const [key, field] of Object.entries(value)) {
     if (count >= MAX_FIELDS) break
     if (key === "_tag" || key === "message" || key === "stack" || key === "cause") continue
+    if (key.startsWith("~")) continue // a library's type marker, not information
     if (typeof field === "string") fields[key] = oneLine(field, MAX_FIELD_LENGTH)
     else if (typeof field === "number" || typeof field === "boolean") fields[key] = field
     else continue
@@ -60,15 +76,41 @@ const messageOf = (value: unknown): string => {
   return String(value)
 }
 
-/** Summarises one error value (a typed failure or a defect). */
+/** The error `value` wraps: its `reason` (effect's SqlError and its kin) or its `cause`, if an object. */
+const wrapped = (value: object): object | undefined => {
+  for (const key of ["reason", "cause"] as const) {
+    const inner = (value as Record<string, unknown>)[key]
+    if (typeof inner === "object" && inner !== null) return inner
+  }
+  return undefined
+}
+
+/** The chain under `error`, outermost first, bounded; repeated messages are not repeated. */
+const causesOf = (error: object): Array<CauseSummary> => {
+  const chain: Array<CauseSummary> = []
+  const seen = new Set<object>([error])
+  let next = wrapped(error)
+  while (next !== undefined && !seen.has(next) && chain.length < MAX_CAUSES) {
+    seen.add(next)
+    const message = oneLine(messageOf(next), MAX_MESSAGE)
+    chain.push({ tag: tagOf(next, "Error"), message, fields: scalarFields(next) })
+    next = wrapped(next)
+  }
+  return chain
+}
+
+/** Summarises one error value (a typed failure or a defect), with the chain it wraps. */
 export const fromError = (error: unknown, kind: "Failure" | "Defect" = "Failure"): ErrorSummary => {
   const tag = tagOf(error, kind === "Defect" ? "Defect" : "UnknownError")
   const message = oneLine(messageOf(error), MAX_MESSAGE)
+  const isObject = typeof error === "object" && error !== null
+  const causes = isObject ? causesOf(error) : []
   return {
     kind,
     tag,
     message: message.length > 0 ? message : tag,
-    fields: typeof error === "object" && error !== null ? scalarFields(error) : {}
+    fields: isObject ? scalarFields(error) : {},
+    ...(causes.length > 0 ? { causes } : {})
   }
 }
 

@@ -243,7 +243,9 @@ export const describe = (outcome: Outcome): string => {
       return `Expired ${ref} ${outcome.stage}`
     case "Rejected":
     case "DeadLettered":
-      return `${outcome._tag} ${ref}: ${outcome.reason}: ${outcome.error.tag}: ${outcome.error.message}`
+      // The tag only once when it says the same as the reason (`MalformedPayload: MalformedPayload: …`).
+      return `${outcome._tag} ${ref}: ${outcome.reason}: ` +
+        (outcome.error.tag === outcome.reason ? "" : `${outcome.error.tag}: `) + outcome.error.message
     case "Released":
       return `Released ${ref}: ${outcome.reason}` +
         (outcome.retryIn === undefined ? "" : ` (retry in ${Duration.format(outcome.retryIn)})`) +

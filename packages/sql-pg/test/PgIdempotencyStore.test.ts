@@ -123,7 +123,9 @@ layer(
       // The second commit's INSERT is blocked by the first transaction, as PostgreSQL reports it.
       const [waiter] = yield* awaitLockWaiters(first.pid)
       assert.strictEqual(waiter!.waitEvent, "transactionid")
-      assert.include(waiter!.query, "ON CONFLICT")
+      // The dedup insert; once in a while (full-suite load) PostgreSQL still shows the BEGIN it
+      // was pipelined with. Either way the waiter waits on the first transaction's id.
+      assert.match(waiter!.query, /ON CONFLICT|^BEGIN/)
       assert.isUndefined(second.pollUnsafe())
 
       yield* first.release
