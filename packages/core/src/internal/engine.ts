@@ -259,6 +259,21 @@ const makeProcess = <A, E extends Tagged, R>(
     return Result.succeed(metadata)
   }
 
+  // The delivery as outcomes name it, before its event id is known.
+  const messageRef = (delivery: Delivery): Outcome.MessageRef => ({
+    consumer: definition.name,
+    subject: delivery.subject,
+    sequence: delivery.sequence,
+    deliveryCount: delivery.deliveryCount,
+    eventId: undefined
+  })
+
+  // Without a working attempt store the failed attempts are counted from deliveries instead.
+  const orCountDeliveries = (fallback: number) =>
+    Effect.catch((error: { readonly message: string }) =>
+      Effect.as(Effect.logWarning(`attempt store unavailable; counting deliveries: ${error.message}`), fallback)
+    )
+
   // The safety net: a defect anywhere on the per-delivery path outside the handler (a probe, a
   // source) still ends the delivery in an outcome, dead-lettered with the cause.
   const judgeSafely = (
@@ -270,13 +285,7 @@ const makeProcess = <A, E extends Tagged, R>(
     judge(delivery, receivedAt, restore, leaseBox).pipe(
       Effect.catchCause((cause) =>
         Effect.succeed(Outcome.verdict("DeadLettered", {
-          message: {
-            consumer: definition.name,
-            subject: delivery.subject,
-            sequence: delivery.sequence,
-            deliveryCount: delivery.deliveryCount,
-            eventId: undefined
-          },
+          message: messageRef(delivery),
           reason: "Defect",
           error: ErrorSummary.fromCause(cause)
         }))
@@ -291,13 +300,7 @@ const makeProcess = <A, E extends Tagged, R>(
   ): Effect.Effect<Verdict, never, R> =>
     Effect.gen(function*() {
       const decoded = definition.decode(delivery.payload)
-      const ref: Outcome.MessageRef = {
-        consumer: definition.name,
-        subject: delivery.subject,
-        sequence: delivery.sequence,
-        deliveryCount: delivery.deliveryCount,
-        eventId: undefined
-      }
+      const ref = messageRef(delivery)
       if (Result.isFailure(decoded)) {
         return Outcome.verdict("Rejected", { message: ref, reason: decoded.failure.reason, error: decoded.failure.error })
       }
@@ -341,11 +344,7 @@ const makeProcess = <A, E extends Tagged, R>(
         ? delivery.deliveryCount - 1
         : delivery.deliveryCount === 1
         ? 0
-        : yield* attemptStore.failures(key).pipe(
-          Effect.catch((error) =>
-            Effect.as(Effect.logWarning(`attempt store unavailable; counting deliveries: ${error.message}`), delivery.deliveryCount - 1)
-          )
-        )
+        : yield* attemptStore.failures(key).pipe(orCountDeliveries(delivery.deliveryCount - 1))
       if (failedBefore >= definition.retry.attempts) {
         // The last attempt failed but was not dead-lettered (a crash, a failed dead-letter write).
         return Outcome.verdict("DeadLettered", {
@@ -418,11 +417,9 @@ const makeProcess = <A, E extends Tagged, R>(
       }
       const transient = Option.isNone(failure) || isTransient(failure.value as E | HandlerTimeout)
       if (!transient) return Outcome.verdict("DeadLettered", { message, reason: "PermanentError", error })
-      const failed = attemptStore === undefined ? delivery.deliveryCount : yield* attemptStore.recordFailure(key).pipe(
-        Effect.catch((storeError) =>
-          Effect.as(Effect.logWarning(`attempt store unavailable; counting deliveries: ${storeError.message}`), Math.max(failedBefore + 1, delivery.deliveryCount))
-        )
-      )
+      const failed = attemptStore === undefined
+        ? delivery.deliveryCount
+        : yield* attemptStore.recordFailure(key).pipe(orCountDeliveries(Math.max(failedBefore + 1, delivery.deliveryCount)))
       if (failed >= definition.retry.attempts) {
         return Outcome.verdict("DeadLettered", { message, reason: "AttemptsExhausted", error })
       }
