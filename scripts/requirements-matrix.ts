@@ -63,11 +63,14 @@ const requirements: ReadonlyArray<Requirement> = [
   {
     id: "BE-JOB-004",
     title: "Ordering and concurrency",
-    inScope: false,
+    inScope: true,
     verifications: [
-      { line: "permuted and parallel delivery", match: /permuted|parallel delivery/i },
+      { line: "permuted delivery", match: /permuted/i },
+      { line: "parallel delivery", match: /parallel delivery|in parallel/i },
       { line: "two messages with the same key", match: /same key/i },
-      { line: "load test of the prefetch and queue limits", match: /prefetch|queue limit/i }
+      { line: "load test of the prefetch limit", match: /load test of the prefetch/i },
+      { line: "load test of the queue limits", match: /load test of the (prefetch and )?queue limits/i },
+      { line: "sequential processing as an explicitly declared model", match: /sequential processing/i }
     ]
   },
   {
@@ -96,9 +99,12 @@ const requirements: ReadonlyArray<Requirement> = [
   {
     id: "BE-JOB-007",
     title: "Independent results in a batch",
-    inScope: false,
+    inScope: true,
     verifications: [
-      { line: "failure of the first, middle and last element", match: /first, middle and last/i },
+      { line: "failure of the first element", match: /failure of the first element/i },
+      { line: "failure of the middle element", match: /failure of the middle element/i },
+      { line: "failure of the last element", match: /failure of the last element/i },
+      { line: "a poison element isolated without blocking the rest", match: /poison element/i },
       { line: "crash after a partial commit", match: /partial commit/i },
       { line: "redelivery of the whole batch", match: /whole batch/i },
       { line: "individual acks or durable per-element results", match: /individual acks|per-element/i }

@@ -1,6 +1,7 @@
 /**
- * Chaos against the real NATS and PostgreSQL (BE-JOB-001/002/006 together): three ledger worker
- * processes on one durable consumer while transfers are published; at seeded random moments a
+ * Chaos against the real NATS and PostgreSQL (BE-JOB-001/002/006/007 together): three ledger
+ * worker processes on one durable consumer while transfers are published, one transfer per
+ * transaction and in batch mode; at seeded random moments a
  * worker is frozen past its AckWait (SIGSTOP, then SIGCONT) or killed (SIGKILL, then restarted).
  * Afterwards every transfer is applied exactly once: one row each, and every balance exactly what
  * the transfers make of it. The seed is printed on failure (`JW_CHAOS_SEED` replays the schedule).
@@ -17,12 +18,19 @@ import * as W from "./support/worker.ts"
 
 const seed = Number(process.env.JW_CHAOS_SEED ?? Date.now() % 1_000_000)
 
+/** The ledger one transfer per transaction, and in batch mode (batches of up to 8, two at a time per worker). */
+const modes = [
+  { label: "one transfer per transaction", overrides: { concurrency: 4 } },
+  { label: "in batch mode", overrides: { concurrency: 2, batchSize: 8, batchWait: Duration.millis(20) } }
+] as const
+
 describe("chaos", () => {
   layer(LedgerTestLive, { excludeTestServices: true, timeout: "180 seconds" })((it) => {
-    it.effect(`BE-JOB-002: three workers frozen and killed at random apply every transfer exactly once (seed ${seed})`, () =>
+    for (const mode of modes) {
+    it.effect(`BE-JOB-002: three workers frozen and killed at random apply every transfer exactly once, ${mode.label} (seed ${seed})`, () =>
       Effect.gen(function*() {
         const random = generator(seed)
-        const { stream, settings } = yield* ledgerStream({ ackWait: Duration.seconds(2), concurrency: 4 })
+        const { stream, settings } = yield* ledgerStream({ ackWait: Duration.seconds(2), ...mode.overrides })
         const schema = yield* TestDatabase.TestSchema
         const p = uniquePrefix("chaos")
         const accounts = Array.from({ length: 8 }, (_, i) => `${p}.acct${i}`)
@@ -93,6 +101,7 @@ describe("chaos", () => {
         }
         assert.deepStrictEqual(yield* balances(accounts), expected, `seed ${seed}: balances`)
         assert.deepStrictEqual(yield* DeadLetter.list(stream.deadLetterStream), [], `seed ${seed}: nothing dead-lettered`)
-      }))
+      }), 150_000)
+    }
   })
 })

@@ -6,30 +6,12 @@
  * consumer's `$JS.ACK` subjects sees every ack, with the delivery count it was sent for.
  */
 import { assert, describe, layer } from "@effect/vitest"
-import { NatsConnection } from "@jetworker/nats"
 import { Eventually, FaultProxy, TestDatabase } from "@jetworker/testing"
 import { Duration, Effect } from "effect"
 import { balances, ledgerStream, transfer, transferCounts, twoAccounts, workerEnv } from "./support/ledger.ts"
 import { databaseUrl, LedgerTestLive, natsUrl } from "./support/services.ts"
+import { watchAcks } from "./support/acks.ts"
 import * as W from "./support/worker.ts"
-
-const decoder = new TextDecoder()
-
-/** Every ack-subject message of `stream`/`consumer`: its delivery count and what it said. */
-const watchAcks = (stream: string, consumer: string) =>
-  Effect.gen(function*() {
-    const { connection } = yield* NatsConnection.NatsConnection
-    const seen: Array<{ readonly deliveryCount: number; readonly body: string }> = []
-    const subscription = connection.subscribe(`$JS.ACK.${stream}.${consumer}.>`, {
-      callback: (_error, msg) => {
-        // $JS.ACK.<stream>.<consumer>.<delivery count>.<stream seq>.<consumer seq>.<time>.<pending>
-        seen.push({ deliveryCount: Number(msg.subject.split(".")[4]), body: decoder.decode(msg.data) })
-      }
-    })
-    yield* Effect.addFinalizer(() => Effect.sync(() => subscription.unsubscribe()))
-    yield* Effect.promise(() => connection.flush())
-    return seen
-  })
 
 describe("leases (BE-JOB-006)", () => {
   layer(LedgerTestLive, { excludeTestServices: true, timeout: "120 seconds" })((it) => {

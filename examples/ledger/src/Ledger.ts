@@ -75,6 +75,16 @@ export const applyTransfer = Effect.fnUntraced(function*(event: TransferEvent) {
             ${new Date(event.createdAt.epochMilliseconds)})`
 })
 
+/**
+ * Locks the accounts of `events` in id order, in the current transaction: a batch that takes all
+ * its locks first, in one order, cannot deadlock with another batch touching the same accounts.
+ */
+export const lockAccounts = (events: ReadonlyArray<TransferEvent>) =>
+  SqlClient.SqlClient.use((sql) => {
+    const ids = [...new Set(events.flatMap((event) => [event.from, event.to]))].sort()
+    return sql`SELECT id FROM accounts WHERE id IN ${sql.in(ids)} ORDER BY id FOR UPDATE`.pipe(Effect.asVoid)
+  })
+
 /** Opens (or tops up) an account; for set-up and demos, not part of the consumer. */
 export const openAccount = (id: string, currency: string, balance: number) =>
   SqlClient.SqlClient.use((sql) =>

@@ -10,7 +10,7 @@ import { JetStreamSource, NatsConnection, Topology } from "@jetworker/nats"
 import { Migrations, PgAttemptStore, PgIdempotencyStore } from "@jetworker/sql-pg"
 import { Config, Duration, Effect, Layer, Redacted } from "effect"
 import { SqlClient } from "effect/sql"
-import { applyTransfer } from "./Ledger.ts"
+import { applyTransfer, lockAccounts } from "./Ledger.ts"
 import * as LedgerMigrations from "./LedgerMigrations.ts"
 import * as RiskCheck from "./RiskCheck.ts"
 import { metadata, TransferEvent } from "./TransferEvent.ts"
@@ -27,6 +27,20 @@ export interface Settings {
   readonly ackWait: Duration.Duration
   /** `LEDGER_CONCURRENCY`, default 8. */
   readonly concurrency: number
+  /**
+   * `LEDGER_ORDERING`, default `per-account`: transfers from one account apply one at a time, in
+   * the order received, so its overdraft checks see the debits before them (different accounts in
+   * parallel); `unordered` applies any transfer at any time.
+   */
+  readonly ordering: "per-account" | "unordered"
+  /**
+   * `LEDGER_BATCH_SIZE`, default 0 (off): above 0, the batch mode applies up to this many
+   * transfers in one transaction (each with its own outcome and ack; unordered; `LEDGER_CONCURRENCY`
+   * then counts batches running at once).
+   */
+  readonly batchSize: number
+  /** `LEDGER_BATCH_WAIT`, default `20 millis`: how long a batch waits to fill after its first transfer. */
+  readonly batchWait: Duration.Duration
   /** `LEDGER_ATTEMPTS`, default 5: deliveries before a transient failure is dead-lettered. */
   readonly attempts: number
   /** `LEDGER_RETRY_BASE`, default `200 millis`: first retry delay (doubling, jittered, capped at 30 s). */
@@ -42,40 +56,85 @@ export const settings = Config.all({
   consumer: Config.String("LEDGER_CONSUMER").pipe(Config.withDefault("ledger-applier")),
   ackWait: Config.Duration("LEDGER_ACK_WAIT").pipe(Config.withDefault(Duration.seconds(30))),
   concurrency: Config.Int("LEDGER_CONCURRENCY").pipe(Config.withDefault(8)),
+  ordering: Config.Literals(["per-account", "unordered"], "LEDGER_ORDERING").pipe(Config.withDefault("per-account" as const)),
+  batchSize: Config.Int("LEDGER_BATCH_SIZE").pipe(Config.withDefault(0)),
+  batchWait: Config.Duration("LEDGER_BATCH_WAIT").pipe(Config.withDefault(Duration.millis(20))),
   attempts: Config.Int("LEDGER_ATTEMPTS").pipe(Config.withDefault(5)),
   retryBase: Config.Duration("LEDGER_RETRY_BASE").pipe(Config.withDefault(Duration.millis(200))),
   inProcessRetries: Config.Int("LEDGER_IN_PROCESS_RETRIES").pipe(Config.withDefault(2))
 })
 
-/** The consumer definition. */
-export const consumer = (
-  settings: Settings,
-  onOutcome?: (outcome: Outcome.Outcome) => Effect.Effect<void>
-) =>
-  Consumer.make({
-    name: settings.consumer, // "ledger-applier": also the deduplication scope
-    source: JetStreamSource.make({ stream: settings.stream, consumer: settings.consumer }),
-    schema: TransferEvent, // effect Schema; undecodable or invalid => Rejected (dead-lettered)
-    metadata, // event -> { id, time, expiresAt? }
-    // one SQL transaction: dedup row, risk check (an HTTP call, when configured), the transfer
-    handle: (event) => IdempotencyStore.commit(event.id, Effect.andThen(RiskCheck.check(event), applyTransfer(event))),
-    classify: {
-      UnknownAccount: "permanent",
-      InsufficientFunds: "permanent",
-      CurrencyMismatch: "permanent",
-      TransferRefused: "permanent",
-      RiskCheckUnavailable: "transient",
-      SqlError: "isRetryable",
-      IdempotencyError: "isRetryable"
-    },
-    retry: Retry.exponential({
+/** How the handler's typed errors are treated; the compiler checks that none is missing. */
+const classify = {
+  UnknownAccount: "permanent",
+  InsufficientFunds: "permanent",
+  CurrencyMismatch: "permanent",
+  TransferRefused: "permanent",
+  RiskCheckUnavailable: "transient",
+  SqlError: "isRetryable",
+  IdempotencyError: "isRetryable"
+} as const
+
+/** Attempts and backoff: exponential from `LEDGER_RETRY_BASE`, jittered, capped at 30 s. */
+const retry = (settings: Settings) =>
+  Retry.exponential({
     attempts: settings.attempts,
     base: settings.retryBase,
     cap: "30 seconds",
     inProcessRetries: settings.inProcessRetries
-  }),
+  })
+
+/** The transfer's effect: the risk check (an HTTP call, when configured), then the transfer. */
+const apply = (event: TransferEvent) => Effect.andThen(RiskCheck.check(event), applyTransfer(event))
+
+/** The consumer definition: one transfer per transaction, or batches when `LEDGER_BATCH_SIZE` > 0. */
+export const consumer = (
+  settings: Settings,
+  onOutcome?: (outcome: Outcome.Outcome) => Effect.Effect<void>
+) => {
+  if (settings.batchSize > 0) return batchConsumer(settings, onOutcome)
+  return Consumer.make({
+    name: settings.consumer, // "ledger-applier": also the deduplication scope
+    source: JetStreamSource.make({ stream: settings.stream, consumer: settings.consumer }),
+    schema: TransferEvent, // effect Schema; undecodable or invalid => Rejected (dead-lettered)
+    metadata, // event -> { id, time, expiresAt? }
+    // one SQL transaction: the dedup row and the transfer's effect
+    handle: (event) => IdempotencyStore.commit(event.id, apply(event)),
+    classify,
+    retry: retry(settings),
     concurrency: settings.concurrency,
+    ordering: settings.ordering === "per-account" ? { perKey: (event) => event.from } : "unordered",
     // No drainTimeout: under Worker.runMain the shutdown budget (SHUTDOWN_BUDGET) bounds the drain.
+    onOutcome
+  })
+}
+
+/**
+ * The batch mode: up to `LEDGER_BATCH_SIZE` transfers in one transaction (their accounts locked
+ * first, every dedup row in one statement in key order, each transfer in its own savepoint), each
+ * with its own outcome and ack.
+ */
+export const batchConsumer = (
+  settings: Settings,
+  onOutcome?: (outcome: Outcome.Outcome) => Effect.Effect<void>
+) =>
+  Consumer.makeBatch({
+    name: settings.consumer,
+    source: JetStreamSource.make({ stream: settings.stream, consumer: settings.consumer }),
+    schema: TransferEvent,
+    metadata,
+    batch: { maxSize: settings.batchSize, maxWait: settings.batchWait },
+    // every account locked first, in id order, so that concurrent batches cannot deadlock
+    handleBatch: (events) =>
+      SqlClient.SqlClient.use((sql) =>
+        sql.withTransaction(Effect.andThen(
+          lockAccounts(events),
+          IdempotencyStore.commitBatch(events.map((event) => ({ id: event.id, effect: apply(event) })))
+        ))
+      ),
+    classify,
+    retry: retry(settings),
+    concurrency: settings.concurrency,
     onOutcome
   })
 

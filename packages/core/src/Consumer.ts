@@ -12,14 +12,15 @@
  *
  * @since 0.1.0
  */
-import { Data, Duration, type Effect, Exit, Result, Schema } from "effect"
+import { Data, Duration, Effect, Exit, Result, Schema } from "effect"
 import type { Classification, Tagged } from "./Classification.ts"
 import type { WorkExpired } from "./Expiry.ts"
 import type { LeaseExpired } from "./Lease.ts"
-import type { CurrentDelivery } from "./CurrentDelivery.ts"
+import { CurrentBatch, CurrentDelivery } from "./CurrentDelivery.ts"
 import type { Metadata } from "./Envelope.ts"
 import * as ErrorSummary from "./ErrorSummary.ts"
 import * as Engine from "./internal/engine.ts"
+import type { Ordering } from "./Ordering.ts"
 import type { Outcome, RejectReason } from "./Outcome.ts"
 import * as Retry from "./Retry.ts"
 import type { Source, SourceError } from "./Source.ts"
@@ -47,13 +48,20 @@ export interface BaseOptions<A, E extends Tagged, R, RS> {
   readonly classify: NoInfer<Classification<Exclude<E, WorkExpired | LeaseExpired>>>
   /** Attempts and backoff. Default: `Retry.defaultPolicy` (5 attempts, 200 ms doubling to 30 s, jittered). */
   readonly retry?: Retry.RetryPolicy | undefined
-  /** Handlers running at once, 1 to 10 000. Default: 16. */
+  /** Handlers running at once, 1 to 10 000. Default: 16 (1, and only 1, with ordering `"sequential"`). */
   readonly concurrency?: number | undefined
   /**
    * Deliveries reserved ahead and waiting locally, 1 to 10 000. Default: `concurrency`. A waiting
    * delivery already runs down its lease, so keep `prefetch × slowest handler` under the lease.
    */
   readonly prefetch?: number | undefined
+  /**
+   * Which deliveries may run at the same time (BE-JOB-004; see `Ordering`): `"unordered"`
+   * (default), `{ perKey: (event) => key, maxQueued?, maxQueuedPerKey?, maxKeys? }` or
+   * `"sequential"`. One instance holds at most `concurrency` deliveries (per key:
+   * `concurrency + maxQueued`) beside the source's `prefetch`.
+   */
+  readonly ordering?: Ordering<NoInfer<A>> | undefined
   /** Bound on one handler attempt; a timeout counts as transient. Default: 30 seconds. */
   readonly handlerTimeout?: Duration.Input | undefined
   /**
@@ -150,14 +158,37 @@ const intOption = (
   option: string,
   value: number | undefined,
   fallback: number,
-  max: number
+  max: number,
+  min = 1
 ): number => {
   if (value === undefined) return fallback
-  if (!Number.isInteger(value) || value < 1 || value > max) {
-    problems.push({ option, problem: `must be an integer from 1 to ${max}, got ${value}` })
+  if (!Number.isInteger(value) || value < min || value > max) {
+    problems.push({ option, problem: `must be an integer from ${min} to ${max}, got ${value}` })
     return fallback
   }
   return value
+}
+
+/** Checks the ordering model and resolves its limits against the concurrency. */
+const orderingOption = <A>(
+  problems: Array<OptionProblem>,
+  ordering: Ordering<A> | undefined,
+  concurrency: number
+): Engine.OrderingDefinition<A> => {
+  if (ordering === undefined || ordering === "unordered") return { _tag: "Unordered" }
+  if (ordering === "sequential") return { _tag: "Sequential" }
+  if (typeof ordering !== "object" || ordering === null || typeof ordering.perKey !== "function") {
+    problems.push({ option: "ordering", problem: `must be "unordered", "sequential" or { perKey: (event) => key }` })
+    return { _tag: "Unordered" }
+  }
+  const maxQueued = intOption(problems, "ordering.maxQueued", ordering.maxQueued, 2 * concurrency, 10_000, 0)
+  const maxQueuedPerKey = intOption(problems, "ordering.maxQueuedPerKey", ordering.maxQueuedPerKey, concurrency, 10_000, 0)
+  const maxKeys = intOption(problems, "ordering.maxKeys", ordering.maxKeys, concurrency + maxQueued, 10_000)
+  return {
+    _tag: "PerKey",
+    key: ordering.perKey,
+    limits: { maxHeld: concurrency + maxQueued, maxKeys, maxPerLane: 1 + maxQueuedPerKey }
+  }
 }
 
 const utf8 = new TextDecoder("utf-8", { fatal: true })
@@ -195,8 +226,13 @@ export const make = <A, E extends Tagged, R, RS = never>(
   }
   const retry = options.retry ?? Retry.defaultPolicy
   problems.push(...Retry.validate(retry))
-  const concurrency = intOption(problems, "concurrency", options.concurrency, 16, 10_000)
+  const sequential = options.ordering === "sequential"
+  if (sequential && options.concurrency !== undefined && options.concurrency !== 1) {
+    problems.push({ option: "concurrency", problem: `must be 1 with ordering "sequential", got ${options.concurrency}` })
+  }
+  const concurrency = sequential ? 1 : intOption(problems, "concurrency", options.concurrency, 16, 10_000)
   const prefetch = intOption(problems, "prefetch", options.prefetch, concurrency, 10_000)
+  const ordering = orderingOption(problems, options.ordering, concurrency)
   const handlerTimeout = durationOption(problems, "handlerTimeout", options.handlerTimeout, Duration.seconds(30), false)
   const drainTimeout = durationOption(problems, "drainTimeout", options.drainTimeout, Duration.seconds(10), true)
   const skew = durationOption(problems, "expiry.skew", options.expiry?.skew, Duration.zero, true)
@@ -225,7 +261,9 @@ export const make = <A, E extends Tagged, R, RS = never>(
       expiredTo: options.expiry?.onExpired === "deadLetter" ? "DeadLetter" : "Ack",
       onOutcome: options.onOutcome,
       onOutcomeTimeout,
-      maxDeliveries
+      maxDeliveries,
+      ordering,
+      batch: undefined
     }
   }
 }
@@ -243,3 +281,94 @@ export const run = <A, E extends Tagged, R>(
   consumer.problems.length > 0
     ? Engine.fail(new InvalidOptions({ consumer: consumer.name, problems: consumer.problems }))
     : Engine.run(consumer.definition)
+
+/**
+ * Options of a batch consumer: those of {@link make} without `handle` and `ordering`, plus the
+ * batch. `EE` are the elements' own errors, `EW` the errors of the whole run; `classify` covers both.
+ */
+export interface BaseBatchOptions<A, EE extends Tagged, EW extends Tagged, R, RS>
+  extends Omit<BaseOptions<A, EE | EW, R, RS>, "handle" | "ordering" | "concurrency" | "prefetch">
+{
+  /** How batches form: up to `maxSize` events, or what arrived within `maxWait` of the first. */
+  readonly batch: {
+    /** The most events in one batch, 1 to 10 000. */
+    readonly maxSize: number
+    /** How long a batch waits to fill after its first event. Default: 20 milliseconds. */
+    readonly maxWait?: Duration.Input | undefined
+  }
+  /**
+   * The batch handler: one result per event, in the order given — `Result.succeed(value)` for an
+   * element whose effect committed (or the store's `AlreadyCommitted`: a `Duplicate`), or
+   * `Result.fail(error)` for an element that failed on its own (classified like a handler's
+   * error; only that element is retried or dead-lettered). `IdempotencyStore.commitBatch` returns
+   * exactly this. A failure of the whole effect is not charged to every element: the engine then
+   * runs each element alone, as a batch of one. The engine provides `CurrentBatch`.
+   */
+  readonly handleBatch: (events: ReadonlyArray<A>) => Effect.Effect<ReadonlyArray<Result.Result<unknown, EE>>, EW, R>
+  /** Batches running at once, 1 to 10 000. Default: 2. */
+  readonly concurrency?: number | undefined
+  /** Deliveries reserved ahead and waiting locally, 1 to 10 000. Default: `batch.maxSize`. */
+  readonly prefetch?: number | undefined
+}
+
+/** Everything `makeBatch` accepts. */
+export type BatchOptions<A, EE extends Tagged, EW extends Tagged, R, RS = never> =
+  & BaseBatchOptions<A, EE, EW, R, RS>
+  & MetadataOption<A>
+
+/**
+ * Checks and normalises the options of a batch consumer (BE-JOB-007): deliveries are handled in
+ * batches, but each element keeps its own result, outcome and broker command (its own ack, nak or
+ * dead letter); rejected and expired elements never reach the handler. Batch consumers are
+ * unordered. Never throws: problems are kept for `run`.
+ */
+export const makeBatch = <A, EE extends Tagged, EW extends Tagged, R, RS = never>(
+  options: BatchOptions<A, EE, EW, R, RS>
+): Consumer<A, EE | EW, Exclude<R, CurrentDelivery | CurrentBatch> | RS> => {
+  type E = EE | EW
+  const problems: Array<OptionProblem> = []
+  const maxSize = intOption(problems, "batch.maxSize", options.batch?.maxSize ?? 0, 1, 10_000)
+  const maxWait = durationOption(problems, "batch.maxWait", options.batch?.maxWait, Duration.millis(20), true)
+  const handleBatch = options.handleBatch as (events: ReadonlyArray<A>) => Effect.Effect<ReadonlyArray<Result.Result<unknown, E>>, E, R>
+  // One event alone, as a batch of one: what the engine runs when a batch failed as a whole.
+  const single = (event: A) =>
+    Effect.gen(function*() {
+      const current = yield* CurrentDelivery
+      const results = yield* handleBatch([event]).pipe(
+        Effect.provideService(CurrentBatch, {
+          consumer: current.consumer,
+          elements: [{
+            eventId: current.eventId,
+            subject: current.subject,
+            sequence: current.sequence,
+            deliveryCount: current.deliveryCount,
+            report: current.report
+          }]
+        })
+      )
+      const result = results[0]
+      if (results.length !== 1 || result === undefined) {
+        return yield* Effect.die(new Error(`the batch handler gave ${results.length} results for 1 event`))
+      }
+      return Result.isSuccess(result) ? result.success : yield* Effect.fail(result.failure)
+    })
+  const consumer = make({
+    ...(options as BaseBatchOptions<A, EE, EW, R, RS> & { readonly metadata?: (event: A) => Metadata }),
+    handle: single,
+    concurrency: options.concurrency ?? 2,
+    prefetch: options.prefetch ?? maxSize
+  } as Options<A, E, R | CurrentDelivery, RS>)
+  return {
+    [TypeId]: TypeId,
+    name: consumer.name,
+    problems: [...consumer.problems, ...problems],
+    definition: {
+      ...consumer.definition,
+      batch: {
+        maxSize,
+        maxWait,
+        handle: handleBatch as Engine.BatchDefinition<A, E, Exclude<R, CurrentDelivery | CurrentBatch> | RS>["handle"]
+      }
+    }
+  } as Consumer<A, E, Exclude<R, CurrentDelivery | CurrentBatch> | RS>
+}

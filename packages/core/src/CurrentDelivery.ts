@@ -43,13 +43,45 @@ export interface Info {
 /** The delivery the current handler runs for. */
 export class CurrentDelivery extends Context.Service<CurrentDelivery, Info>()("@jetworker/core/CurrentDelivery") {}
 
+/** One element of the batch a batch handler runs for. */
+export interface BatchElement {
+  /** The event's stable id. */
+  readonly eventId: string
+  /** The subject the message was published on. */
+  readonly subject: string
+  /** The broker's position of the message. */
+  readonly sequence: number
+  /** The broker's delivery count (1-based). */
+  readonly deliveryCount: number
+  /** Tells the engine what happened to this element's effect (see {@link Report}); for stores. */
+  readonly report: (report: Report) => void
+}
+
+/** What a running batch handler knows about its batch (`Consumer.makeBatch`). */
+export interface BatchInfo {
+  /** The consumer name; also the deduplication scope. */
+  readonly consumer: string
+  /** The elements, in the order of the events the handler received. */
+  readonly elements: ReadonlyArray<BatchElement>
+}
+
+/** The batch the current batch handler runs for. */
+export class CurrentBatch extends Context.Service<CurrentBatch, BatchInfo>()("@jetworker/core/CurrentBatch") {}
+
 /**
  * Reports `report` for the delivery being handled, when `key` is its own (the consumer's scope and
- * the event's id); a commit of another key, or no delivery at all, reports nothing.
+ * the event's id), or for the element of the batch being handled whose key it is; a commit of
+ * another key, or no delivery at all, reports nothing.
  */
 export const reportFor = (key: { readonly scope: string; readonly id: string }, report: Report): Effect.Effect<void> =>
-  Effect.map(Effect.serviceOption(CurrentDelivery), (current) => {
-    if (current._tag === "Some" && current.value.consumer === key.scope && current.value.eventId === key.id) {
-      current.value.report(report)
+  Effect.flatMap(Effect.serviceOption(CurrentDelivery), (current) => {
+    if (current._tag === "Some") {
+      if (current.value.consumer === key.scope && current.value.eventId === key.id) current.value.report(report)
+      return Effect.void
     }
+    return Effect.map(Effect.serviceOption(CurrentBatch), (batch) => {
+      if (batch._tag === "Some" && batch.value.consumer === key.scope) {
+        for (const element of batch.value.elements) if (element.eventId === key.id) element.report(report)
+      }
+    })
   })

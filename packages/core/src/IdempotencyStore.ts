@@ -9,8 +9,8 @@
  *
  * @since 0.1.0
  */
-import { Context, Data, Effect, Option } from "effect"
-import { CurrentDelivery, reportFor } from "./CurrentDelivery.ts"
+import { Context, Data, Effect, Option, Result } from "effect"
+import { CurrentBatch, CurrentDelivery, reportFor } from "./CurrentDelivery.ts"
 
 /** The deduplication key: a scope (the consumer name) and the event's stable id. */
 export interface Key {
@@ -83,9 +83,54 @@ export class IdempotencyStore extends Context.Service<IdempotencyStore, {
     E | IdempotencyError,
     R
   >
+  /**
+   * Commits a batch in one atomic step: records every key not yet recorded and runs its effect;
+   * each element gets its own result, in the order given: the effect's value,
+   * {@link AlreadyCommitted} for a key already recorded (its effect does not run; a key that
+   * appears twice runs once), or the effect's own failure, which undoes that element's effect and
+   * its record and nothing else. The store reports each element as `commit` does (through
+   * `CurrentBatch`). It fails as a whole (nothing recorded) only when the commit itself fails or
+   * an effect dies or is interrupted. Keys are recorded in one statement in key order, so two
+   * overlapping batches wait for each other instead of deadlocking.
+   */
+  readonly commitBatch: <A, E, R>(items: ReadonlyArray<BatchItem<A, E, R>>) => Effect.Effect<
+    ReadonlyArray<Result.Result<A | AlreadyCommitted, E>>,
+    IdempotencyError,
+    R
+  >
+  /**
+   * Commits a batch as one set (all or nothing): records every key not yet recorded and runs
+   * `effect` once with the positions of those new keys (it writes their effects together, e.g.
+   * one multi-row insert); a key already recorded, or given twice, is {@link AlreadyCommitted}.
+   * The cheapest batch commit, at the price of isolation: when `effect` or the commit fails,
+   * nothing is recorded and the failure is the whole batch's. Reports like `commitBatch`.
+   */
+  readonly commitAll: <A, E, R>(
+    keys: ReadonlyArray<Key>,
+    effect: (fresh: ReadonlyArray<number>) => Effect.Effect<A, E, R>
+  ) => Effect.Effect<ReadonlyArray<A | AlreadyCommitted>, E | IdempotencyError, R>
   /** Whether `key` has been committed. */
   readonly isCommitted: (key: Key) => Effect.Effect<boolean, IdempotencyError>
 }>()("@jetworker/core/IdempotencyStore") {}
+
+/** One element of {@link IdempotencyStore}'s `commitBatch`: a key and the effect it protects. */
+export interface BatchItem<A, E, R> {
+  readonly key: Key
+  readonly effect: Effect.Effect<A, E, R>
+}
+
+/** The scope of a commit: `scope` when given, else the current delivery's or batch's consumer. */
+const currentScope = (scope: string | undefined, caller: string): Effect.Effect<string, IdempotencyError> =>
+  scope !== undefined ? Effect.succeed(scope) : Effect.gen(function*() {
+    const delivery = yield* Effect.serviceOption(CurrentDelivery)
+    if (Option.isSome(delivery)) return delivery.value.consumer
+    const batch = yield* Effect.serviceOption(CurrentBatch)
+    if (Option.isSome(batch)) return batch.value.consumer
+    return yield* new IdempotencyError({
+      reason: "Misconfigured",
+      message: `IdempotencyStore.${caller} outside a delivery needs an explicit scope`
+    })
+  })
 
 /**
  * Runs `effect` at most once per event: `effect` and the deduplication row for `id` commit
@@ -100,20 +145,60 @@ export const commit = <A, E, R>(
 ): Effect.Effect<A | AlreadyCommitted, E | IdempotencyError, R | IdempotencyStore> =>
   Effect.gen(function*() {
     const store = yield* IdempotencyStore
-    let scope = options?.scope
-    if (scope === undefined) {
-      const current = yield* Effect.serviceOption(CurrentDelivery)
-      if (Option.isNone(current)) {
-        return yield* new IdempotencyError({
-          reason: "Misconfigured",
-          message: "IdempotencyStore.commit outside a delivery needs an explicit scope"
-        })
-      }
-      scope = current.value.consumer
-    }
+    const scope = yield* currentScope(options?.scope, "commit")
     const key = { scope, id }
     const result = yield* store.commit(key, effect)
     // Any store's "already committed" reaches the engine, even one that does not report it itself.
     if (isAlreadyCommitted(result)) yield* reportFor(key, "AlreadyCommitted")
     return result
+  })
+
+/**
+ * Commits a batch of events at most once each, in one transaction (see the store's
+ * `commitBatch`): each `effect` runs with its event's deduplication row unless the event was
+ * already committed. Returns one result per item, in order — the effect's value,
+ * {@link AlreadyCommitted}, or the effect's own failure (that element alone is undone) — which is
+ * what a batch handler (`Consumer.makeBatch`) returns to the engine. The scope is the current
+ * batch's consumer name unless `scope` is given.
+ */
+export const commitBatch = <A, E, R>(
+  items: ReadonlyArray<{ readonly id: string; readonly effect: Effect.Effect<A, E, R> }>,
+  options?: { readonly scope?: string | undefined }
+): Effect.Effect<ReadonlyArray<Result.Result<A | AlreadyCommitted, E>>, IdempotencyError, R | IdempotencyStore> =>
+  Effect.gen(function*() {
+    const store = yield* IdempotencyStore
+    const scope = yield* currentScope(options?.scope, "commitBatch")
+    const results = yield* store.commitBatch(items.map((item) => ({ key: { scope, id: item.id }, effect: item.effect })))
+    for (const [i, result] of results.entries()) {
+      if (Result.isSuccess(result) && isAlreadyCommitted(result.success)) {
+        yield* reportFor({ scope, id: items[i]!.id }, "AlreadyCommitted")
+      }
+    }
+    return results
+  })
+
+/**
+ * Commits a batch of events as one set, all or nothing (see the store's `commitAll`): the events
+ * not yet committed are recorded and `effect` runs once with their positions in `ids`, to write
+ * their effects together. Returns one result per id — the effect's value, or
+ * {@link AlreadyCommitted} for an event committed before — which a batch handler
+ * (`Consumer.makeBatch`) returns as it is; a failure fails the whole batch, and the engine then
+ * runs each event alone, so one bad event cannot hold back the others. The scope is the current
+ * batch's consumer name unless `scope` is given.
+ */
+export const commitAll = <A, E, R>(
+  ids: ReadonlyArray<string>,
+  effect: (fresh: ReadonlyArray<number>) => Effect.Effect<A, E, R>,
+  options?: { readonly scope?: string | undefined }
+): Effect.Effect<ReadonlyArray<Result.Result<A | AlreadyCommitted, never>>, E | IdempotencyError, R | IdempotencyStore> =>
+  Effect.gen(function*() {
+    const store = yield* IdempotencyStore
+    const scope = yield* currentScope(options?.scope, "commitAll")
+    const values = yield* store.commitAll(ids.map((id) => ({ scope, id })), effect)
+    const results: Array<Result.Result<A | AlreadyCommitted, never>> = []
+    for (const [i, value] of values.entries()) {
+      if (isAlreadyCommitted(value)) yield* reportFor({ scope, id: ids[i]! }, "AlreadyCommitted")
+      results.push(Result.succeed(value))
+    }
+    return results
   })

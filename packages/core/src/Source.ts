@@ -46,6 +46,12 @@ export interface OpenOptions {
   readonly prefetch: number
   /** Deliveries the retry policy plans; the broker's own limit must be above it. */
   readonly attempts: number
+  /**
+   * The consumer's ordering model. `Sequential` promises stream order across redeliveries, which
+   * holds only when the broker hands out one message at a time (JetStream: `max_ack_pending` 1);
+   * a source that cannot ensure that fails to open with `ContractMismatch`.
+   */
+  readonly ordering: "Unordered" | "PerKey" | "Sequential"
 }
 
 /** A broker-side consumer the engine can open; `R` is what opening it needs (e.g. a connection). */

@@ -28,6 +28,8 @@ export const Attribute = {
   messageId: "messaging.message.id",
   /** `messaging.message.body.size`: payload bytes. */
   bodySize: "messaging.message.body.size",
+  /** `messaging.batch.message_count`: the messages of a batch (batch consumers). */
+  batchSize: "messaging.batch.message_count",
   /** `jetworker.outcome`: the delivery's outcome tag. */
   outcome: "jetworker.outcome",
   /** `jetworker.outcome.reason`: the outcome's reason, where it has one. */

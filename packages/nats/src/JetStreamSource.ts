@@ -2,8 +2,10 @@
  * A JetStream durable pull consumer as the engine's `Source`. Opening it checks the live consumer
  * against what the engine needs (explicit acks; `max_deliver` above the retry policy's attempts so
  * the last attempt can dead-letter the message itself), ensures the dead-letter stream, and pulls
- * with `consume({ max_messages: prefetch })`, so at most about `prefetch` messages are reserved
- * ahead of the handlers. Closing it stops pulling and naks whatever is still buffered, so those
+ * with one-shot `fetch` requests sized to the free room, so at most `prefetch` messages are
+ * reserved (buffered or on their way) ahead of the handlers the engine runs. (Not nats.js's
+ * `consume()`: it re-pulls a full batch on top of its buffer whenever the handlers pause for two
+ * idle heartbeats.) Closing it stops pulling and naks whatever is still buffered, so those
  * messages go to another instance at once instead of waiting out their ack wait.
  *
  * It does not create the source stream or consumer: declare them with `Topology` (a service that
@@ -13,7 +15,7 @@
  */
 import type { ConsumerMessages, JsMsg } from "@nats-io/jetstream"
 import { type Delivery, Source, Telemetry } from "@jetworker/core"
-import { Duration, Effect, Metric, Option } from "effect"
+import { Duration, Effect, Metric } from "effect"
 import * as DeadLetter from "./DeadLetter.ts"
 import { toDelivery } from "./internal/delivery.ts"
 import { NatsConnection } from "./NatsConnection.ts"
@@ -82,6 +84,13 @@ export const make = (options: Options): Source.Source<NatsConnection> => {
       if (config.backoff !== undefined && config.backoff.length > 0) {
         yield* Effect.logWarning(`${name} has a server backoff; on NATS 2.9 it distorts the engine's nak delays`)
       }
+      if (open.ordering === "Sequential" && config.max_ack_pending !== 1) {
+        return yield* mismatch(
+          `${name} has max_ack_pending ${config.max_ack_pending ?? "unset"}; sequential ordering needs 1, or the server ` +
+            `delivers later messages while an earlier one waits for its redelivery (set max_ack_pending 1, ` +
+            `or choose Ordering.perKey)`
+        )
+      }
       if (config.max_ack_pending !== undefined && config.max_ack_pending > 0 && config.max_ack_pending < open.prefetch) {
         yield* Effect.logWarning(`${name} has max_ack_pending ${config.max_ack_pending} below prefetch ${open.prefetch}`)
       }
@@ -108,78 +117,191 @@ export const make = (options: Options): Source.Source<NatsConnection> => {
       )
 
       const consumer = yield* call(`consumer ${name}`, () => connection.jetstream.consumers.get(options.stream, options.consumer))
-      const messages: ConsumerMessages = yield* call(`consume ${name}`, () =>
-        consumer.consume({
-          max_messages: open.prefetch,
-          expires: expiresMillis,
-          abort_on_missing_resource: true
-        }))
-      const iterator = messages[Symbol.asyncIterator]()
-      // The one outstanding `next()`; kept across an interrupted `take` so no message is dropped.
-      let pending: Promise<IteratorResult<JsMsg>> | undefined
-      let closed = false
 
-      const nextMessage = (): Promise<IteratorResult<JsMsg>> => {
-        pending ??= iterator.next()
-        return pending
+      // The intake keeps its own count, so that `prefetch` bounds what the server has handed out:
+      // what has arrived and waits for `take` (`buffered`) plus what running pulls still ask for
+      // (`requested`) never exceeds `prefetch`; a pull asks for the free room, once that is at
+      // least a quarter of `prefetch`. (nats.js's `consume()` does not bound it: after two missed
+      // idle heartbeats, which is any pause of the handlers longer than `pullExpires` while its
+      // buffer is full, it re-pulls a whole `max_messages` on top of what it holds, and again at
+      // every heartbeat interval, so a slow consumer is handed out many times `prefetch`.)
+      const prefetch = open.prefetch
+      const minPull = Math.max(1, Math.ceil(prefetch / 4))
+      const buffered: Array<JsMsg> = []
+      let requested = 0
+      const pulls = new Set<{ readonly stop: () => void; readonly done: Promise<void> }>()
+      // What ended the intake for good; surfaces once `buffered` is drained.
+      let failure: Source.SourceError | undefined
+      // After a failed pull: a growing pause, then a consumer info check, before pulling again.
+      let pausing = false
+      let pauseMillis = 0
+      let pauseTimer: ReturnType<typeof setTimeout> | undefined
+      let closed = false
+      // Resumes the `take` that waits for a message (never more than one).
+      let wake: (() => void) | undefined
+      const signal = () => {
+        const resume = wake
+        wake = undefined
+        resume?.()
+      }
+      const fail = (error: Source.SourceError) => {
+        failure ??= error
+        signal()
       }
 
-      const take: Effect.Effect<Delivery.Delivery, Source.SourceError> = Effect.suspend(() =>
-        closed
-          ? Effect.fail(new Source.SourceError({ reason: "ConnectionClosed", message: `${name}: intake closed` }))
-          : Effect.tryPromise({
-            try: () => nextMessage(),
-            catch: (error) => {
-              pending = undefined
-              const mapped = NatsError.fromUnknown(`consume ${name}`, error)
-              const text = String(error)
-              return /consumer deleted/i.test(text)
-                ? new Source.SourceError({ reason: "ConsumerDeleted", message: `${name}: ${text}` })
-                : sourceError(mapped)
-            }
-          }).pipe(
-            Effect.flatMap((result) => {
-              pending = undefined
-              if (result.done === true) {
-                return Effect.fail(
-                  new Source.SourceError({
-                    reason: "ConnectionClosed",
-                    message: connection.connection.isClosed()
-                      ? `${name}: the NATS connection closed`
-                      : `${name}: the consumer stopped delivering`
-                  })
-                )
-              }
-              return Effect.succeed(toDelivery(connection, settleTimeoutMillis, destination, result.value))
-            })
-          )
-      )
+      // What ends the intake for good; anything else is retried after a pause.
+      const terminal = (error: unknown): Source.SourceError | undefined => {
+        const text = error instanceof Error ? error.message : String(error)
+        if (/consumer deleted/i.test(text)) {
+          return new Source.SourceError({ reason: "ConsumerDeleted", message: `${name}: ${text}` })
+        }
+        if (/exceeded maxrequest|push based/i.test(text)) return mismatch(`${name}: the server refuses its pulls: ${text}`)
+        const mapped = NatsError.fromUnknown(`pull ${name}`, error)
+        return mapped.reason === "ConnectionClosed" || mapped.reason === "StreamNotFound" ||
+            mapped.reason === "ConsumerNotFound" || mapped.reason === "NotAuthorized" || mapped.code === 400
+          ? sourceError(mapped)
+          : undefined
+      }
 
-      // Stop pulling, then nak what nats.js still yields from its buffer (bounded).
+      const pause = () => {
+        if (pausing || closed || failure !== undefined) return
+        pausing = true
+        pauseMillis = Math.min(5_000, pauseMillis === 0 ? 100 : pauseMillis * 2)
+        pauseTimer = setTimeout(() => {
+          pauseTimer = undefined
+          // Like nats.js after missed heartbeats: pull again only while the consumer exists.
+          connection.manager.consumers.info(options.stream, options.consumer).then(
+            () => {
+              pausing = false
+              pump()
+            },
+            (error: unknown) => {
+              pausing = false
+              const ended = terminal(error)
+              if (ended === undefined) pause()
+              else fail(ended)
+            }
+          )
+        }, pauseMillis)
+      }
+
+      const pump = () => {
+        if (closed || pausing || failure !== undefined) return
+        const room = prefetch - buffered.length - requested
+        if (room >= minPull) pull(room)
+      }
+
+      // One pull of `batch` messages (a `fetch`: its own inbox, ended by the last message, by
+      // `pullExpires` or by `stop`); what it delivers goes to `buffered`.
+      const pull = (batch: number) => {
+        requested += batch
+        const startedAt = Date.now()
+        let received = 0
+        let stopped = false
+        let iterator: ConsumerMessages | undefined
+        const run = async (): Promise<unknown> => {
+          try {
+            iterator = await consumer.fetch({ max_messages: batch, expires: expiresMillis })
+            // Stopped before it was sent: never iterated, so the pull request is never published.
+            if (stopped) {
+              iterator.stop()
+              return undefined
+            }
+            for await (const msg of iterator) {
+              // A pull re-sent by nats.js after a reconnect may bring more than `batch`.
+              if (received < batch) requested--
+              received++
+              pauseMillis = 0
+              buffered.push(msg)
+              signal()
+            }
+            return undefined
+          } catch (error) {
+            return error
+          }
+        }
+        const entry = {
+          stop: () => {
+            stopped = true
+            iterator?.stop()
+          },
+          done: run().then((error) => {
+            requested -= Math.max(0, batch - received)
+            pulls.delete(entry)
+            if (closed) return
+            if (error !== undefined) {
+              const ended = terminal(error)
+              if (ended === undefined) pause()
+              else fail(ended)
+            } else if (connection.connection.isClosed() || connection.connection.isDraining()) {
+              fail(new Source.SourceError({ reason: "ConnectionClosed", message: `${name}: the NATS connection closed` }))
+            } else if (received === 0 && Date.now() - startedAt < expiresMillis / 2) {
+              // Ended early with nothing (not by its expiry): do not spin on it.
+              pause()
+            } else {
+              pump()
+            }
+          })
+        }
+        pulls.add(entry)
+      }
+
+      const take: Effect.Effect<Delivery.Delivery, Source.SourceError> = Effect.suspend(() => {
+        if (closed) return Effect.fail(new Source.SourceError({ reason: "ConnectionClosed", message: `${name}: intake closed` }))
+        // Taken synchronously: an interrupted `take` leaves every message in `buffered`.
+        const msg = buffered.shift()
+        if (msg !== undefined) {
+          pump()
+          return Effect.succeed(toDelivery(connection, settleTimeoutMillis, destination, msg))
+        }
+        if (failure !== undefined) return Effect.fail(failure)
+        pump()
+        return Effect.andThen(
+          Effect.callback<void>((resume) => {
+            // Something may have arrived since the check above (the fiber can yield in between).
+            if (buffered.length > 0 || failure !== undefined || closed) return resume(Effect.void)
+            const resumeTake = () => resume(Effect.void)
+            wake = resumeTake
+            return Effect.sync(() => {
+              if (wake === resumeTake) wake = undefined
+            })
+          }),
+          take
+        )
+      })
+
+      // Stop pulling, then nak what the running pulls still deliver and what is buffered (bounded).
       const close = Effect.suspend(() => {
         if (closed) return Effect.void
         closed = true
+        if (pauseTimer !== undefined) clearTimeout(pauseTimer)
+        signal()
+        const bounded = <A>(f: () => Promise<A>) =>
+          Effect.promise(() => f().catch(() => undefined)).pipe(Effect.timeoutOption(Duration.millis(settleTimeoutMillis)))
         return Effect.gen(function*() {
           // A round trip first: what the server already sent lands in the buffer (and is naked
           // below) instead of being dropped with the inbox and waiting out its ack wait.
-          yield* Effect.promise(() => connection.connection.flush().catch(() => undefined)).pipe(
-            Effect.timeoutOption(Duration.millis(settleTimeoutMillis))
+          yield* bounded(() => connection.connection.flush())
+          const running = [...pulls]
+          for (const p of running) p.stop()
+          yield* bounded(() => Promise.all(running.map((p) => p.done)))
+          // The server keeps a stopped pull's request waiting until it expires, and NATS 2.9 would
+          // hand the next nak (below, or of a handler cut by the drain) to that dead inbox: the
+          // message then waits out its ack wait, or is handed out twice. A round trip for the
+          // unsubscribes, then a consumer info, which drops requests whose inbox has no interest.
+          yield* bounded(() => connection.connection.flush())
+          yield* bounded(() => connection.manager.consumers.info(options.stream, options.consumer))
+          const rest = buffered.splice(0)
+          yield* Effect.forEach(
+            rest,
+            (msg) => toDelivery(connection, settleTimeoutMillis, destination, msg).nak(Duration.zero).pipe(Effect.ignore),
+            { concurrency: 16, discard: true }
           )
-          messages.stop()
-          let released = 0
-          while (true) {
-            const next = yield* Effect.promise(() => nextMessage().catch(() => ({ done: true as const, value: undefined })))
-              .pipe(Effect.timeoutOption(Duration.millis(settleTimeoutMillis)))
-            pending = undefined
-            if (Option.isNone(next) || next.value.done === true) break
-            const delivery = toDelivery(connection, settleTimeoutMillis, destination, next.value.value)
-            yield* delivery.nak(Duration.zero).pipe(Effect.ignore)
-            released++
-          }
-          if (released > 0) yield* Effect.logInfo(`${name}: released ${released} buffered messages`)
+          if (rest.length > 0) yield* Effect.logInfo(`${name}: released ${rest.length} buffered messages`)
         })
       })
       yield* Effect.addFinalizer(() => close)
+      pump()
       return { lease, maxDeliver: maxDeliver > 0 ? maxDeliver : undefined, take, close } satisfies Source.Intake
     })
 

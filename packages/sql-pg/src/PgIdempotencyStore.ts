@@ -17,6 +17,14 @@
  * `Misconfigured`, or `InvalidData` for data the database rejects (a key it cannot store, a
  * constraint violated at `COMMIT`), which no retry fixes.
  *
+ * `commitBatch(items)` runs a batch in one transaction: one `INSERT ... SELECT ... FROM unnest(...)
+ * ORDER BY scope, id ON CONFLICT DO NOTHING` records every key in key order (so two overlapping
+ * batches lock their rows in the same order and wait for each other instead of deadlocking), then
+ * each new key's effect runs inside its own savepoint; an effect that fails rolls back to its
+ * savepoint and its row is deleted again, so the other elements commit without it.
+ * `commitAll(keys, effect)` records the keys the same way and runs one `effect` for all the new
+ * ones (no savepoints): all or nothing.
+ *
  * It deliberately does not create its table (see `Migrations`), retry, or delete rows on its own:
  * rows stay until {@link purge} removes them, and they must outlive the redelivery horizon.
  *
@@ -26,14 +34,15 @@ import * as CurrentDelivery from "@jetworker/core/CurrentDelivery"
 import {
   alreadyCommitted,
   type AlreadyCommitted,
+  type BatchItem,
   IdempotencyError,
   IdempotencyStore,
   type Key
 } from "@jetworker/core/IdempotencyStore"
 import * as Probe from "@jetworker/core/Probe"
-import { Duration, Effect, Layer, Option } from "effect"
+import { Cause, Duration, Effect, Exit, Layer, Option, Result } from "effect"
 import { SqlClient } from "effect/sql"
-import { box, classify, unbox, type UserFailure } from "./internal/errors.ts"
+import { box, classify, unbox, UserFailure } from "./internal/errors.ts"
 import * as Table from "./internal/table.ts"
 
 /** Options of the store. */
@@ -68,6 +77,9 @@ export const make: (options?: Options) => Effect.Effect<
   const insertText =
     `INSERT INTO ${table} (scope, id) VALUES ($1, $2) ON CONFLICT (scope, id) DO NOTHING RETURNING true AS inserted`
   const selectText = `SELECT true AS found FROM ${table} WHERE scope = $1 AND id = $2`
+  const insertManyText = `INSERT INTO ${table} (scope, id) SELECT s, k FROM unnest($1::text[], $2::text[]) AS u(s, k) ` +
+    `ORDER BY s, k ON CONFLICT (scope, id) DO NOTHING RETURNING scope, id`
+  const deleteText = `DELETE FROM ${table} WHERE scope = $1 AND id = $2`
   const toStoreError = unbox(table)
 
   const beforeCommit = (key: Key): Effect.Effect<void> =>
@@ -102,13 +114,90 @@ export const make: (options?: Options) => Effect.Effect<
     return Effect.mapError(sql.withTransaction(attempt), toStoreError)
   }
 
+  const commitBatch = <A, E, R>(
+    items: ReadonlyArray<BatchItem<A, E, R>>
+  ): Effect.Effect<ReadonlyArray<Result.Result<A | AlreadyCommitted, E>>, IdempotencyError, R> => {
+    if (items.length === 0) return Effect.succeed([])
+    const keyOf = (key: Key) => `${key.scope}\u0000${key.id}` // a NUL cannot be stored in a key
+    const attempt = Effect.gen(function*() {
+      const rows = yield* sql.unsafe<{ readonly scope: string; readonly id: string }>(insertManyText, [
+        items.map((item) => item.key.scope),
+        items.map((item) => item.key.id)
+      ])
+      const inserted = new Set(rows.map(keyOf))
+      // A key given twice runs once: the later copy shares the first one's fate.
+      const first = new Map<string, number>()
+      const results: Array<Result.Result<A | AlreadyCommitted, E>> = []
+      for (const [i, item] of items.entries()) {
+        const key = keyOf(item.key)
+        const earlier = first.get(key)
+        if (earlier !== undefined) {
+          const result = results[earlier]!
+          results.push(Result.isFailure(result) ? result : Result.succeed(alreadyCommitted(item.key)))
+          continue
+        }
+        first.set(key, i)
+        if (!inserted.has(key)) {
+          results.push(Result.succeed(alreadyCommitted(item.key)))
+          continue
+        }
+        // A savepoint per element (a nested transaction): its failure undoes its own writes only.
+        const exit = yield* Effect.exit(sql.withTransaction(Effect.mapError(item.effect, box)))
+        if (Exit.isSuccess(exit)) {
+          yield* sql.afterCommit(CurrentDelivery.reportFor(item.key, "Committed"))
+          results.push(Result.succeed(exit.value))
+          continue
+        }
+        const failure = Cause.findErrorOption(exit.cause)
+        if (Option.isSome(failure) && failure.value instanceof UserFailure && !Cause.hasInterrupts(exit.cause) && !Cause.hasDies(exit.cause)) {
+          yield* sql.unsafe(deleteText, [item.key.scope, item.key.id])
+          results.push(Result.fail(failure.value.error as E))
+          continue
+        }
+        // The savepoint itself failed, or an effect died or was interrupted: the whole batch fails.
+        if (Option.isSome(failure) && !(failure.value instanceof UserFailure)) return yield* Effect.fail(failure.value)
+        return yield* (Cause.hasInterrupts(exit.cause) ? Effect.interrupt : Effect.die(Cause.squash(exit.cause)))
+      }
+      yield* beforeCommit(items[0]!.key)
+      return results
+    })
+    return Effect.mapError(sql.withTransaction(attempt), (error) => classify(error, table))
+  }
+
+  const commitAll = <A, E, R>(
+    keys: ReadonlyArray<Key>,
+    effect: (fresh: ReadonlyArray<number>) => Effect.Effect<A, E, R>
+  ): Effect.Effect<ReadonlyArray<A | AlreadyCommitted>, E | IdempotencyError, R> => {
+    if (keys.length === 0) return Effect.succeed([])
+    const keyOf = (key: Key) => `${key.scope}\u0000${key.id}`
+    const attempt = Effect.gen(function*() {
+      const rows = yield* sql.unsafe<{ readonly scope: string; readonly id: string }>(insertManyText, [
+        keys.map((key) => key.scope),
+        keys.map((key) => key.id)
+      ])
+      const inserted = new Set(rows.map(keyOf))
+      const fresh: Array<number> = []
+      for (const [i, key] of keys.entries()) {
+        // `delete`: a key given twice is fresh once.
+        if (inserted.delete(keyOf(key))) fresh.push(i)
+      }
+      if (fresh.length === 0) return keys.map(alreadyCommitted)
+      const value = yield* Effect.mapError(effect(fresh), box)
+      for (const i of fresh) yield* sql.afterCommit(CurrentDelivery.reportFor(keys[i]!, "Committed"))
+      yield* beforeCommit(keys[fresh[0]!]!)
+      const isFresh = new Set(fresh)
+      return keys.map((key, i) => (isFresh.has(i) ? value : alreadyCommitted(key)))
+    })
+    return Effect.mapError(sql.withTransaction(attempt), toStoreError)
+  }
+
   const isCommitted = (key: Key): Effect.Effect<boolean, IdempotencyError> =>
     sql.unsafe<{ readonly found: boolean }>(selectText, [key.scope, key.id]).pipe(
       Effect.map((rows) => rows.length > 0),
       Effect.mapError((error) => classify(error, table))
     )
 
-  return IdempotencyStore.of({ commit, isCommitted })
+  return IdempotencyStore.of({ commit, commitBatch, commitAll, isCommitted })
 })
 
 /**

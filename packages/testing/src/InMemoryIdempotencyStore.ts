@@ -5,14 +5,16 @@
  * and is then `AlreadyCommitted` (or proceeds if the other failed), and the store reports both to
  * the current delivery. Every commit is appended to `commits` with a global order, for
  * invariants; `failCommit` injects a failure of the commit itself (its result unknown to the
- * caller, nothing recorded).
+ * caller, nothing recorded). A batch commit locks its keys in key order, runs the effect of each
+ * key not yet recorded, and records those that succeeded together (an element's failure is its
+ * own; a failed commit records none).
  *
  * It deliberately has no durability: it lives as long as the test.
  *
  * @since 0.2.0
  */
 import { CurrentDelivery, IdempotencyStore } from "@jetworker/core"
-import { Clock, Effect, Layer, Semaphore } from "effect"
+import { Cause, Clock, Effect, Exit, Layer, Result, Semaphore } from "effect"
 
 /** One recorded commit. */
 export interface Commit {
@@ -79,8 +81,93 @@ export const make = (options: Options = {}): InMemoryIdempotencyStore => {
     )
   }
 
+  const commitBatch = <A, E, R>(items: ReadonlyArray<IdempotencyStore.BatchItem<A, E, R>>) => {
+    const names = items.map((item) => `${item.key.scope}\u0000${item.key.id}`)
+    const locked = [...new Set(names)].sort().map(lockOf)
+    const run: Effect.Effect<
+      ReadonlyArray<Result.Result<A | IdempotencyStore.AlreadyCommitted, E>>,
+      IdempotencyStore.IdempotencyError,
+      R
+    > = Effect.gen(function*() {
+      const results: Array<Result.Result<A | IdempotencyStore.AlreadyCommitted, E>> = []
+      const first = new Map<string, number>()
+      for (const [i, item] of items.entries()) {
+        const earlier = first.get(names[i]!)
+        if (earlier !== undefined || committed.has(names[i]!)) {
+          const result = earlier === undefined ? undefined : results[earlier]!
+          results.push(result !== undefined && Result.isFailure(result) ? result : Result.succeed(IdempotencyStore.alreadyCommitted(item.key)))
+          continue
+        }
+        first.set(names[i]!, i)
+        const exit = yield* Effect.exit(item.effect)
+        if (Exit.isSuccess(exit)) results.push(Result.succeed(exit.value))
+        else {
+          const failure = exit.cause.reasons.find((reason) => reason._tag === "Fail")
+          if (failure === undefined || exit.cause.reasons.some((reason) => reason._tag !== "Fail")) {
+            // An effect died or was interrupted: the whole batch fails, nothing recorded.
+            return yield* (Cause.hasInterrupts(exit.cause) ? Effect.interrupt : Effect.die(Cause.squash(exit.cause)))
+          }
+          results.push(Result.fail(failure.error as E))
+        }
+      }
+      // The commit itself: atomic, and not interruptible once it starts.
+      return yield* Effect.uninterruptible(Effect.flatMap(Clock.currentTimeMillis, (now) => {
+        if (items.some((item) => options.failCommit?.(item.key) === true)) {
+          return Effect.fail(new IdempotencyStore.IdempotencyError({ reason: "Unavailable", message: "commit failed (injected)" }))
+        }
+        return Effect.gen(function*() {
+          for (const [i, item] of items.entries()) {
+            const result = results[i]!
+            if (first.get(names[i]!) !== i || Result.isFailure(result) || IdempotencyStore.isAlreadyCommitted(result.success)) continue
+            committed.add(names[i]!)
+            commits.push({ scope: item.key.scope, id: item.key.id, index: order.next(), at: now })
+            yield* CurrentDelivery.reportFor(item.key, "Committed")
+          }
+          return results as ReadonlyArray<Result.Result<A | IdempotencyStore.AlreadyCommitted, E>>
+        })
+      }))
+    })
+    // The first key's lock outermost: taken first, like the database's key-ordered insert.
+    return locked.reduceRight<typeof run>((effect, lock) => Semaphore.withPermits(lock, 1)(effect), run)
+  }
+
+  const commitAll = <A, E, R>(
+    keys: ReadonlyArray<IdempotencyStore.Key>,
+    effect: (fresh: ReadonlyArray<number>) => Effect.Effect<A, E, R>
+  ): Effect.Effect<ReadonlyArray<A | IdempotencyStore.AlreadyCommitted>, E | IdempotencyStore.IdempotencyError, R> => {
+    const names = keys.map((key) => `${key.scope}\u0000${key.id}`)
+    const run = Effect.gen(function*() {
+      const seen = new Set<string>()
+      const fresh: Array<number> = []
+      for (const [i, name] of names.entries()) {
+        if (!committed.has(name) && !seen.has(name)) fresh.push(i)
+        seen.add(name)
+      }
+      if (fresh.length === 0) return keys.map(IdempotencyStore.alreadyCommitted)
+      const value = yield* effect(fresh)
+      return yield* Effect.uninterruptible(Effect.flatMap(Clock.currentTimeMillis, (now) => {
+        if (fresh.some((i) => options.failCommit?.(keys[i]!) === true)) {
+          return Effect.fail(new IdempotencyStore.IdempotencyError({ reason: "Unavailable", message: "commit failed (injected)" }))
+        }
+        return Effect.gen(function*() {
+          for (const i of fresh) {
+            committed.add(names[i]!)
+            commits.push({ scope: keys[i]!.scope, id: keys[i]!.id, index: order.next(), at: now })
+            yield* CurrentDelivery.reportFor(keys[i]!, "Committed")
+          }
+          const isFresh = new Set(fresh)
+          return keys.map((key, i) => (isFresh.has(i) ? value : IdempotencyStore.alreadyCommitted(key)))
+        })
+      }))
+    })
+    const locked = [...new Set(names)].sort().map(lockOf)
+    return locked.reduceRight<typeof run>((inner, lock) => Semaphore.withPermits(lock, 1)(inner), run)
+  }
+
   const service = IdempotencyStore.IdempotencyStore.of({
     commit,
+    commitBatch,
+    commitAll,
     isCommitted: (key) => Effect.sync(() => committed.has(`${key.scope}\u0000${key.id}`))
   })
   return {

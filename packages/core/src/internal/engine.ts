@@ -4,10 +4,10 @@
  * timeout and a lease keeper), the settlement of its outcome, and the drain on interruption.
  * Internal: the public face is `Consumer`.
  */
-import { Cause, Clock, Data, DateTime, Duration, Effect, Exit, FiberSet, Metric, Option, Result, Schedule, Semaphore } from "effect"
+import { Cause, Clock, Data, DateTime, Deferred, Duration, Effect, Exit, FiberSet, Metric, Option, Result, Schedule, Semaphore } from "effect"
 import { AttemptStore, type AttemptStoreShape } from "../AttemptStore.ts"
 import { type Classification, classify, type Tagged } from "../Classification.ts"
-import { CurrentDelivery } from "../CurrentDelivery.ts"
+import { CurrentBatch, CurrentDelivery } from "../CurrentDelivery.ts"
 import type { Delivery } from "../Delivery.ts"
 import { isExpired, type Metadata } from "../Envelope.ts"
 import * as ErrorSummary from "../ErrorSummary.ts"
@@ -20,12 +20,29 @@ import * as Probe from "../Probe.ts"
 import * as Retry from "../Retry.ts"
 import type { Source, SourceError } from "../Source.ts"
 import * as Telemetry from "../Telemetry.ts"
+import * as Lanes from "./lanes.ts"
 import * as LeaseKeeper from "./leaseKeeper.ts"
 
 /** Why a payload was rejected before the handler ran. */
 export interface Rejection {
   readonly reason: Outcome.RejectReason
   readonly error: ErrorSummary.ErrorSummary
+}
+
+/** The normalised ordering model (`Ordering`), with its limits resolved. */
+export type OrderingDefinition<A> =
+  | { readonly _tag: "Unordered" }
+  | { readonly _tag: "Sequential" }
+  | { readonly _tag: "PerKey"; readonly key: (event: A) => string; readonly limits: Lanes.Limits }
+
+/** A batch consumer's batching and batch handler (`Consumer.makeBatch`). */
+export interface BatchDefinition<A, E, R> {
+  readonly maxSize: number
+  readonly maxWait: Duration.Duration
+  /** One result per event, in order; a failure of the whole effect fails every element. */
+  readonly handle: (
+    events: ReadonlyArray<A>
+  ) => Effect.Effect<ReadonlyArray<Result.Result<unknown, E>>, E, R | CurrentBatch>
 }
 
 /** A consumer's normalised settings. */
@@ -47,11 +64,20 @@ export interface Definition<in out A, in out E extends Tagged, out R> {
   readonly onOutcome: ((outcome: Outcome.Outcome) => Effect.Effect<void>) | undefined
   readonly onOutcomeTimeout: Duration.Duration
   readonly maxDeliveries: number
+  readonly ordering: OrderingDefinition<A>
+  /** Batch consumers only; their `handle` runs one event as a batch of one. */
+  readonly batch: BatchDefinition<A, E, R> | undefined
 }
 
-/** The lease of the delivery being judged, once the keeper watches it. */
-interface LeaseBox {
-  held: LeaseKeeper.Lease | undefined
+/**
+ * A delivery's admission under per-key ordering: its place in its key's lane and its slot, both
+ * given back once it settles (whatever ends it), and `entered`, which tells the intake that the
+ * delivery has found its place (or needs none), so it may take the next one.
+ */
+interface Admission {
+  place: Lanes.Place | undefined
+  slot: boolean
+  readonly entered: Deferred.Deferred<void>
 }
 
 /** Whether `verdict` settles with an ack. */
@@ -69,6 +95,19 @@ const withholdAck = (verdict: Verdict): Verdict =>
       error: ErrorSummary.make("LeaseLost", "the lease ran out before the ack; another consumer may own the message"),
       retryIn: undefined
     })
+
+/** A delivery that passed the checks before its handler: what running and judging it needs. */
+interface Prepared<A> {
+  readonly event: A
+  readonly metadata: Metadata
+  readonly message: Outcome.MessageRef
+  /** The ordering key (per-key ordering only; empty otherwise). */
+  readonly orderKey: string
+  /** The deduplication and attempt-count key. */
+  readonly key: { readonly scope: string; readonly id: string }
+  /** Failed attempts before this delivery. */
+  readonly failedBefore: number
+}
 
 /** What the idempotency store reported about one delivery's effect (through `CurrentDelivery`). */
 interface Reports {
@@ -117,7 +156,9 @@ const makeProcess = <A, E extends Tagged, R>(
   keeper: LeaseKeeper.LeaseKeeper,
   attemptStore: AttemptStoreShape | undefined,
   deliveryBound: number,
-  maxDeliver: number | undefined
+  maxDeliver: number | undefined,
+  slots: Semaphore.Semaphore,
+  lanes: Lanes.Lanes | undefined
 ) => {
   const leaseMillis = Duration.toMillis(lease)
   const consumer = { consumer: definition.name }
@@ -205,7 +246,7 @@ const makeProcess = <A, E extends Tagged, R>(
     metadata: Metadata,
     attemptNumber: number,
     reports: Reports,
-    leaseBox: LeaseBox
+    lease: LeaseKeeper.Lease
   ) =>
     // Every run, the first and each in-process retry after its delay, starts only if the event
     // has not expired meanwhile (found by the simulation: a retry used to run past the expiry).
@@ -235,7 +276,7 @@ const makeProcess = <A, E extends Tagged, R>(
         deliveryCount: delivery.deliveryCount,
         expiresAt: metadata.expiresAt === undefined ? undefined : metadata.expiresAt.epochMilliseconds + definition.skewMillis,
         leaseDeadline: () =>
-          leaseBox.held === undefined || !(leaseMillis > 0) ? undefined : leaseBox.held.heldSince + leaseMillis * 0.9,
+          leaseMillis > 0 ? lease.heldSince + leaseMillis * 0.9 : undefined,
         report: (report) => {
           if (report === "Committed") reports.committed = true
           else reports.alreadyCommitted = true
@@ -259,6 +300,36 @@ const makeProcess = <A, E extends Tagged, R>(
     return Result.succeed(metadata)
   }
 
+  // User code too: the ordering key of an event (per-key ordering only).
+  const readKey = (event: A): Result.Result<string, ErrorSummary.ErrorSummary> => {
+    if (definition.ordering._tag !== "PerKey") return Result.succeed("")
+    let key: unknown
+    try {
+      key = definition.ordering.key(event)
+    } catch (error) {
+      return Result.fail(ErrorSummary.fromError(error, "Defect"))
+    }
+    return typeof key === "string"
+      ? Result.succeed(key)
+      : Result.fail(ErrorSummary.make("MetadataInvalid", `the consumer's ordering key gave ${typeof key}, not a string`))
+  }
+
+  // Per-key ordering: the delivery joins its key's lane, waits for its turn, then for a slot.
+  // Each step is recorded on the admission as it completes, so whatever ends the delivery gives
+  // back exactly what it took.
+  const admit = (admission: Admission, key: string): Effect.Effect<void> =>
+    Effect.uninterruptibleMask((restore) =>
+      Effect.gen(function*() {
+        yield* restore(lanes!.join(key, (place) => {
+          admission.place = place
+        }))
+        Deferred.doneUnsafe(admission.entered, Effect.void)
+        yield* restore(lanes!.turn(admission.place!))
+        yield* restore(Semaphore.take(slots, 1))
+        admission.slot = true
+      })
+    )
+
   // The delivery as outcomes name it, before its event id is known.
   const messageRef = (delivery: Delivery): Outcome.MessageRef => ({
     consumer: definition.name,
@@ -278,11 +349,11 @@ const makeProcess = <A, E extends Tagged, R>(
   // source) still ends the delivery in an outcome, dead-lettered with the cause.
   const judgeSafely = (
     delivery: Delivery,
-    receivedAt: number,
     restore: <X, Y, Z>(effect: Effect.Effect<X, Y, Z>) => Effect.Effect<X, Y, Z>,
-    leaseBox: LeaseBox
+    lease: LeaseKeeper.Lease,
+    admission: Admission | undefined
   ): Effect.Effect<Verdict, never, R> =>
-    judge(delivery, receivedAt, restore, leaseBox).pipe(
+    judge(delivery, restore, lease, admission).pipe(
       Effect.catchCause((cause) =>
         Effect.succeed(Outcome.verdict("DeadLettered", {
           message: messageRef(delivery),
@@ -292,49 +363,52 @@ const makeProcess = <A, E extends Tagged, R>(
       )
     )
 
-  const judge = (
-    delivery: Delivery,
-    receivedAt: number,
-    restore: <X, Y, Z>(effect: Effect.Effect<X, Y, Z>) => Effect.Effect<X, Y, Z>,
-    leaseBox: LeaseBox
-  ): Effect.Effect<Verdict, never, R> =>
+  /**
+   * Decode: the checks before any wait or handler run. Fails with the verdict of a delivery that
+   * ends here (rejected, expired, out of deliveries or attempts); succeeds with what the run needs.
+   */
+  const prepare = (delivery: Delivery): Effect.Effect<Result.Result<Prepared<A>, Verdict>, never, R> =>
     Effect.gen(function*() {
       const decoded = definition.decode(delivery.payload)
       const ref = messageRef(delivery)
       if (Result.isFailure(decoded)) {
-        return Outcome.verdict("Rejected", { message: ref, reason: decoded.failure.reason, error: decoded.failure.error })
+        return Result.fail(Outcome.verdict("Rejected", { message: ref, reason: decoded.failure.reason, error: decoded.failure.error }))
       }
       const event = decoded.success
       const read = readMetadata(event)
       if (Result.isFailure(read)) {
-        return Outcome.verdict("Rejected", { message: ref, reason: "MetadataInvalid", error: read.failure })
+        return Result.fail(Outcome.verdict("Rejected", { message: ref, reason: "MetadataInvalid", error: read.failure }))
       }
       const metadata = read.success
       const message = { ...ref, eventId: metadata.id }
+      const orderKey = readKey(event)
+      if (Result.isFailure(orderKey)) {
+        return Result.fail(Outcome.verdict("Rejected", { message, reason: "MetadataInvalid", error: orderKey.failure }))
+      }
       if (delivery.publishedAt !== undefined) {
         yield* Metric.update(clockSkew, delivery.publishedAt - metadata.time.epochMilliseconds)
       }
       // Compared in epoch milliseconds: a DateTime is built only for an expired event.
       const nowMillis = yield* Clock.currentTimeMillis
       if (metadata.expiresAt !== undefined && isExpired(metadata, nowMillis, definition.skewMillis)) {
-        return Outcome.verdict("Expired", {
+        return Result.fail(Outcome.verdict("Expired", {
           message,
           expiresAt: metadata.expiresAt,
           detectedAt: DateTime.makeUnsafe(nowMillis),
           stage: "BeforeHandler"
-        })
+        }))
       }
       if (delivery.deliveryCount > deliveryBound) {
         // Earlier deliveries ended without settling (a crash loop): stop while the broker still
         // delivers, so the message is dead-lettered rather than dropped at its MaxDeliver.
-        return Outcome.verdict("DeadLettered", {
+        return Result.fail(Outcome.verdict("DeadLettered", {
           message,
           reason: "DeliveriesExhausted",
           error: ErrorSummary.make(
             "DeliveriesExhausted",
             `delivered ${delivery.deliveryCount} times without settling; the bound is ${deliveryBound} deliveries`
           )
-        })
+        }))
       }
       const key = { scope: definition.name, id: metadata.id }
       // Failed attempts so far: the store's count (read only for a redelivery: a first delivery
@@ -347,23 +421,63 @@ const makeProcess = <A, E extends Tagged, R>(
         : yield* attemptStore.failures(key).pipe(orCountDeliveries(delivery.deliveryCount - 1))
       if (failedBefore >= definition.retry.attempts) {
         // The last attempt failed but was not dead-lettered (a crash, a failed dead-letter write).
-        return Outcome.verdict("DeadLettered", {
+        return Result.fail(Outcome.verdict("DeadLettered", {
           message,
           reason: "AttemptsExhausted",
           error: ErrorSummary.make(
             "AttemptsExhausted",
             `${failedBefore} failed attempts; the retry policy allows ${definition.retry.attempts}`
           )
-        })
+        }))
+      }
+      return Result.succeed({ event, metadata, message, orderKey: orderKey.success, key, failedBefore })
+    })
+
+  const judge = (
+    delivery: Delivery,
+    restore: <X, Y, Z>(effect: Effect.Effect<X, Y, Z>) => Effect.Effect<X, Y, Z>,
+    lease: LeaseKeeper.Lease,
+    admission: Admission | undefined
+  ): Effect.Effect<Verdict, never, R> =>
+    Effect.gen(function*() {
+      const prepared = yield* prepare(delivery)
+      if (Result.isFailure(prepared)) return prepared.failure
+      const { event, metadata, message, failedBefore } = prepared.success
+      if (admission !== undefined) {
+        // Interruptible: a shutdown past its drain, or a lost lease, ends the wait. Expiry is
+        // checked again before the handler runs (stage AfterWait).
+        const waited = yield* Effect.exit(restore(admit(admission, prepared.success.orderKey)))
+        if (Exit.isFailure(waited)) {
+          return lease.lost
+            ? Outcome.verdict("Released", {
+              message,
+              reason: "LeaseLost",
+              error: ErrorSummary.make("LeaseLost", "no lease extension was confirmed while the delivery waited for its key"),
+              retryIn: undefined
+            })
+            : Outcome.verdict("Released", { message, reason: "Interrupted", error: undefined, retryIn: Duration.zero })
+        }
       }
       yield* Probe.hit({ point: "received", consumer: definition.name, sequence: delivery.sequence, eventId: metadata.id })
-      const held = keeper.register(delivery, receivedAt, yield* Effect.fiber)
-      leaseBox.held = held
+      const startedAt = yield* Clock.currentTimeMillis
       // What the store reports about this delivery's effect, whatever the handler returns.
       const reports: Reports = { committed: false, alreadyCommitted: false }
-      const exit = yield* Effect.exit(restore(attempt(event, delivery, metadata, failedBefore + 1, reports, leaseBox)))
-      keeper.unregister(held)
-      yield* Metric.update(handlerDuration, (yield* Clock.currentTimeMillis) - receivedAt)
+      const exit = yield* Effect.exit(restore(attempt(event, delivery, metadata, failedBefore + 1, reports, lease)))
+      keeper.unregister(lease)
+      yield* Metric.update(handlerDuration, (yield* Clock.currentTimeMillis) - startedAt)
+      return yield* conclude(prepared.success, delivery, exit, reports, lease)
+    })
+
+  /** The verdict on a run of the handler, from its exit and what the store reported. */
+  const conclude = (
+    prepared: Prepared<A>,
+    delivery: Delivery,
+    exit: Exit.Exit<unknown, unknown>,
+    reports: Reports,
+    lease: LeaseKeeper.Lease
+  ): Effect.Effect<Verdict, never, R> =>
+    Effect.gen(function*() {
+      const { message, metadata, key, failedBefore } = prepared
       const afterCommit = Probe.hit({ point: "after-commit", consumer: definition.name, sequence: delivery.sequence, eventId: metadata.id })
       if (Exit.isSuccess(exit)) {
         // A store that reports nothing (called directly, not through `IdempotencyStore.commit`)
@@ -378,7 +492,7 @@ const makeProcess = <A, E extends Tagged, R>(
         // Interrupted while COMMIT ran: the effect is committed. Say so, and leave the ack to the
         // redelivery (a Duplicate): a lost lease forbids it, and shutdown is past its drain.
         yield* afterCommit
-        return Outcome.verdict("Committed", { message, ackWithheld: held.lost ? "LeaseLost" : "Interrupted" })
+        return Outcome.verdict("Committed", { message, ackWithheld: lease.lost ? "LeaseLost" : "Interrupted" })
       }
       const error = ErrorSummary.fromCause(exit.cause)
       const failure = Cause.findErrorOption(exit.cause)
@@ -402,7 +516,7 @@ const makeProcess = <A, E extends Tagged, R>(
           retryIn: undefined
         })
       }
-      if (held.lost && Cause.hasInterrupts(exit.cause)) {
+      if (lease.lost && Cause.hasInterrupts(exit.cause)) {
         // The keeper could not hold the lease: another consumer may own the message; leave it.
         return Outcome.verdict("Released", {
           message,
@@ -415,7 +529,7 @@ const makeProcess = <A, E extends Tagged, R>(
         // Interrupted (shutdown past its drain): the transaction rolled back; hand it back now.
         return Outcome.verdict("Released", { message, reason: "Interrupted", error: undefined, retryIn: Duration.zero })
       }
-      const transient = Option.isNone(failure) || isTransient(failure.value as E | HandlerTimeout)
+      const transient = Option.isNone(failure) || isTransient(failure.value as E | HandlerTimeout | ExpiredBeforeRun)
       if (!transient) return Outcome.verdict("DeadLettered", { message, reason: "PermanentError", error })
       const failed = attemptStore === undefined
         ? delivery.deliveryCount
@@ -427,18 +541,41 @@ const makeProcess = <A, E extends Tagged, R>(
       return Outcome.verdict("Released", { message, reason: "Retrying", error, retryIn })
     })
 
-  const process = (delivery: Delivery): Effect.Effect<void, never, R> =>
+  const process = (delivery: Delivery, admission: Admission | undefined): Effect.Effect<void, never, R> =>
     Effect.uninterruptibleMask((restore) =>
       Effect.gen(function*() {
         const receivedAt = yield* Clock.currentTimeMillis
         yield* Metric.update(inFlightGauge, ++running)
         if (delivery.deliveryCount > 1) yield* Metric.update(redeliveries, 1)
-        const leaseBox: LeaseBox = { held: undefined }
-        const judged = yield* judgeSafely(delivery, receivedAt, restore, leaseBox)
+        // The lease is watched from receipt: also while the delivery waits for its key's turn.
+        const lease = keeper.register(delivery, receivedAt, yield* Effect.fiber)
+        const judged = yield* judgeSafely(delivery, restore, lease, admission)
+        keeper.unregister(lease)
+        if (admission !== undefined) {
+          // The next delivery of the key may run while this one settles: its effect is decided.
+          Deferred.doneUnsafe(admission.entered, Effect.void)
+          if (admission.place !== undefined) lanes!.leave(admission.place)
+          admission.place = undefined
+        }
+        yield* settle(delivery, judged, receivedAt, lease)
+      })
+    )
+
+  /**
+   * Settle and record: sends the verdict's broker command (never an ack past the lease), then
+   * counts, logs and reports the outcome. Never fails.
+   */
+  const settle = (
+    delivery: Delivery,
+    judged: Verdict,
+    receivedAt: number,
+    lease: LeaseKeeper.Lease
+  ): Effect.Effect<void> =>
+      Effect.gen(function*() {
         // Never ack past the local lease deadline (with the keeper's 10% margin): the server may
         // have handed the message to another consumer, and it would accept this ack for both.
-        const verdict = leaseBox.held !== undefined && leaseMillis > 0 && acks(judged) &&
-            (yield* Clock.currentTimeMillis) >= leaseBox.held.heldSince + leaseMillis * 0.9
+        const verdict = leaseMillis > 0 && acks(judged) &&
+            (yield* Clock.currentTimeMillis) >= lease.heldSince + leaseMillis * 0.9
           ? withholdAck(judged)
           : judged
         // `now` only stamps dead-letter records; skip building a DateTime for the other outcomes.
@@ -518,7 +655,6 @@ const makeProcess = <A, E extends Tagged, R>(
           )
         }
       })
-    )
 
   const recordKind = (outcome: Outcome.Outcome): Effect.Effect<void> => {
     switch (outcome._tag) {
@@ -536,11 +672,117 @@ const makeProcess = <A, E extends Tagged, R>(
     }
   }
 
+  /**
+   * A batch (BE-JOB-007): every delivery is prepared on its own (a rejected or expired one ends
+   * there), the rest go to the batch handler in one run, and each element is judged from its own
+   * result and settled with its own command. A run that fails as a whole (its transaction, a
+   * defect, a result of the wrong length) is not charged to every element: each element then
+   * runs alone, as a batch of one with the consumer's in-process retries, so a poison element
+   * fails by itself and the others commit.
+   */
+  const processBatch = (deliveries: ReadonlyArray<Delivery>, batch: BatchDefinition<A, E, R>): Effect.Effect<void, never, R> =>
+    Effect.uninterruptibleMask((restore) =>
+      Effect.gen(function*() {
+        const receivedAt = yield* Clock.currentTimeMillis
+        running += deliveries.length
+        yield* Metric.update(inFlightGauge, running)
+        const fiber = yield* Effect.fiber
+        const leases = deliveries.map((delivery) => keeper.register(delivery, receivedAt, fiber))
+        const verdicts: Array<Verdict | undefined> = []
+        const runnable: Array<{ readonly index: number; readonly prepared: Prepared<A>; readonly reports: Reports }> = []
+        for (const [index, delivery] of deliveries.entries()) {
+          if (delivery.deliveryCount > 1) yield* Metric.update(redeliveries, 1)
+          const prepared = yield* prepare(delivery).pipe(
+            Effect.catchCause((cause) =>
+              Effect.succeed(Result.fail(Outcome.verdict("DeadLettered", {
+                message: messageRef(delivery),
+                reason: "Defect",
+                error: ErrorSummary.fromCause(cause)
+              })))
+            )
+          )
+          if (Result.isFailure(prepared)) verdicts.push(prepared.failure)
+          else {
+            verdicts.push(undefined)
+            runnable.push({ index, prepared: prepared.success, reports: { committed: false, alreadyCommitted: false } })
+          }
+        }
+        if (runnable.length > 0) {
+          for (const { index, prepared } of runnable) {
+            yield* Probe.hit({ point: "received", consumer: definition.name, sequence: deliveries[index]!.sequence, eventId: prepared.metadata.id })
+          }
+          const startedAt = yield* Clock.currentTimeMillis
+          const elements = runnable.map(({ index, prepared, reports }) => ({
+            eventId: prepared.metadata.id,
+            subject: deliveries[index]!.subject,
+            sequence: deliveries[index]!.sequence,
+            deliveryCount: deliveries[index]!.deliveryCount,
+            report: (report: "Committed" | "AlreadyCommitted") => {
+              if (report === "Committed") reports.committed = true
+              else reports.alreadyCommitted = true
+            }
+          }))
+          const exit = yield* Effect.exit(restore(
+            Effect.suspend(() => batch.handle(runnable.map((r) => r.prepared.event))).pipe(
+              Effect.timeoutOrElse({
+                duration: definition.handlerTimeout,
+                orElse: () =>
+                  Effect.fail(new HandlerTimeout({ message: `batch handler ran longer than ${Duration.format(definition.handlerTimeout)}` }))
+              }),
+              Effect.provideService(CurrentBatch, { consumer: definition.name, elements })
+            )
+          ))
+          yield* Metric.update(handlerDuration, (yield* Clock.currentTimeMillis) - startedAt)
+          if (Exit.isSuccess(exit) && Array.isArray(exit.value) && exit.value.length === runnable.length) {
+            for (const [i, { index, prepared }] of runnable.entries()) {
+              const result = exit.value[i]!
+              // The element's own result decides; the store's reports matter only for a cut run.
+              verdicts[index] = yield* conclude(
+                prepared,
+                deliveries[index]!,
+                Result.isSuccess(result) ? Exit.succeed(result.success) : Exit.fail(result.failure),
+                { committed: false, alreadyCommitted: false },
+                leases[index]!
+              )
+            }
+          } else if (Exit.isFailure(exit) && Cause.hasInterrupts(exit.cause)) {
+            // Cut (shutdown past its drain, a lease lost): released, or committed with the ack withheld.
+            for (const { index, prepared, reports } of runnable) {
+              verdicts[index] = yield* conclude(prepared, deliveries[index]!, exit, reports, leases[index]!)
+            }
+          } else if (runnable.length === 1) {
+            const { index, prepared, reports } = runnable[0]!
+            verdicts[index] = yield* conclude(prepared, deliveries[index]!, Exit.isFailure(exit) ? exit : Exit.die(new Error("the batch handler gave no result per element")), reports, leases[index]!)
+          } else {
+            yield* Effect.logWarning(
+              `batch of ${runnable.length} failed as a whole; running its elements one by one`,
+              Exit.isFailure(exit) ? ErrorSummary.fromCause(exit.cause) : ErrorSummary.make("BatchResultInvalid", "the batch handler gave no result per element")
+            )
+            for (const { index, prepared } of runnable) {
+              const delivery = deliveries[index]!
+              const reports: Reports = { committed: false, alreadyCommitted: false }
+              const single = yield* Effect.exit(restore(
+                attempt(prepared.event, delivery, prepared.metadata, prepared.failedBefore + 1, reports, leases[index]!)
+              ))
+              verdicts[index] = yield* conclude(prepared, delivery, single, reports, leases[index]!)
+            }
+          }
+        }
+        for (const lease of leases) keeper.unregister(lease)
+        // Each element its own command, sent at once: individual acks, naks and dead letters.
+        yield* Effect.forEach(
+          deliveries,
+          (delivery, index) => settle(delivery, verdicts[index]!, receivedAt, leases[index]!),
+          { concurrency: "unbounded", discard: true }
+        )
+      })
+    )
+
   // One span per delivery, after the messaging semantic conventions; it continues the trace of
   // the `traceparent` header when the message has one, and is a root span otherwise.
-  return (delivery: Delivery): Effect.Effect<void, never, R> => {
+  const one = (delivery: Delivery, admission: Admission | undefined): Effect.Effect<void, never, R> => {
     const parent = Telemetry.parseTraceparent(delivery.header(Telemetry.traceparentHeader))
-    return process(delivery).pipe(
+    return process(delivery, admission).pipe(
       Effect.withSpan(Telemetry.processSpanName(delivery.subject), {
         kind: "consumer",
         ...(parent === undefined ? { root: true } : { parent }),
@@ -558,6 +800,25 @@ const makeProcess = <A, E extends Tagged, R>(
       }, { captureStackTrace: false })
     )
   }
+
+  // One span per batch; its elements' outcomes are in their own log lines and metrics.
+  const many = (deliveries: ReadonlyArray<Delivery>, batch: BatchDefinition<A, E, R>): Effect.Effect<void, never, R> =>
+    processBatch(deliveries, batch).pipe(
+      Effect.withSpan(Telemetry.processSpanName(deliveries[0]!.subject), {
+        kind: "consumer",
+        root: true,
+        attributes: {
+          [Telemetry.Attribute.messagingSystem]: Telemetry.messagingSystem,
+          [Telemetry.Attribute.operationType]: "process",
+          [Telemetry.Attribute.operationName]: "process",
+          [Telemetry.Attribute.destinationName]: deliveries[0]!.subject,
+          [Telemetry.Attribute.consumerGroup]: definition.name,
+          [Telemetry.Attribute.batchSize]: deliveries.length
+        }
+      }, { captureStackTrace: false })
+    )
+
+  return { one, many }
 }
 
 const spanAttributes = (outcome: Outcome.Outcome): Record<string, unknown> => {
@@ -574,7 +835,11 @@ export const run = <A, E extends Tagged, R>(definition: Definition<A, E, R>): Ef
       const lifecycle = yield* Lifecycle.Lifecycle
       // Readiness counts this consumer as starting until its intake is open.
       const component = yield* lifecycle.component(definition.name, "consumer")
-      const intake = yield* definition.source.open({ prefetch: definition.prefetch, attempts: definition.retry.attempts })
+      const intake = yield* definition.source.open({
+        prefetch: definition.prefetch,
+        attempts: definition.retry.attempts,
+        ordering: definition.ordering._tag
+      })
       const slots = yield* Semaphore.make(definition.concurrency)
       const inFlight = yield* FiberSet.make<void, never>()
       // Created before the drain finalizer, so it keeps extending leases while handlers drain.
@@ -600,19 +865,85 @@ export const run = <A, E extends Tagged, R>(definition: Definition<A, E, R>): Ef
       const deliveryBound = intake.maxDeliver === undefined
         ? definition.maxDeliveries
         : Math.min(definition.maxDeliveries, intake.maxDeliver - 1)
-      const process = makeProcess(definition, intake.lease, keeper, attemptStore, deliveryBound, intake.maxDeliver)
+      const ordering = definition.ordering
+      const lanes = ordering._tag === "PerKey" ? Lanes.make(ordering.limits) : undefined
+      const processor = makeProcess(definition, intake.lease, keeper, attemptStore, deliveryBound, intake.maxDeliver, slots, lanes)
       const runFiber = FiberSet.run(inFlight)
       yield* component.up
       yield* Effect.logInfo(
         `consumer ${definition.name} started on ${definition.source.name} ` +
-          `(concurrency ${definition.concurrency}, prefetch ${definition.prefetch}, lease ${Duration.format(intake.lease)})`
+          `(concurrency ${definition.concurrency}, prefetch ${definition.prefetch}, lease ${Duration.format(intake.lease)}, ` +
+          `ordering ${
+            ordering._tag === "PerKey"
+              ? `per key: at most ${ordering.limits.maxHeld} held, ${ordering.limits.maxKeys} keys, ${ordering.limits.maxPerLane} per key`
+              : ordering._tag.toLowerCase()
+          })`
       )
+      const batch = definition.batch
+      if (batch !== undefined) {
+        // A slot per batch, then up to `maxSize` deliveries, waiting at most `maxWait` after the
+        // first for the rest. Deliveries collected when the intake stops (shutdown, a failed
+        // source) still run as a batch, in the drain.
+        const maxWaitMillis = Duration.toMillis(batch.maxWait)
+        const collect = (into: Array<Delivery>) =>
+          Effect.gen(function*() {
+            into.push(yield* intake.take)
+            const until = (yield* Clock.currentTimeMillis) + maxWaitMillis
+            while (into.length < batch.maxSize) {
+              const left = until - (yield* Clock.currentTimeMillis)
+              if (left <= 0) break
+              const next = yield* intake.take.pipe(Effect.timeoutOption(Duration.millis(left)))
+              if (Option.isNone(next)) break
+              into.push(next.value)
+            }
+          })
+        return yield* Effect.forever(
+          Effect.uninterruptibleMask((restore) =>
+            Effect.gen(function*() {
+              yield* restore(Semaphore.take(slots, 1))
+              const deliveries: Array<Delivery> = []
+              const collected = yield* Effect.exit(restore(collect(deliveries)))
+              if (deliveries.length > 0) {
+                yield* runFiber(processor.many(deliveries, batch).pipe(Effect.ensuring(Semaphore.release(slots, 1))))
+              } else {
+                yield* Semaphore.release(slots, 1)
+              }
+              if (Exit.isFailure(collected)) return yield* collected
+            })
+          )
+        )
+      }
+      if (lanes === undefined) {
+        // A slot first, then a delivery: at most `concurrency` taken from the source at once.
+        return yield* Effect.forever(
+          Effect.uninterruptibleMask((restore) =>
+            Effect.gen(function*() {
+              yield* restore(Semaphore.take(slots, 1))
+              const delivery = yield* restore(intake.take).pipe(Effect.onError(() => Semaphore.release(slots, 1)))
+              yield* runFiber(processor.one(delivery, undefined).pipe(Effect.ensuring(Semaphore.release(slots, 1))))
+            })
+          )
+        )
+      }
+      // Per key: room among the held deliveries first, then a delivery, whose fiber finds its
+      // key's lane (waiting there, not here, for its turn and a slot). The next take waits until
+      // it has found its place: a full lane stops the intake instead of buffering past the limits.
       return yield* Effect.forever(
         Effect.uninterruptibleMask((restore) =>
           Effect.gen(function*() {
-            yield* restore(Semaphore.take(slots, 1))
-            const delivery = yield* restore(intake.take).pipe(Effect.onError(() => Semaphore.release(slots, 1)))
-            yield* runFiber(process(delivery).pipe(Effect.ensuring(Semaphore.release(slots, 1))))
+            yield* restore(lanes.awaitRoom)
+            const delivery = yield* restore(intake.take)
+            const admission: Admission = { place: undefined, slot: false, entered: Deferred.makeUnsafe<void>() }
+            lanes.hold()
+            yield* runFiber(processor.one(delivery, admission).pipe(
+              Effect.ensuring(Effect.suspend(() => {
+                Deferred.doneUnsafe(admission.entered, Effect.void)
+                if (admission.place !== undefined) lanes.leave(admission.place)
+                lanes.unhold()
+                return admission.slot ? Semaphore.release(slots, 1) : Effect.void
+              }))
+            ))
+            yield* restore(Deferred.await(admission.entered))
           })
         )
       )
