@@ -69,7 +69,7 @@ const requirements: ReadonlyArray<Requirement> = [
       { line: "parallel delivery", match: /parallel delivery|in parallel/i },
       { line: "two messages with the same key", match: /same key/i },
       { line: "load test of the prefetch limit", match: /load test of the prefetch/i },
-      { line: "load test of the queue limits", match: /load test of the (prefetch and )?queue limits/i },
+      { line: "load test of the queue limits", match: /load test of the queue limits/i },
       { line: "sequential processing as an explicitly declared model", match: /sequential processing/i }
     ]
   },

@@ -13,7 +13,11 @@
  * reached, not merely unchallenged). The handler counts how many run at once (never more than
  * `concurrency`), and the process's resident memory is sampled too (bounded growth).
  *
- * The last case is slow handlers with a short pull expiry: the local queue stays full longer
+ * One case orders per key over four keys: its key lanes fill to their limits (`maxQueuedPerKey`,
+ * within `maxQueued`) and the engine stops pulling, so the bound is `concurrency + maxQueued +
+ * prefetch`, and no two handlers of a key ever run at once.
+ *
+ * The slow case is slow handlers with a short pull expiry: the local queue stays full longer
  * than two idle heartbeats. nats.js's `consume()` then re-pulls a full batch at every heartbeat
  * interval on top of what it buffers (this case against the former `consume()`-based source:
  * `num_ack_pending` 141 against a bound of 22 within its 13 s), which is why `JetStreamSource`
@@ -94,7 +98,12 @@ interface Case {
   /** Outcomes the run must at least reach. */
   readonly minOutcomes: number
   readonly pullExpires?: Duration.Input | undefined
+  /** Per-key ordering over `keys` keys (job n has key n mod keys), with its queue limits. */
+  readonly perKey?: { readonly keys: number; readonly maxQueued: number; readonly maxQueuedPerKey: number } | undefined
 }
+
+/** What the server may have handed out at most: running, waiting in key lanes, reserved ahead. */
+const boundOf = (limits: Case) => limits.concurrency + (limits.perKey?.maxQueued ?? 0) + limits.prefetch
 
 /** What one case measured. */
 interface Measured {
@@ -102,6 +111,7 @@ interface Measured {
   readonly outcomes: number
   readonly committed: number
   readonly maxRunning: number
+  readonly maxRunningPerKey: number
   readonly maxAckPending: number
   readonly samples: number
   readonly rssBefore: number
@@ -111,25 +121,36 @@ interface Measured {
 const runCase = (limits: Case) =>
   Effect.gen(function*() {
     const { stream } = yield* Backlog
-    const durable = `load_c${limits.concurrency}_p${limits.prefetch}`
+    const durable = `load_c${limits.concurrency}_p${limits.prefetch}${limits.perKey === undefined ? "" : `_k${limits.perKey.keys}`}`
     yield* Topology.ensureConsumer({ stream: stream.stream, name: durable, ackWait: "30 seconds", maxAckPending: 20_000 })
     const info = Effect.flatMap(NatsConnection.NatsConnection, (connection) =>
       Effect.tryPromise(() => connection.manager.consumers.info(stream.stream, durable)))
 
     // Plain counters: the handler and onOutcome run on the one JS thread.
-    const counts = { running: 0, maxRunning: 0, outcomes: 0, committed: 0 }
+    const counts = { running: 0, maxRunning: 0, maxRunningPerKey: 0, outcomes: 0, committed: 0 }
+    const runningByKey = new Map<string, number>()
+    const keyOf = (event: typeof Event.Type) => `k${event.data.n % (limits.perKey?.keys ?? 1)}`
     const consumer = Consumer.make({
       name: durable,
       source: JetStreamSource.make({ stream: stream.stream, consumer: durable, pullExpires: limits.pullExpires }),
       schema: Event,
-      handle: () =>
+      handle: (event) =>
         Effect.sync(() => {
           counts.running++
           counts.maxRunning = Math.max(counts.maxRunning, counts.running)
+          const sameKey = (runningByKey.get(keyOf(event)) ?? 0) + 1
+          runningByKey.set(keyOf(event), sameKey)
+          counts.maxRunningPerKey = Math.max(counts.maxRunningPerKey, sameKey)
         }).pipe(
           Effect.andThen(Effect.sleep(limits.work)), // wait: the handler's own work
-          Effect.ensuring(Effect.sync(() => counts.running--))
+          Effect.ensuring(Effect.sync(() => {
+            counts.running--
+            runningByKey.set(keyOf(event), runningByKey.get(keyOf(event))! - 1)
+          }))
         ),
+      ordering: limits.perKey === undefined
+        ? "unordered"
+        : { perKey: keyOf, maxQueued: limits.perKey.maxQueued, maxQueuedPerKey: limits.perKey.maxQueuedPerKey },
       classify: {},
       concurrency: limits.concurrency,
       prefetch: limits.prefetch,
@@ -170,6 +191,7 @@ const runCase = (limits: Case) =>
       outcomes: counts.outcomes,
       committed: counts.committed,
       maxRunning: counts.maxRunning,
+      maxRunningPerKey: counts.maxRunningPerKey,
       maxAckPending,
       samples,
       rssBefore,
@@ -179,23 +201,33 @@ const runCase = (limits: Case) =>
       `BE-JOB-004 load (concurrency ${limits.concurrency}, prefetch ${limits.prefetch}, handler ` +
         `${Duration.format(Duration.fromInputUnsafe(limits.work))}): ${measured.outcomes} outcomes in ${runMillis} ms ` +
         `(${Math.round(measured.outcomes / (runMillis / 1000))}/s); max num_ack_pending ${maxAckPending} over ${samples} ` +
-        `samples (bound ${limits.concurrency + limits.prefetch}); max running handlers ${measured.maxRunning}; ` +
+        `samples (bound ${boundOf(limits)}); max running handlers ${measured.maxRunning}; ` +
         `rss ${mb(rssBefore)} -> max ${mb(rssMax)} (+${mb(rssMax - rssBefore)})`
     )
     return measured
   })
 
 const check = (limits: Case, measured: Measured) => {
-  const bound = limits.concurrency + limits.prefetch
+  const bound = boundOf(limits)
   assert.isAtLeast(measured.outcomes, limits.minOutcomes, "messages flowed")
   assert.strictEqual(measured.committed, measured.outcomes, "every outcome is Committed")
   assert.isAtLeast(measured.samples, 20, "the server was sampled throughout the run")
-  assert.strictEqual(measured.maxRunning, limits.concurrency, "the handlers ran at the concurrency, never above it")
-  assert.isAtMost(measured.maxAckPending, bound, `the server never had more than concurrency + prefetch (${bound}) handed out`)
+  if (limits.perKey === undefined) {
+    assert.strictEqual(measured.maxRunning, limits.concurrency, "the handlers ran at the concurrency, never above it")
+  } else {
+    // One handler per key: with fewer keys than slots, the keys bound the parallelism.
+    assert.strictEqual(measured.maxRunning, Math.min(limits.concurrency, limits.perKey.keys), "one handler per key, in parallel across keys")
+    assert.strictEqual(measured.maxRunningPerKey, 1, "never two handlers of one key")
+  }
+  assert.isAtMost(measured.maxAckPending, bound, `the server never had more than concurrency + maxQueued + prefetch (${bound}) handed out`)
+  // The lanes (or, unordered, the slots) full and the source's buffer half full at least.
+  const held = limits.perKey === undefined
+    ? limits.concurrency
+    : Math.min(limits.perKey.keys * (1 + limits.perKey.maxQueuedPerKey), limits.concurrency + limits.perKey.maxQueued)
   assert.isAtLeast(
     measured.maxAckPending,
-    limits.concurrency + Math.ceil(limits.prefetch / 2),
-    "the local queue filled: the bound was reached, not just unchallenged"
+    held + Math.ceil(limits.prefetch / 2),
+    "the local queues filled: the bound was reached, not just unchallenged"
   )
   assert.isBelow(measured.rssMax - measured.rssBefore, RSS_GROWTH_LIMIT, "resident memory stays bounded")
 }
@@ -203,24 +235,37 @@ const check = (limits: Case, measured: Measured) => {
 const cases = {
   wide: { concurrency: 16, prefetch: 16, work: "40 millis", period: "8 seconds", minOutcomes: 1_000 },
   deep: { concurrency: 4, prefetch: 50, work: "20 millis", period: "8 seconds", minOutcomes: 500 },
-  slow: { concurrency: 2, prefetch: 20, work: "1 second", period: "13 seconds", minOutcomes: 20, pullExpires: "1 second" }
+  slow: { concurrency: 2, prefetch: 20, work: "1 second", period: "13 seconds", minOutcomes: 20, pullExpires: "1 second" },
+  keyed: {
+    concurrency: 8,
+    prefetch: 8,
+    work: "40 millis",
+    period: "8 seconds",
+    minOutcomes: 300,
+    perKey: { keys: 4, maxQueued: 12, maxQueuedPerKey: 3 }
+  }
 } satisfies Record<string, Case>
 
 describe("limits (BE-JOB-004)", () => {
   layer(BacklogLive, { excludeTestServices: true, timeout: "60 seconds" })((it) => {
     it.effect(
-      "BE-JOB-004: load test of the prefetch and queue limits: concurrency 16, prefetch 16 over a 100 000 message backlog: the server never has more than 32 messages handed out, at most 16 handlers run, memory stays bounded",
+      "BE-JOB-004: load test of the prefetch limit: concurrency 16, prefetch 16 over a 100 000 message backlog: the server never has more than 32 messages handed out, at most 16 handlers run, memory stays bounded",
       () => Effect.map(runCase(cases.wide), (measured) => check(cases.wide, measured)),
       30_000
     )
     it.effect(
-      "BE-JOB-004: load test of the prefetch and queue limits: concurrency 4, prefetch 50 over a 100 000 message backlog: the server never has more than 54 messages handed out, at most 4 handlers run, memory stays bounded",
+      "BE-JOB-004: load test of the prefetch limit: concurrency 4, prefetch 50 over a 100 000 message backlog: the server never has more than 54 messages handed out, at most 4 handlers run, memory stays bounded",
       () => Effect.map(runCase(cases.deep), (measured) => check(cases.deep, measured)),
       30_000
     )
     it.effect(
-      "BE-JOB-004: load test of the prefetch and queue limits: slow handlers keep the local queue full past two idle heartbeats, and the source still never has more than concurrency + prefetch handed out",
+      "BE-JOB-004: load test of the prefetch limit: slow handlers keep the local queue full past two idle heartbeats, and the source still never has more than concurrency + prefetch handed out",
       () => Effect.map(runCase(cases.slow), (measured) => check(cases.slow, measured)),
+      30_000
+    )
+    it.effect(
+      "BE-JOB-004: load test of the queue limits: per-key ordering over 4 keys (concurrency 8, maxQueued 12, 3 per key, prefetch 8): the key lanes fill to their limits and the engine stops pulling; the server never has more than 28 handed out, never two handlers of one key",
+      () => Effect.map(runCase(cases.keyed), (measured) => check(cases.keyed, measured)),
       30_000
     )
   })

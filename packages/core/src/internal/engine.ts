@@ -1,8 +1,16 @@
 /**
- * The consumer engine: the intake loop (bounded by a semaphore of `concurrency` slots), the
- * processing of one delivery (decode, expiry, attempts, handler with in-process retries, a
- * timeout and a lease keeper), the settlement of its outcome, and the drain on interruption.
- * Internal: the public face is `Consumer`.
+ * The consumer engine. The intake loop takes deliveries within the limits (`concurrency` slots;
+ * with per-key ordering, room in the key lanes; for a batch consumer, a slot per batch) and runs
+ * each delivery, or batch, in its own fiber through named stages:
+ *
+ * - `prepare`: decode, metadata, ordering key, expiry, the delivery and attempt bounds;
+ * - admit (per key only): the key's lane, its turn, then a slot;
+ * - run: the handler (`attempt`: in-process retries, timeout, expiry before each run), or the
+ *   batch handler once for all its elements (`processBatch`), under the lease keeper;
+ * - `conclude`: the verdict from the run's exit and the store's reports;
+ * - `settle`: the broker command (never an ack past the lease), then metrics, log and `onOutcome`.
+ *
+ * On interruption it drains. Internal: the public face is `Consumer`.
  */
 import { Cause, Clock, Data, DateTime, Deferred, Duration, Effect, Exit, FiberSet, Metric, Option, Result, Schedule, Semaphore } from "effect"
 import { AttemptStore, type AttemptStoreShape } from "../AttemptStore.ts"
