@@ -111,7 +111,18 @@ const requirements: ReadonlyArray<Requirement> = [
     ]
   },
   { id: "INT-NATS-002", title: "Stream and consumer contract", inScope: false, verifications: [] },
-  { id: "INT-NATS-007", title: "Confirmed JetStream publish", inScope: false, verifications: [] },
+  {
+    id: "INT-NATS-007",
+    title: "Confirmed JetStream publish",
+    inScope: true,
+    verifications: [
+      { line: "positive and negative PubAck", match: /positive and negative PubAck/i },
+      { line: "timeout and reconnect after a publish that was in fact stored", match: /timeout and reconnect/i },
+      { line: "retry with the same id and the same Nats-Msg-Id", match: /same id and the same Nats-Msg-Id/i },
+      { line: "retry before and after the duplicate window boundary", match: /before and after the duplicate window/i },
+      { line: "the republish horizon compared with the dedup setting", match: /republish horizon/i }
+    ]
+  },
   {
     id: "BE-SHUT-001",
     title: "One shutdown procedure",

@@ -10,7 +10,7 @@
 import { type JetStreamClient, type JetStreamManager, jetstream, jetstreamManager } from "@nats-io/jetstream"
 import { connect, type NatsConnection as Connection } from "@nats-io/transport-node"
 import { Lifecycle } from "@jetworker/core"
-import { Clock, Config, Context, Duration, Effect, Layer, Option, Redacted, Stream } from "effect"
+import { Clock, Config, Context, Duration, Effect, Layer, Option, Redacted, Semaphore, Stream } from "effect"
 import * as NatsError from "./NatsError.ts"
 
 /** How to connect. Every duration is a `Duration.Input`. */
@@ -38,6 +38,11 @@ export interface Options {
   readonly apiTimeout?: Duration.Input | undefined
   /** Bound on draining at release; then the connection is closed. Default: 5 seconds. */
   readonly drainTimeout?: Duration.Input | undefined
+  /**
+   * Confirmed publishes (`Publisher.publish`, retries included) in flight at once on this
+   * connection, 1 to 100 000; more wait for a free one. Default: 1024.
+   */
+  readonly maxPublishesInFlight?: number | undefined
 }
 
 /** The connection and its JetStream handles. */
@@ -47,6 +52,8 @@ export interface Shape {
   readonly manager: JetStreamManager
   /** The API timeout in milliseconds, for adapter code that calls nats.js directly. */
   readonly apiTimeoutMillis: number
+  /** Permits for confirmed publishes in flight (`maxPublishesInFlight`). */
+  readonly publishPermits: Semaphore.Semaphore
 }
 
 /** The NATS connection service. */
@@ -60,6 +67,14 @@ export const make = (options: Options) =>
   Effect.gen(function*() {
     const apiTimeoutMillis = millis(options.apiTimeout, 5_000)
     const drainMillis = millis(options.drainTimeout, 5_000)
+    const maxPublishes = options.maxPublishesInFlight ?? 1024
+    if (!Number.isInteger(maxPublishes) || maxPublishes < 1 || maxPublishes > 100_000) {
+      return yield* new NatsError.NatsError({
+        reason: "ApiError",
+        operation: "connect",
+        message: `maxPublishesInFlight must be an integer from 1 to 100000, got ${maxPublishes}`
+      })
+    }
     const lifecycle = yield* Lifecycle.Lifecycle
     // Under a worker that is starting, a refused connection is retried until the start-up
     // deadline (the server may be restarting); otherwise it fails at once.
@@ -121,7 +136,8 @@ export const make = (options: Options) =>
       connection,
       jetstream: jetstream(connection, { timeout: apiTimeoutMillis }),
       manager,
-      apiTimeoutMillis
+      apiTimeoutMillis,
+      publishPermits: Semaphore.makeUnsafe(maxPublishes)
     })
   })
 

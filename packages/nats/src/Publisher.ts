@@ -6,13 +6,20 @@
  * duplicate window turns a publish that was in fact stored into `duplicate: true`. Retries follow
  * a jittered, capped, finite `Schedule`. Each publish is a `send <subject>` span (kind producer)
  * whose W3C `traceparent` goes in the message's headers, so the consumer's span continues it.
+ * Publishes in flight on a connection are bounded (`NatsConnection`'s `maxPublishesInFlight`).
+ *
+ * A retry is deduplicated only within the stream's duplicate window: {@link republishHorizon}
+ * says how long after the first attempt the last retry may go out, and {@link checkHorizon}
+ * compares it with a stream's window at start. Outside the window (or with deduplication off) a
+ * retry stores a second copy, which the consumer's dedup row turns into a `Duplicate` (no
+ * second effect): the two layers of deduplication.
  *
  * @since 0.1.0
  */
 import type { PubAck } from "@nats-io/jetstream"
 import { headers as makeHeaders } from "@nats-io/transport-node"
 import { Envelope, Telemetry } from "@jetworker/core"
-import { Duration, Effect, Schedule } from "effect"
+import { Duration, Effect, Schedule, Semaphore } from "effect"
 import { NatsConnection } from "./NatsConnection.ts"
 import * as NatsError from "./NatsError.ts"
 
@@ -45,12 +52,77 @@ export const checkPubAck = (operation: string, stream: string, ack: PubAck): Eff
       })
     )
 
+/** The first retry's delay; each next one doubles, jittered, up to {@link retryCapMillis}. */
+const retryBaseMillis = 100
+const retryCapMillis = 2_000
+
 const retrySchedule = (attempts: number) =>
-  Schedule.exponential("100 millis", 2).pipe(
+  Schedule.exponential(Duration.millis(retryBaseMillis), 2).pipe(
     Schedule.jittered,
-    Schedule.modifyDelay(({ duration }) => Effect.succeed(Duration.min(duration, Duration.seconds(2)))),
+    Schedule.modifyDelay(({ duration }) => Effect.succeed(Duration.min(duration, Duration.millis(retryCapMillis)))),
     Schedule.upTo({ times: Math.max(0, attempts - 1) })
   )
+
+/**
+ * How long after its first attempt a publish may still be sent again: every attempt running to
+ * its timeout, plus the longest delays between them (jitter included). A stream's duplicate
+ * window shorter than this may store a late retry twice.
+ */
+export const republishHorizon = (
+  options: { readonly attempts?: number | undefined; readonly timeout?: Duration.Input | undefined } = {},
+  apiTimeoutMillis = 5_000
+): Duration.Duration => {
+  const attempts = options.attempts ?? 5
+  const timeout = options.timeout === undefined ? apiTimeoutMillis : Duration.toMillis(Duration.fromInputUnsafe(options.timeout))
+  let delays = 0
+  // `Schedule.jittered` scales a delay by up to 1.2; the cap applies after it.
+  for (let retry = 0; retry < attempts - 1; retry++) delays += Math.min(retryCapMillis, retryBaseMillis * 2 ** retry * 1.2)
+  return Duration.millis(attempts * timeout + delays)
+}
+
+/** A stream's duplicate window against a publisher's republish horizon. */
+export interface HorizonCheck {
+  readonly stream: string
+  readonly horizon: Duration.Duration
+  /** The stream's duplicate window; zero when it deduplicates nothing. */
+  readonly duplicateWindow: Duration.Duration
+  /** Whether every retry falls inside the window (so it is stored once). */
+  readonly covered: boolean
+}
+
+/**
+ * Compares `stream`'s duplicate window with the republish horizon of `options` (as passed to
+ * {@link publish}), and logs a warning saying what happens when the window is shorter: a retry
+ * after it stores a second copy, which the consumer's dedup row turns into a `Duplicate`.
+ */
+export const checkHorizon = (
+  stream: string,
+  options: { readonly attempts?: number | undefined; readonly timeout?: Duration.Input | undefined } = {}
+): Effect.Effect<HorizonCheck, NatsError.NatsError, NatsConnection> =>
+  Effect.gen(function*() {
+    const { manager, apiTimeoutMillis } = yield* NatsConnection
+    const info = yield* Effect.tryPromise({
+      try: () => manager.streams.info(stream),
+      catch: (error) => NatsError.fromUnknown(`stream info ${stream}`, error)
+    })
+    const horizon = republishHorizon(options, apiTimeoutMillis)
+    const duplicateWindow = Duration.millis(Math.floor((info.config.duplicate_window ?? 0) / 1_000_000))
+    const covered = Duration.isGreaterThanOrEqualTo(duplicateWindow, horizon)
+    if (!covered) {
+      yield* Effect.logWarning(
+        `stream ${stream} deduplicates publishes for ${Duration.format(duplicateWindow)}, but a publish may be retried ` +
+          `for up to ${Duration.format(horizon)}: a retry after the window stores a second copy, which consumers ` +
+          `must take as a duplicate (their dedup row does); widen the window or lower attempts/timeout`
+      )
+    }
+    return { stream, horizon, duplicateWindow, covered }
+  })
+
+/**
+ * Header names that may not be given: the id goes in `msgId`, and on NATS 2.9 another header whose
+ * name contains `Nats-Msg-Id` makes the server ignore the real one (no deduplication at all).
+ */
+const forbiddenHeader = (name: string): boolean => name.toLowerCase().includes("nats-msg-id")
 
 /** Publishes `payload` to `subject` until the stream confirms it, retrying with the same id. */
 export const publish = (
@@ -71,7 +143,16 @@ export const publish = (
         message: "msgId must be 1 to 200 printable ASCII characters without spaces"
       })
     }
-    const { jetstream, apiTimeoutMillis } = yield* NatsConnection
+    const forbidden = (options.headers ?? []).find(([name]) => forbiddenHeader(name))
+    if (forbidden !== undefined) {
+      return yield* new NatsError.NatsError({
+        reason: "ApiError",
+        operation,
+        message: `header ${JSON.stringify(forbidden[0])} is not allowed: the id goes in msgId (a second header ` +
+          `containing "Nats-Msg-Id" would make NATS 2.9 skip deduplication)`
+      })
+    }
+    const { jetstream, apiTimeoutMillis, publishPermits } = yield* NatsConnection
     const timeout = options.timeout === undefined
       ? apiTimeoutMillis
       : Duration.toMillis(Duration.fromInputUnsafe(options.timeout))
@@ -92,9 +173,21 @@ export const publish = (
           timeout
         })
       },
-      catch: (error) => NatsError.fromUnknown(operation, error)
+      catch: (error) => {
+        const mapped = NatsError.fromUnknown(operation, error)
+        // nats.js says "JetStream not enabled" when no stream captures the subject.
+        return mapped.reason === "NoResponders"
+          ? new NatsError.NatsError({
+            ...mapped,
+            message: `no stream captures subject ${subject} (or JetStream is unreachable); expected stream ${options.stream}`
+          })
+          : mapped
+      }
     }).pipe(Effect.flatMap((ack) => checkPubAck(operation, options.stream, ack)))
-    return yield* once.pipe(Effect.retry({ schedule: retrySchedule(attempts), while: (error) => error.isRetryable }))
+    return yield* once.pipe(
+      Effect.retry({ schedule: retrySchedule(attempts), while: (error) => error.isRetryable }),
+      Semaphore.withPermits(publishPermits, 1)
+    )
   }).pipe(
     Effect.withSpan(Telemetry.sendSpanName(subject), {
       kind: "producer",

@@ -3,7 +3,8 @@
  * listens on 127.0.0.1, forwards every accepted connection to one target, and can `cut` (reset
  * every open connection both ways, then reset new ones until `restore`) or `pause` (keep the
  * sockets open but stop reading them, so bytes wait in the kernel's buffers and the peers'
- * writes block on TCP back-pressure; nothing is buffered here without bound). It counts the
+ * writes block on TCP back-pressure; nothing is buffered here without bound), or
+ * `pauseToClient` (the same for the target's side only: requests get through, replies wait). It counts the
  * bytes it forwards and the connections it accepts, for assertions.
  *
  * It deliberately does not shape traffic (latency, bandwidth, partial writes), speak any
@@ -55,7 +56,13 @@ export interface FaultProxy {
   readonly restore: Effect.Effect<void>
   /** Stops reading every socket, open or new, both ways; connections stay open. */
   readonly pause: Effect.Effect<void>
-  /** Reads and forwards again after {@link FaultProxy.pause}. */
+  /**
+   * Stops reading what the target sends, open connections and new ones, while what the client
+   * sends still gets through: requests reach the server, its replies wait (a reply lost in
+   * flight, as the client sees it). `resume` reads again.
+   */
+  readonly pauseToClient: Effect.Effect<void>
+  /** Reads and forwards again after {@link FaultProxy.pause} or {@link FaultProxy.pauseToClient}. */
   readonly resume: Effect.Effect<void>
   /** The number of client connections currently open through the proxy. */
   readonly connections: Effect.Effect<number>
@@ -90,6 +97,8 @@ interface Pair {
 interface State {
   cut: boolean
   paused: boolean
+  /** Only the target's side is not read (see `pauseToClient`). */
+  pausedToClient: boolean
   closing: boolean
   readonly pairs: Set<Pair>
   bytesToTarget: number
@@ -119,7 +128,7 @@ const forward = (state: State, pair: Pair, from: Net.Socket, to: Net.Socket, cou
   })
   to.on("drain", () => {
     pair.blocked.delete(from)
-    if (!state.paused) from.resume()
+    if (!state.paused && !(state.pausedToClient && from === pair.upstream)) from.resume()
   })
   // Half-close travels through: the peer's FIN becomes our FIN on the other side.
   from.on("end", () => to.end())
@@ -150,6 +159,8 @@ const accept = (state: State, target: Address, client: Net.Socket): void => {
   })
   if (state.paused) {
     client.pause()
+    upstream.pause()
+  } else if (state.pausedToClient) {
     upstream.pause()
   }
 }
@@ -210,6 +221,7 @@ export const make: (options: Options) => Effect.Effect<FaultProxy, FaultProxyErr
   const state: State = {
     cut: false,
     paused: false,
+    pausedToClient: false,
     closing: false,
     pairs: new Set(),
     bytesToTarget: 0,
@@ -221,12 +233,14 @@ export const make: (options: Options) => Effect.Effect<FaultProxy, FaultProxyErr
   yield* Effect.addFinalizer(() => shutdown(state, server))
   const port = yield* listen(server, listenPort)
 
-  const setReading = (reading: boolean) =>
+  const setReading = (reading: "both" | "toTarget" | "none") =>
     Effect.sync(() => {
-      state.paused = !reading
+      state.paused = reading === "none"
+      state.pausedToClient = reading === "toTarget"
       for (const pair of state.pairs) {
         for (const socket of [pair.client, pair.upstream]) {
-          if (!reading) socket.pause()
+          const read = reading === "both" || (reading === "toTarget" && socket === pair.client)
+          if (!read) socket.pause()
           else if (!pair.blocked.has(socket)) socket.resume()
         }
       }
@@ -246,8 +260,9 @@ export const make: (options: Options) => Effect.Effect<FaultProxy, FaultProxyErr
     restore: Effect.sync(() => {
       state.cut = false
     }),
-    pause: setReading(false),
-    resume: setReading(true),
+    pause: setReading("none"),
+    pauseToClient: setReading("toTarget"),
+    resume: setReading("both"),
     connections: Effect.sync(() => state.pairs.size),
     stats: Effect.sync((): Stats => ({
       bytesToTarget: state.bytesToTarget,

@@ -1,0 +1,44 @@
+import { assert, describe, layer } from "@effect/vitest"
+import { NatsConnection, Publisher } from "@jetworker/nats"
+import { Eventually, FaultProxy, TestStream } from "@jetworker/testing"
+import { Context, Effect, Fiber, Layer } from "effect"
+
+const natsUrl = new URL(process.env.NATS_URL ?? "nats://127.0.0.1:4222")
+const NatsLive = NatsConnection.layer({ servers: natsUrl.href })
+const encoder = new TextEncoder()
+
+describe("Publisher", () => {
+  layer(NatsLive, { excludeTestServices: true })((it) => {
+    it.effect("publishes in flight on a connection are bounded by maxPublishesInFlight; the others wait their turn", () =>
+      Effect.gen(function*() {
+        const stream = yield* TestStream.make()
+        const proxy = yield* FaultProxy.make({ target: { host: natsUrl.hostname, port: Number(natsUrl.port || 4222) } })
+        const proxied = yield* Layer.build(NatsConnection.layer({
+          servers: `nats://${proxy.address.host}:${proxy.address.port}`,
+          maxPublishesInFlight: 2
+        }))
+        // Replies held back: every publish sent stays in flight until they flow again.
+        yield* proxy.pauseToClient
+        const publishing = yield* Effect.forEach(
+          [1, 2, 3, 4, 5],
+          (n) => Publisher.publish(stream.subject("x"), encoder.encode(`${n}`), { msgId: `m${n}`, stream: stream.stream, timeout: "10 seconds" }),
+          { concurrency: "unbounded" }
+        ).pipe(Effect.provideService(NatsConnection.NatsConnection, Context.get(proxied, NatsConnection.NatsConnection)), Effect.forkChild)
+        const stored = Effect.flatMap(NatsConnection.NatsConnection, ({ manager }) =>
+          Effect.promise(() => manager.streams.info(stream.stream).then((info) => info.state.messages)))
+        yield* Eventually.holds("two publishes reached the stream", Effect.map(stored, (n) => n === 2), "10 seconds")
+        // The other three wait for a permit: a bounded wait that nothing more is stored is the assertion.
+        yield* Eventually.holds("a third publish", Effect.map(stored, (n) => n > 2), "500 millis").pipe(Effect.flip)
+        yield* proxy.resume
+        const acks = yield* Fiber.join(publishing).pipe(Effect.timeout("20 seconds"))
+        assert.deepStrictEqual(acks.map((ack) => ack.duplicate), [false, false, false, false, false])
+        assert.strictEqual(yield* stored, 5)
+      }))
+
+    it.effect("an invalid maxPublishesInFlight is refused when the connection is made", () =>
+      Effect.gen(function*() {
+        const error = yield* Effect.flip(Layer.build(NatsConnection.layer({ servers: natsUrl.href, maxPublishesInFlight: 0 })))
+        assert.include(error.message, "maxPublishesInFlight must be an integer from 1 to 100000")
+      }))
+  })
+})
