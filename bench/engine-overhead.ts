@@ -7,7 +7,7 @@
  *   node bench/engine-overhead.ts [messages=5000] [concurrency=16] [prefetch=concurrency]
  */
 import { Consumer, Envelope } from "@jetworker/core"
-import { JetStreamSource, NatsConnection, Topology } from "@jetworker/nats"
+import { DeadLetter, JetStreamSource, NatsConnection, Topology } from "@jetworker/nats"
 import { jetstream, jetstreamManager } from "@nats-io/jetstream"
 import { connect } from "@nats-io/transport-node"
 import { Deferred, Effect, Fiber, Logger, References, Schema } from "effect"
@@ -101,7 +101,10 @@ const engine = async (): Promise<number> => {
   )
   const rate = await Effect.runPromise(program)
   const admin = await connect({ servers })
-  await (await jetstreamManager(admin)).streams.delete(stream)
+  const manager = await jetstreamManager(admin)
+  await manager.streams.delete(stream)
+  // The source declares a dead-letter stream for the consumer; leave nothing behind.
+  await manager.streams.delete(DeadLetter.destination(stream, "c").stream).catch(() => false)
   await admin.close()
   void jsm
   return rate

@@ -49,6 +49,18 @@ const runBatches = (
     return { outcomes, batchOf }
   })
 
+/** A risk check that is unavailable (transient) for transfer `id` the first time only. */
+const unavailableOnce = (id: string) => {
+  let failed = false
+  return (event: { readonly id: string }) =>
+    event.id === id && !failed
+      ? Effect.suspend(() => {
+        failed = true
+        return Effect.fail(new RiskCheck.RiskCheckUnavailable({ transferId: event.id, message: "risk service down" }))
+      })
+      : Effect.void
+}
+
 const tagsOf = (outcomes: ReadonlyArray<Outcome.Outcome>, id: string) =>
   outcomes.filter((o) => o.message.eventId === id).map((o) => o._tag)
 
@@ -83,16 +95,8 @@ describe("batches (BE-JOB-007)", () => {
         const { p, a, b } = yield* twoAccounts("batch-middle")
         const ids = fiveIds(p)
         yield* publishAll(stream, ids.map((id) => [id, transfer(id, a, b, 10_00)] as const))
-        let failed = false
         // The middle transfer's risk check is unavailable once.
-        const risk = (event: { readonly id: string }) =>
-          event.id === ids[2] && !failed
-            ? Effect.suspend(() => {
-              failed = true
-              return Effect.fail(new RiskCheck.RiskCheckUnavailable({ transferId: event.id, message: "risk service down" }))
-            })
-            : Effect.void
-        const { outcomes } = yield* runBatches(settings, risk, (all) => all.filter((o) => o._tag === "Committed").length >= 5)
+        const { outcomes } = yield* runBatches(settings, unavailableOnce(ids[2]!), (all) => all.filter((o) => o._tag === "Committed").length >= 5)
         assert.deepStrictEqual(tagsOf(outcomes, ids[2]!), ["Released", "Committed"])
         for (const id of [ids[0]!, ids[1]!, ids[3]!, ids[4]!]) assert.deepStrictEqual(tagsOf(outcomes, id), ["Committed"], id)
         const retried = outcomes.find((o) => o.message.eventId === ids[2])!
@@ -144,15 +148,7 @@ describe("batches (BE-JOB-007)", () => {
         for (const [i, id] of ids.entries()) {
           sequences.push(yield* stream.publish("eur", transfer(id, i === 1 ? `${p}.nobody` : a, b, 10_00), id))
         }
-        let failed = false
-        const risk = (event: { readonly id: string }) =>
-          event.id === ids[2] && !failed
-            ? Effect.suspend(() => {
-              failed = true
-              return Effect.fail(new RiskCheck.RiskCheckUnavailable({ transferId: event.id, message: "risk service down" }))
-            })
-            : Effect.void
-        yield* runBatches(settings, risk, (all) => all.filter((o) => o._tag !== "Released").length >= 4)
+        yield* runBatches(settings, unavailableOnce(ids[2]!), (all) => all.filter((o) => o._tag !== "Released").length >= 4)
         yield* Eventually.holds("the last ack on the wire", Effect.sync(() => acks.filter((x) => x.body.startsWith("+ACK")).length >= 3), "10 seconds")
         const firstDelivery = (sequence: number) =>
           acks.filter((x) => x.sequence === sequence && x.deliveryCount === 1).map((x) => x.body.split(" ")[0])
