@@ -86,6 +86,13 @@ export interface BaseOptions<A, E extends Tagged, R, RS> {
   /** Bound on one `onOutcome` call. Default: 5 seconds. */
   readonly onOutcomeTimeout?: Duration.Input | undefined
   /**
+   * How often an INFO line sums up the consumer's progress (outcomes by tag since the last line,
+   * deliveries in flight, messages the broker still holds), written only when something happened.
+   * A line also says when the consumer has drained the broker's backlog. `0` turns both off.
+   * Default: 30 seconds.
+   */
+  readonly progressInterval?: Duration.Input | undefined
+  /**
    * The crash-loop guard: a message delivered more often than this without settling is
    * dead-lettered (`DeliveriesExhausted`) without running the handler. Attempts are counted
    * apart from deliveries when an `AttemptStore` is in the context (failed attempts only);
@@ -238,6 +245,7 @@ export const make = <A, E extends Tagged, R, RS = never>(
   const skew = durationOption(problems, "expiry.skew", options.expiry?.skew, Duration.zero, true)
   const maxDeliveries = intOption(problems, "maxDeliveries", options.maxDeliveries, 2 * retry.attempts, 10_000)
   const onOutcomeTimeout = durationOption(problems, "onOutcomeTimeout", options.onOutcomeTimeout, Duration.seconds(5), false)
+  const progressInterval = durationOption(problems, "progressInterval", options.progressInterval, Duration.seconds(30), true)
   const metadata = (options as { readonly metadata?: ((event: A) => Metadata) | undefined }).metadata ??
     ((event: A) => event as unknown as Metadata)
   return {
@@ -263,6 +271,7 @@ export const make = <A, E extends Tagged, R, RS = never>(
       onOutcomeTimeout,
       maxDeliveries,
       ordering,
+      progressInterval,
       batch: undefined
     }
   }

@@ -40,6 +40,11 @@ export interface Delivery {
   readonly deliveryCount: number
   /** When the broker stored the message, in epoch millis (its own clock), if it says. */
   readonly publishedAt?: number | undefined
+  /**
+   * How many messages the broker still had for the consumer, beyond this one, when it delivered
+   * it (JetStream: the pending count of its ack subject), if the source knows. For progress lines.
+   */
+  readonly pending?: number | undefined
   /** Reads one header of the message (the first value when repeated). */
   readonly header: (name: string) => string | undefined
   /** Acknowledges; succeeds only once the broker confirms. */

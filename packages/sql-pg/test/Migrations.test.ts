@@ -67,8 +67,9 @@ describe("Migrations", () => {
     Effect.gen(function*() {
       const sql = yield* SqlClient.SqlClient
       // The migrator's own table, created empty, then held locked so that both runs queue on it.
+      // Bounded, like every wait here: under a loaded suite it once hung without one.
       assert.deepStrictEqual(
-        yield* Migrator.make({})({ loader: Migrator.fromRecord({}), table: Migrations.table }),
+        yield* Migrator.make({})({ loader: Migrator.fromRecord({}), table: Migrations.table }).pipe(Effect.timeout("20 seconds")),
         []
       )
       const locked = yield* Deferred.make<number>()

@@ -73,6 +73,8 @@ export interface Definition<in out A, in out E extends Tagged, out R> {
   readonly onOutcomeTimeout: Duration.Duration
   readonly maxDeliveries: number
   readonly ordering: OrderingDefinition<A>
+  /** How often progress is summed up in an INFO line; zero for never. */
+  readonly progressInterval: Duration.Duration
   /** Batch consumers only; their `handle` runs one event as a batch of one. */
   readonly batch: BatchDefinition<A, E, R> | undefined
 }
@@ -196,6 +198,16 @@ const makeProcess = <A, E extends Tagged, R>(
     DeadLetter: Metric.withAttributes(Telemetry.settleLatency, { ...consumer, command: "DeadLetter" })
   }
   let running = 0
+  // Progress since the last summary line, and since the backlog was last drained.
+  const progress = {
+    counts: new Map<Outcome.Tag, number>(),
+    settled: 0,
+    pending: undefined as number | undefined,
+    // At most one "drained" line per interval (a trickle of messages drains after each one).
+    drainedLineAt: Number.NEGATIVE_INFINITY
+  }
+  const progressMillis = Duration.toMillis(definition.progressInterval)
+  const reportsProgress = progressMillis > 0
   // In-process retries only while the next delay keeps the attempt well inside the lease.
   const inProcess = Retry.inProcessSchedule(definition.retry).pipe(
     Schedule.while(({ duration, elapsed }) => leaseMillis <= 0 || elapsed + Duration.toMillis(duration) < leaseMillis / 2)
@@ -555,6 +567,7 @@ const makeProcess = <A, E extends Tagged, R>(
         const receivedAt = yield* Clock.currentTimeMillis
         yield* Metric.update(inFlightGauge, ++running)
         if (delivery.deliveryCount > 1) yield* Metric.update(redeliveries, 1)
+        if (delivery.pending !== undefined) progress.pending = delivery.pending
         // The lease is watched from receipt: also while the delivery waits for its key's turn.
         const lease = keeper.register(delivery, receivedAt, yield* Effect.fiber)
         const judged = yield* judgeSafely(delivery, restore, lease, admission)
@@ -650,6 +663,22 @@ const makeProcess = <A, E extends Tagged, R>(
         yield* recordKind(outcome)
         yield* Effect.annotateCurrentSpan(spanAttributes(outcome))
         yield* logOutcome(outcome)
+        if (reportsProgress) {
+          progress.counts.set(outcome._tag, (progress.counts.get(outcome._tag) ?? 0) + 1)
+          progress.settled++
+          // The last delivery taken left nothing on the broker, and nothing runs: drained.
+          if (running === 0 && progress.pending === 0) {
+            const now = yield* Clock.currentTimeMillis
+            if (now - progress.drainedLineAt >= progressMillis) {
+              progress.drainedLineAt = now
+              yield* Effect.logInfo(`consumer ${definition.name} drained its backlog (${progress.settled} settled)`).pipe(
+                Effect.annotateLogs({ event: "consumer.drained", settled: progress.settled })
+              )
+              progress.settled = 0
+            }
+            progress.pending = undefined
+          }
+        }
         if (definition.onOutcome !== undefined) {
           const onOutcome = definition.onOutcome
           yield* Effect.suspend(() => onOutcome(outcome)).pipe(
@@ -693,6 +722,8 @@ const makeProcess = <A, E extends Tagged, R>(
       Effect.gen(function*() {
         const receivedAt = yield* Clock.currentTimeMillis
         running += deliveries.length
+        const last = deliveries[deliveries.length - 1]!
+        if (last.pending !== undefined) progress.pending = last.pending
         yield* Metric.update(inFlightGauge, running)
         const fiber = yield* Effect.fiber
         const leases = deliveries.map((delivery) => keeper.register(delivery, receivedAt, fiber))
@@ -826,7 +857,20 @@ const makeProcess = <A, E extends Tagged, R>(
       }, { captureStackTrace: false })
     )
 
-  return { one, many }
+  // The periodic INFO line: outcomes by tag since the last one, in flight, left on the broker.
+  const summary = Effect.suspend(() => {
+    if (progress.counts.size === 0 && running === 0) return Effect.void
+    const counts = Object.fromEntries(progress.counts)
+    progress.counts.clear()
+    const text = Object.entries(counts).map(([tag, n]) => `${n} ${tag}`).join(", ")
+    return Effect.logInfo(
+      `consumer ${definition.name}: ${text === "" ? "nothing settled" : text} in the last ` +
+        `${Duration.format(definition.progressInterval)}; ${running} in flight` +
+        (progress.pending === undefined ? "" : `, ${progress.pending} left on the broker`)
+    ).pipe(Effect.annotateLogs({ event: "consumer.progress", counts, inFlight: running, pending: progress.pending ?? null }))
+  })
+
+  return { one, many, summary }
 }
 
 const spanAttributes = (outcome: Outcome.Outcome): Record<string, unknown> => {
@@ -877,6 +921,9 @@ export const run = <A, E extends Tagged, R>(definition: Definition<A, E, R>): Ef
       const lanes = ordering._tag === "PerKey" ? Lanes.make(ordering.limits) : undefined
       const processor = makeProcess(definition, intake.lease, keeper, attemptStore, deliveryBound, intake.maxDeliver, slots, lanes)
       const runFiber = FiberSet.run(inFlight)
+      if (Duration.toMillis(definition.progressInterval) > 0) {
+        yield* Effect.forkScoped(Effect.forever(Effect.andThen(Effect.sleep(definition.progressInterval), processor.summary)))
+      }
       yield* component.up
       yield* Effect.logInfo(
         `consumer ${definition.name} started on ${definition.source.name} ` +

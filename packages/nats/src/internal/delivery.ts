@@ -56,6 +56,7 @@ export const toDelivery = (
     deliveryCount: msg.info.deliveryCount,
     // The server's stored time (nanoseconds as a bigint, so no precision is lost on the way).
     publishedAt: Number(msg.timestampNanos / 1_000_000n),
+    pending: msg.info.pending,
     header: (name) => {
       if (headers === undefined || !headers.has(name)) return undefined
       return headers.get(name)
