@@ -110,7 +110,17 @@ const requirements: ReadonlyArray<Requirement> = [
       { line: "individual acks or durable per-element results", match: /individual acks|per-element/i }
     ]
   },
-  { id: "INT-NATS-002", title: "Stream and consumer contract", inScope: false, verifications: [] },
+  {
+    id: "INT-NATS-002",
+    title: "Stream and consumer contract",
+    inScope: false,
+    verifications: [
+      { line: "review of subjects and expectations", match: /review of subjects/i },
+      { line: "AckWait/BackOff, MaxDeliver and MaxAckPending compared against timeouts, idempotency and capacity", match: /compared against timeouts/i },
+      { line: "redelivery, exhaustion and terminal result", match: /exhaustion and terminal result/i },
+      { line: "recovery of the consumer position and draining the consumer", match: /consumer position/i }
+    ]
+  },
   {
     id: "INT-NATS-007",
     title: "Confirmed JetStream publish",

@@ -17,6 +17,7 @@ import type { ConsumerMessages, JsMsg } from "@nats-io/jetstream"
 import { type Delivery, Source, Telemetry } from "@jetworker/core"
 import { Duration, Effect, Metric } from "effect"
 import * as DeadLetter from "./DeadLetter.ts"
+import * as MaxDeliveries from "./MaxDeliveries.ts"
 import { toDelivery } from "./internal/delivery.ts"
 import { NatsConnection } from "./NatsConnection.ts"
 import * as NatsError from "./NatsError.ts"
@@ -39,6 +40,12 @@ export interface Options {
    * gauges; each read is one request, bounded by the API timeout. Default: 10 seconds.
    */
   readonly lagInterval?: Duration.Input | undefined
+  /**
+   * Whether a consumer with a MaxDeliver captures the server's MaxDeliver advisories into a
+   * stream and, while it runs, stores each message the server gave up on in the dead-letter
+   * stream (see `MaxDeliveries`; checked every `lagInterval`). Default: true.
+   */
+  readonly captureMaxDeliveries?: boolean | undefined
 }
 
 const sourceError = (error: NatsError.NatsError): Source.SourceError =>
@@ -115,6 +122,21 @@ export const make = (options: Options): Source.Source<NatsConnection> => {
         Effect.provideService(NatsConnection, connection),
         Effect.mapError(sourceError)
       )
+
+      if (maxDeliver > 0 && options.captureMaxDeliveries !== false) {
+        // Captured from now on, whoever listens; stored as dead letters while this intake is open.
+        yield* MaxDeliveries.ensure(options.stream, options.consumer).pipe(
+          Effect.provideService(NatsConnection, connection),
+          Effect.mapError(sourceError)
+        )
+        yield* MaxDeliveries.recoverCaptured({ stream: options.stream, consumer: options.consumer, deadLetter: options.deadLetter }).pipe(
+          Effect.provideService(NatsConnection, connection),
+          Effect.catch((error) => Effect.logWarning(`${name}: MaxDeliver advisories not handled yet: ${error.message}`)),
+          Effect.andThen(Effect.sleep(lagInterval)),
+          Effect.forever,
+          Effect.forkScoped
+        )
+      }
 
       const consumer = yield* call(`consumer ${name}`, () => connection.jetstream.consumers.get(options.stream, options.consumer))
 

@@ -7,6 +7,7 @@
  */
 export * as DeadLetter from "./DeadLetter.ts"
 export * as JetStreamSource from "./JetStreamSource.ts"
+export * as MaxDeliveries from "./MaxDeliveries.ts"
 export * as NatsConnection from "./NatsConnection.ts"
 export * as NatsError from "./NatsError.ts"
 export * as Topology from "./Topology.ts"

@@ -1,12 +1,12 @@
 /**
  * A throw-away JetStream stream with one durable pull consumer, for tests: unique names per call,
- * deleted (with its dead-letter stream) when the scope closes. Everything else a test needs about
+ * deleted (with its dead-letter and MaxDeliver capture streams) when the scope closes. Everything else a test needs about
  * the stream (publishing, consumer info) goes through the real server.
  *
  * @since 0.1.0
  */
 import type { ConsumerInfo } from "@nats-io/jetstream"
-import { DeadLetter, NatsConnection, NatsError, Publisher, Topology } from "@jetworker/nats"
+import { DeadLetter, MaxDeliveries, NatsConnection, NatsError, Publisher, Topology } from "@jetworker/nats"
 import { Duration, Effect, type Scope } from "effect"
 
 /** A live throw-away stream and consumer. */
@@ -57,7 +57,7 @@ export const make = (
     const consumer = "worker"
     const deadLetterStream = DeadLetter.destination(stream, consumer).stream
     yield* Effect.addFinalizer(() =>
-      Effect.forEach([stream, deadLetterStream], (name) =>
+      Effect.forEach([stream, deadLetterStream, MaxDeliveries.captureStream(stream, consumer)], (name) =>
         Effect.promise(() => connection.manager.streams.delete(name).catch(() => false)).pipe(
           Effect.timeoutOption(Duration.seconds(5))
         ), { discard: true })
