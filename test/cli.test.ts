@@ -2,13 +2,15 @@
  * The `jetworker` command as an operator runs it: a child process on the real files, its exit
  * code and output.
  */
-import { assert, describe, it } from "@effect/vitest"
-import { ChildWorker } from "@jetworker/testing"
+import { assert, describe, it, layer } from "@effect/vitest"
+import { NatsConnection } from "@jetworker/nats"
+import { ChildWorker, TestStream } from "@jetworker/testing"
 import { Effect } from "effect"
 import { readFileSync, writeFileSync } from "node:fs"
 import { tmpdir } from "node:os"
 import { join } from "node:path"
 import { fileURLToPath } from "node:url"
+import { NatsLive, natsUrl } from "./support/services.ts"
 
 const bin = fileURLToPath(new URL("../packages/cli/src/bin/jetworker.ts", import.meta.url))
 const reference = fileURLToPath(new URL("../examples/ledger/deploy/deployment.yaml", import.meta.url))
@@ -57,10 +59,57 @@ describe("jetworker CLI", () => {
 
   it.live("every command answers --help", () =>
     Effect.gen(function*() {
-      for (const args of [["--help"], ["config", "--help"], ["config", "check", "--help"]]) {
+      for (
+        const args of [
+          ["--help"],
+          ["config", "--help"],
+          ["config", "check", "--help"],
+          ["dlq", "--help"],
+          ["dlq", "list", "--help"],
+          ["dlq", "replay", "--help"],
+          ["dlq", "recover", "--help"]
+        ]
+      ) {
         const run = yield* jetworker(...args)
         assert.strictEqual(run.code, 0, args.join(" "))
         assert.include(run.stdout, "USAGE")
       }
-    }))
+    }), 120_000)
+
+  layer(NatsLive, { excludeTestServices: true })((it) => {
+    it.effect("dlq recover stores a message the broker gave up on, dlq list shows it with its cause, dlq replay sends it back once", () =>
+      Effect.gen(function*() {
+        const stream = yield* TestStream.make()
+        const seq = yield* stream.publish("a", `{"id":"o1"}`, "o1")
+        const recover = yield* jetworker("dlq", "recover", "--stream", stream.stream, "--consumer", stream.consumer, "--sequence", String(seq), "--server", natsUrl)
+        assert.strictEqual(recover.code, 0, recover.stderr)
+        assert.include(recover.stdout, `stored ${stream.stream}#${seq} as dead letter ${stream.deadLetterStream}#1`)
+
+        const list = yield* jetworker("dlq", "list", "--stream", stream.deadLetterStream, "--server", natsUrl)
+        assert.strictEqual(list.code, 0, list.stderr)
+        assert.include(list.stdout, "#1 DeadLettered DeliveriesExhausted")
+        assert.include(list.stdout, `from ${stream.stream}/${stream.consumer}#${seq} (subject ${stream.subject("a")}`)
+        assert.include(list.stdout, `payload: {"id":"o1"}`)
+        const json = yield* jetworker("dlq", "list", "--stream", stream.deadLetterStream, "--json", "--server", natsUrl)
+        const rows = JSON.parse(json.stdout) as ReadonlyArray<{ readonly sequence: number; readonly reason: string; readonly sourceSequence: number }>
+        assert.deepStrictEqual(rows.map((r) => [r.sequence, r.reason, r.sourceSequence]), [[1, "DeliveriesExhausted", seq]])
+
+        const replay = yield* jetworker("dlq", "replay", "--stream", stream.deadLetterStream, "--sequence", "1", "--server", natsUrl)
+        assert.strictEqual(replay.code, 0, replay.stderr)
+        assert.include(replay.stdout, `stored as ${stream.stream}#${seq + 1}`)
+        const { manager } = yield* NatsConnection.NatsConnection
+        const messages = (name: string) => Effect.promise(() => manager.streams.info(name).then((info) => info.state.messages))
+        assert.deepStrictEqual([yield* messages(stream.stream), yield* messages(stream.deadLetterStream)], [2, 0])
+        const empty = yield* jetworker("dlq", "list", "--stream", stream.deadLetterStream, "--server", natsUrl)
+        assert.include(empty.stdout, `no dead letters in ${stream.deadLetterStream}`)
+
+        // Operator errors: the dead letter is gone (1), the server cannot be reached (2).
+        const again = yield* jetworker("dlq", "replay", "--stream", stream.deadLetterStream, "--sequence", "1", "--server", natsUrl)
+        assert.strictEqual(again.code, 1)
+        assert.include(again.stderr, "jetworker dlq replay:")
+        const unreachable = yield* jetworker("dlq", "list", "--stream", stream.deadLetterStream, "--server", "nats://127.0.0.1:1")
+        assert.strictEqual(unreachable.code, 2)
+        assert.include(unreachable.stderr, "jetworker dlq list:")
+      }), 120_000)
+  })
 })

@@ -4,3 +4,4 @@
  * @since 0.2.0
  */
 export * as ConfigCheck from "./ConfigCheck.ts"
+export * as DeadLetters from "./DeadLetters.ts"
