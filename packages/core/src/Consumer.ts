@@ -8,7 +8,9 @@
  * The engine's contract, in one sentence: every delivery ends in exactly one {@link Outcome},
  * whose broker command is sent only after the handler's effect has exited, and an ack only after
  * it succeeded. It keeps no unbounded buffer (at most `prefetch` reserved deliveries wait, at
- * most `concurrency` run) and builds nothing per message beyond the fibers that run it.
+ * most `concurrency` run, and with per-key ordering at most `maxQueued` more wait for their key)
+ * and builds nothing per message beyond the fibers that run it. `makeBatch` builds a batch
+ * consumer: deliveries handled together, each with its own result, outcome and broker command.
  *
  * @since 0.1.0
  */

@@ -709,6 +709,21 @@ const makeProcess = <A, E extends Tagged, R>(
     }
   }
 
+  // The batch's safety net, as `judgeSafely` is the single delivery's: a defect while judging an
+  // element still ends it in an outcome.
+  const concludeSafely = (
+    prepared: Prepared<A>,
+    delivery: Delivery,
+    exit: Exit.Exit<unknown, unknown>,
+    reports: Reports,
+    lease: LeaseKeeper.Lease
+  ): Effect.Effect<Verdict, never, R> =>
+    conclude(prepared, delivery, exit, reports, lease).pipe(
+      Effect.catchCause((cause) =>
+        Effect.succeed(Outcome.verdict("DeadLettered", { message: prepared.message, reason: "Defect", error: ErrorSummary.fromCause(cause) }))
+      )
+    )
+
   /**
    * A batch (BE-JOB-007): every delivery is prepared on its own (a rejected or expired one ends
    * there), the rest go to the batch handler in one run, and each element is judged from its own
@@ -748,7 +763,9 @@ const makeProcess = <A, E extends Tagged, R>(
         }
         if (runnable.length > 0) {
           for (const { index, prepared } of runnable) {
+            // A probe's defect must not cost the batch its outcomes.
             yield* Probe.hit({ point: "received", consumer: definition.name, sequence: deliveries[index]!.sequence, eventId: prepared.metadata.id })
+              .pipe(Effect.catchCause((cause) => Effect.logWarning("probe failed", ErrorSummary.fromCause(cause))))
           }
           const startedAt = yield* Clock.currentTimeMillis
           const elements = runnable.map(({ index, prepared, reports }) => ({
@@ -776,7 +793,7 @@ const makeProcess = <A, E extends Tagged, R>(
             for (const [i, { index, prepared }] of runnable.entries()) {
               const result = exit.value[i]!
               // The element's own result decides; the store's reports matter only for a cut run.
-              verdicts[index] = yield* conclude(
+              verdicts[index] = yield* concludeSafely(
                 prepared,
                 deliveries[index]!,
                 Result.isSuccess(result) ? Exit.succeed(result.success) : Exit.fail(result.failure),
@@ -787,11 +804,11 @@ const makeProcess = <A, E extends Tagged, R>(
           } else if (Exit.isFailure(exit) && Cause.hasInterrupts(exit.cause)) {
             // Cut (shutdown past its drain, a lease lost): released, or committed with the ack withheld.
             for (const { index, prepared, reports } of runnable) {
-              verdicts[index] = yield* conclude(prepared, deliveries[index]!, exit, reports, leases[index]!)
+              verdicts[index] = yield* concludeSafely(prepared, deliveries[index]!, exit, reports, leases[index]!)
             }
           } else if (runnable.length === 1) {
             const { index, prepared, reports } = runnable[0]!
-            verdicts[index] = yield* conclude(prepared, deliveries[index]!, Exit.isFailure(exit) ? exit : Exit.die(new Error("the batch handler gave no result per element")), reports, leases[index]!)
+            verdicts[index] = yield* concludeSafely(prepared, deliveries[index]!, Exit.isFailure(exit) ? exit : Exit.die(new Error("the batch handler gave no result per element")), reports, leases[index]!)
           } else {
             yield* Effect.logWarning(
               `batch of ${runnable.length} failed as a whole; running its elements one by one`,
@@ -803,7 +820,7 @@ const makeProcess = <A, E extends Tagged, R>(
               const single = yield* Effect.exit(restore(
                 attempt(prepared.event, delivery, prepared.metadata, prepared.failedBefore + 1, reports, leases[index]!)
               ))
-              verdicts[index] = yield* conclude(prepared, delivery, single, reports, leases[index]!)
+              verdicts[index] = yield* concludeSafely(prepared, delivery, single, reports, leases[index]!)
             }
           }
         }
