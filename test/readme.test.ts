@@ -36,6 +36,17 @@ describe("README", () => {
       }
     }))
 
+  it.effect("the first consumer's snippet is the example's code, line for line, and its command runs that file", () =>
+    Effect.sync(() => {
+      const blocks = blocksUnder(read("README.md"), "Your first consumer")
+      const source = read("examples/first-consumer/src/main.ts")
+      const snippet = blocks.find((block) => block.includes("Consumer.make"))!
+      for (const line of snippet.split("\n").map((l) => l.trim()).filter((l) => l !== "")) {
+        assert.include(source, line)
+      }
+      assert.include(blocks.find((block) => block.includes("node "))!, "node examples/first-consumer/src/main.ts")
+    }))
+
   it.effect("the entry-point snippet is the reference worker's main.ts, line for line", () =>
     Effect.sync(() => {
       const entry = blocksUnder(read("README.md"), "What a consumer looks like").find((block) => block.includes("Worker.runMain"))
