@@ -36,10 +36,10 @@ describe("README", () => {
       }
     }))
 
-  it.effect("the first consumer's snippet is the example's code, line for line, and its command runs that file", () =>
+  it.effect("the first consumer's snippet is the example's code, line for line, and its command runs its main file", () =>
     Effect.sync(() => {
       const blocks = blocksUnder(read("README.md"), "Your first consumer")
-      const source = read("examples/first-consumer/src/main.ts")
+      const source = read("examples/first-consumer/src/OrderShipping.ts")
       const snippet = blocks.find((block) => block.includes("Consumer.make"))!
       for (const line of snippet.split("\n").map((l) => l.trim()).filter((l) => l !== "")) {
         assert.include(source, line)

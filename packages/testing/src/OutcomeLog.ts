@@ -7,7 +7,7 @@
  */
 import type { Outcome } from "@jetworker/core"
 import { Deferred, Duration, Effect } from "effect"
-import { WaitTimeout } from "./Eventually.ts"
+import { inRealTime, WaitTimeout } from "./Eventually.ts"
 
 export { WaitTimeout }
 
@@ -67,7 +67,8 @@ export const make: Effect.Effect<OutcomeLog> = Effect.sync(() => {
         const waiter = { condition, done }
         waiters.add(waiter)
         yield* check
-        yield* Deferred.await(done).pipe(
+        // Bounded in real time, also under `TestClock` (see `Eventually`).
+        yield* inRealTime(Deferred.await(done).pipe(
           Effect.timeoutOrElse({
             duration: timeout,
             orElse: () =>
@@ -80,7 +81,7 @@ export const make: Effect.Effect<OutcomeLog> = Effect.sync(() => {
               )
           }),
           Effect.ensuring(Effect.sync(() => waiters.delete(waiter)))
-        )
+        ))
         return [...outcomes]
       })
   }
