@@ -16,6 +16,7 @@ import * as RiskCheck from "../examples/ledger/src/RiskCheck.ts"
 import { watchAcks } from "./support/acks.ts"
 import { balances, ledgerStream, transfer, transferCounts, twoAccounts, workerEnv } from "./support/ledger.ts"
 import { databaseUrl, LedgerTestLive, natsUrl } from "./support/services.ts"
+import * as W from "./support/worker.ts"
 
 const fixture = fileURLToPath(new URL("./fixtures/ledger-worker.ts", import.meta.url))
 
@@ -172,9 +173,7 @@ describe("batches (BE-JOB-007)", () => {
         assert.deepStrictEqual(Object.fromEntries(yield* transferCounts(ids)), { [early[0]!]: 1, [early[1]!]: 1 }, "part of the work committed")
         yield* publishAll(stream, late.map((id) => [id, transfer(id, a, b, 10_00)] as const))
         const second = yield* ChildWorker.spawn({ script: fixture, env })
-        const outcomeLines = Effect.map(second.lines, (all) =>
-          all.filter((l) => l.startsWith("outcome ")).map((l) => JSON.parse(l.slice(8)) as { readonly tag: string; readonly eventId: string }))
-        const outcomes = yield* Eventually.poll("five outcomes", outcomeLines, (all) => all.length >= 5, { timeout: "30 seconds", interval: "100 millis" })
+        const outcomes = yield* Eventually.poll("five outcomes", W.outcomeLines(second), (all) => all.length >= 5, { timeout: "30 seconds", interval: "100 millis" })
         const tags = (id: string) => outcomes.filter((o) => o.eventId === id).map((o) => o.tag)
         assert.deepStrictEqual(early.map(tags), [["Duplicate"], ["Duplicate"]])
         assert.deepStrictEqual(late.map(tags), [["Committed"], ["Committed"], ["Committed"]])
@@ -199,9 +198,7 @@ describe("batches (BE-JOB-007)", () => {
         assert.deepStrictEqual([...(yield* transferCounts(ids)).values()], [1, 1, 1, 1], "the batch committed")
         assert.strictEqual((yield* stream.info).num_ack_pending, 4, "and nothing was acked")
         const second = yield* ChildWorker.spawn({ script: fixture, env })
-        const outcomeLines = Effect.map(second.lines, (all) =>
-          all.filter((l) => l.startsWith("outcome ")).map((l) => JSON.parse(l.slice(8)) as { readonly tag: string; readonly eventId: string }))
-        const outcomes = yield* Eventually.poll("four outcomes", outcomeLines, (all) => all.length >= 4, { timeout: "30 seconds", interval: "100 millis" })
+        const outcomes = yield* Eventually.poll("four outcomes", W.outcomeLines(second), (all) => all.length >= 4, { timeout: "30 seconds", interval: "100 millis" })
         assert.deepStrictEqual(ids.map((id) => outcomes.filter((o) => o.eventId === id).map((o) => o.tag)), [["Duplicate"], ["Duplicate"], ["Duplicate"], ["Duplicate"]])
         assert.deepStrictEqual([...(yield* transferCounts(ids)).values()], [1, 1, 1, 1])
         assert.deepStrictEqual(yield* balances([a, b]), { [a]: 60_00n, [b]: 40_00n })

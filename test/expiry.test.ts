@@ -29,6 +29,15 @@ const metricValue = (id: string, name: string, where: Record<string, string> = {
         return sum + Number(state.count ?? state.value ?? 0)
       }, 0))
 
+/** How the tests' own transfer handlers (the ledger's effect, without its risk check) classify errors. */
+const transferErrors = {
+  UnknownAccount: "permanent",
+  InsufficientFunds: "permanent",
+  CurrencyMismatch: "permanent",
+  SqlError: "isRetryable",
+  IdempotencyError: "isRetryable"
+} as const
+
 describe("expiry (BE-JOB-005)", () => {
   layer(LedgerTestLive, { excludeTestServices: true, timeout: "60 seconds" })((it) => {
     it.effect("BE-JOB-005: delivery before and after expiry: the fresh transfer applies; the expired one has no business effect, is acked, and counts in its own expiry metric", () =>
@@ -89,13 +98,7 @@ describe("expiry (BE-JOB-005)", () => {
                 yield* applyTransfer(event)
               })
             ),
-          classify: {
-            UnknownAccount: "permanent",
-            InsufficientFunds: "permanent",
-            CurrencyMismatch: "permanent",
-            SqlError: "isRetryable",
-            IdempotencyError: "isRetryable"
-          },
+          classify: transferErrors,
           retry: Retry.exponential({ attempts: 3 }),
           onOutcome: log.record
         })
@@ -141,13 +144,7 @@ describe("expiry (BE-JOB-005)", () => {
           schema: TransferEvent,
           metadata,
           handle: (event) => IdempotencyStore.commit(event.id, applyTransfer(event)),
-          classify: {
-            UnknownAccount: "permanent",
-            InsufficientFunds: "permanent",
-            CurrencyMismatch: "permanent",
-            SqlError: "isRetryable",
-            IdempotencyError: "isRetryable"
-          },
+          classify: transferErrors,
           concurrency: 1,
           expiry: { skew: "5 seconds" },
           onOutcome: log.record

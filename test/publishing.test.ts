@@ -33,11 +33,6 @@ const watchSubject = (subject: string) =>
     return seen
   })
 
-/** Messages stored in `stream`. */
-const storedCount = (stream: string) =>
-  Effect.flatMap(NatsConnection.NatsConnection, ({ manager }) =>
-    Effect.promise(() => manager.streams.info(stream).then((info) => info.state.messages)))
-
 describe("publishing (INT-NATS-007)", () => {
   layer(LedgerTestLive, { excludeTestServices: true, timeout: "60 seconds" })((it) => {
     it.effect("INT-NATS-007: positive and negative PubAck: a stored publish gives its stream and sequence; another stream's subject, and a subject no stream captures, fail and count as not published", () =>
@@ -53,7 +48,7 @@ describe("publishing (INT-NATS-007)", () => {
         )
         assert.strictEqual(wrong._tag, "NatsError")
         assert.isFalse(wrong.isRetryable, wrong.message)
-        assert.deepStrictEqual([yield* storedCount(stream.stream), yield* storedCount(other.stream)], [1, 0])
+        assert.deepStrictEqual([yield* stream.stored, yield* other.stored], [1, 0])
 
         // No stream captures the subject: a readable failure, not "JetStream not enabled".
         const nowhere = `nowhere_${crypto.randomUUID().slice(0, 8)}.created`
@@ -72,7 +67,7 @@ describe("publishing (INT-NATS-007)", () => {
           })
         )
         assert.include(header.message, "is not allowed")
-        assert.strictEqual(yield* storedCount(stream.stream), 1)
+        assert.strictEqual(yield* stream.stored, 1)
       }))
 
     it.effect("INT-NATS-007: timeout and reconnect after a publish that was in fact stored: the retry with the same id and the same Nats-Msg-Id is stored once", () =>
@@ -95,7 +90,7 @@ describe("publishing (INT-NATS-007)", () => {
           attempts: 10,
           timeout: "500 millis"
         }).pipe(Effect.provideService(NatsConnection.NatsConnection, Context.get(proxied, NatsConnection.NatsConnection)), Effect.forkChild)
-        yield* Eventually.holds("the first attempt stored", Effect.map(storedCount(stream.stream), (n) => n === 1), "10 seconds")
+        yield* Eventually.holds("the first attempt stored", Effect.map(stream.stored, (n) => n === 1), "10 seconds")
         yield* Eventually.holds("a retry after the timeout", Effect.sync(() => copies.length >= 2), "10 seconds")
         // Then the connection breaks; the client reconnects and retries again.
         yield* proxy.cut
@@ -103,7 +98,7 @@ describe("publishing (INT-NATS-007)", () => {
         yield* proxy.restore
         const ack = yield* Fiber.join(publishing).pipe(Effect.timeout("20 seconds"))
         assert.deepInclude(ack, { stream: stream.stream, seq: 1, duplicate: true }, "the retry was recognised as the stored message")
-        assert.strictEqual(yield* storedCount(stream.stream), 1, "stored once")
+        assert.strictEqual(yield* stream.stored, 1, "stored once")
         assert.isAtLeast(copies.length, 2)
         assert.deepStrictEqual([...new Set(copies.map((c) => `${c.msgId} ${c.body}`))], [`order-1 {"id":"order-1"}`], "every attempt the same message and id")
       }))

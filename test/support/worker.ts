@@ -120,11 +120,14 @@ export const clearSlow = SqlClient.SqlClient.use((sql) => sql`DELETE FROM test_d
 export const waitReceived = (worker: Worker, eventId: string, timeout: Duration.Input = "15 seconds") =>
   worker.child.waitForLine((line) => line.startsWith("received ") && line.includes(JSON.stringify(eventId)), timeout)
 
-/** The `outcome` lines the worker printed, parsed. */
-export const outcomes = (worker: Worker) =>
-  Effect.map(worker.child.lines, (lines) =>
+/** The `outcome` lines a child worker (the ledger fixture) printed, parsed. */
+export const outcomeLines = (child: ChildWorker.ChildWorker) =>
+  Effect.map(child.lines, (lines) =>
     lines.flatMap((line) =>
       line.startsWith("outcome ")
         ? [JSON.parse(line.slice("outcome ".length)) as { readonly tag: string; readonly eventId?: string; readonly sequence: number }]
         : []
     ))
+
+/** The `outcome` lines the worker printed, parsed. */
+export const outcomes = (worker: Worker) => outcomeLines(worker.child)

@@ -72,8 +72,7 @@ export const recoverCaptured = (options: Options): Effect.Effect<ReadonlyArray<R
   Effect.gen(function*() {
     const { manager } = yield* NatsConnection
     const capture = captureStream(options.stream, options.consumer)
-    const call = <A>(operation: string, f: () => Promise<A>) =>
-      Effect.tryPromise({ try: f, catch: (error) => NatsError.fromUnknown(operation, error) })
+    const call = NatsError.tryPromise
     const info = yield* call(`stream info ${capture}`, () => manager.streams.info(capture))
     if (info.state.messages === 0) return []
     const attributes = { consumer: options.consumer, reason: "DeliveriesExhausted" }

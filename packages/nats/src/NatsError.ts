@@ -5,7 +5,7 @@
  *
  * @since 0.1.0
  */
-import { Data } from "effect"
+import { Data, Effect } from "effect"
 
 /** What went wrong talking to NATS. */
 export type Reason =
@@ -105,3 +105,7 @@ export const fromUnknown = (operation: string, error: unknown): NatsError => {
   if (name === "JetStreamApiError" || code !== undefined) return make("ApiError", code)
   return make("Unknown")
 }
+
+/** Runs a nats.js call, its rejection mapped to a {@link NatsError} of `operation`. */
+export const tryPromise = <A>(operation: string, f: () => Promise<A>): Effect.Effect<A, NatsError> =>
+  Effect.tryPromise({ try: f, catch: (error) => fromUnknown(operation, error) })

@@ -101,10 +101,7 @@ export const checkHorizon = (
 ): Effect.Effect<HorizonCheck, NatsError.NatsError, NatsConnection> =>
   Effect.gen(function*() {
     const { manager, apiTimeoutMillis } = yield* NatsConnection
-    const info = yield* Effect.tryPromise({
-      try: () => manager.streams.info(stream),
-      catch: (error) => NatsError.fromUnknown(`stream info ${stream}`, error)
-    })
+    const info = yield* NatsError.tryPromise(`stream info ${stream}`, () => manager.streams.info(stream))
     const horizon = republishHorizon(options, apiTimeoutMillis)
     const duplicateWindow = Duration.millis(Math.floor((info.config.duplicate_window ?? 0) / 1_000_000))
     const covered = Duration.isGreaterThanOrEqualTo(duplicateWindow, horizon)

@@ -78,8 +78,7 @@ const invalid = (operation: string, message: string) =>
 const ns = (input: Duration.Input | undefined, fallback: Duration.Input): number =>
   nanos(Duration.toMillis(Duration.fromInputUnsafe(input ?? fallback)))
 
-const call = <A>(operation: string, f: () => Promise<A>): Effect.Effect<A, NatsError.NatsError> =>
-  Effect.tryPromise({ try: f, catch: (error) => NatsError.fromUnknown(operation, error) })
+const call = NatsError.tryPromise
 
 /** The server config a stream declaration stands for. */
 export const streamConfig = (options: StreamOptions): Partial<StreamConfig> & { name: string } => ({

@@ -24,15 +24,13 @@ describe("Publisher", () => {
           (n) => Publisher.publish(stream.subject("x"), encoder.encode(`${n}`), { msgId: `m${n}`, stream: stream.stream, timeout: "10 seconds" }),
           { concurrency: "unbounded" }
         ).pipe(Effect.provideService(NatsConnection.NatsConnection, Context.get(proxied, NatsConnection.NatsConnection)), Effect.forkChild)
-        const stored = Effect.flatMap(NatsConnection.NatsConnection, ({ manager }) =>
-          Effect.promise(() => manager.streams.info(stream.stream).then((info) => info.state.messages)))
-        yield* Eventually.holds("two publishes reached the stream", Effect.map(stored, (n) => n === 2), "10 seconds")
+        yield* Eventually.holds("two publishes reached the stream", Effect.map(stream.stored, (n) => n === 2), "10 seconds")
         // The other three wait for a permit: a bounded wait that nothing more is stored is the assertion.
-        yield* Eventually.holds("a third publish", Effect.map(stored, (n) => n > 2), "500 millis").pipe(Effect.flip)
+        yield* Eventually.holds("a third publish", Effect.map(stream.stored, (n) => n > 2), "500 millis").pipe(Effect.flip)
         yield* proxy.resume
         const acks = yield* Fiber.join(publishing).pipe(Effect.timeout("20 seconds"))
         assert.deepStrictEqual(acks.map((ack) => ack.duplicate), [false, false, false, false, false])
-        assert.strictEqual(yield* stored, 5)
+        assert.strictEqual(yield* stream.stored, 5)
       }))
 
     it.effect("an invalid maxPublishesInFlight is refused when the connection is made", () =>

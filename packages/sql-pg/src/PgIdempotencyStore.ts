@@ -54,6 +54,9 @@ export interface Options {
   readonly table?: string | undefined
 }
 
+/** A key as one string; a NUL cannot be stored in a key, so it cannot be ambiguous. */
+const keyOf = (key: Key): string => `${key.scope}\u0000${key.id}`
+
 /** The name of the table the store uses when none is given. */
 export const defaultTable: string = Table.defaultTable
 
@@ -114,17 +117,19 @@ export const make: (options?: Options) => Effect.Effect<
     return Effect.mapError(sql.withTransaction(attempt), toStoreError)
   }
 
+  /** Records every key not yet recorded, in one statement in key order; returns those it recorded (`keyOf`). */
+  const insertKeys = (keys: ReadonlyArray<Key>) =>
+    Effect.map(
+      sql.unsafe<{ readonly scope: string; readonly id: string }>(insertManyText, [keys.map((key) => key.scope), keys.map((key) => key.id)]),
+      (rows) => new Set(rows.map(keyOf))
+    )
+
   const commitBatch = <A, E, R>(
     items: ReadonlyArray<BatchItem<A, E, R>>
   ): Effect.Effect<ReadonlyArray<Result.Result<A | AlreadyCommitted, E>>, IdempotencyError, R> => {
     if (items.length === 0) return Effect.succeed([])
-    const keyOf = (key: Key) => `${key.scope}\u0000${key.id}` // a NUL cannot be stored in a key
     const attempt = Effect.gen(function*() {
-      const rows = yield* sql.unsafe<{ readonly scope: string; readonly id: string }>(insertManyText, [
-        items.map((item) => item.key.scope),
-        items.map((item) => item.key.id)
-      ])
-      const inserted = new Set(rows.map(keyOf))
+      const inserted = yield* insertKeys(items.map((item) => item.key))
       // A key given twice runs once: the later copy shares the first one's fate.
       const first = new Map<string, number>()
       const results: Array<Result.Result<A | AlreadyCommitted, E>> = []
@@ -169,13 +174,8 @@ export const make: (options?: Options) => Effect.Effect<
     effect: (fresh: ReadonlyArray<number>) => Effect.Effect<A, E, R>
   ): Effect.Effect<ReadonlyArray<A | AlreadyCommitted>, E | IdempotencyError, R> => {
     if (keys.length === 0) return Effect.succeed([])
-    const keyOf = (key: Key) => `${key.scope}\u0000${key.id}`
     const attempt = Effect.gen(function*() {
-      const rows = yield* sql.unsafe<{ readonly scope: string; readonly id: string }>(insertManyText, [
-        keys.map((key) => key.scope),
-        keys.map((key) => key.id)
-      ])
-      const inserted = new Set(rows.map(keyOf))
+      const inserted = yield* insertKeys(keys)
       const fresh: Array<number> = []
       for (const [i, key] of keys.entries()) {
         // `delete`: a key given twice is fresh once.

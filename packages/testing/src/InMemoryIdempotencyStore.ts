@@ -60,8 +60,14 @@ export const make = (options: Options = {}): InMemoryIdempotencyStore => {
     return lock
   }
 
+  const nameOf = (key: IdempotencyStore.Key) => `${key.scope}\u0000${key.id}`
+  // Runs `effect` holding the locks of `names`, taken in key order (the first outermost), like
+  // the database's key-ordered insert, so overlapping batches wait instead of deadlocking.
+  const withLocks = <A, E, R>(names: ReadonlyArray<string>, effect: Effect.Effect<A, E, R>) =>
+    [...new Set(names)].sort().map(lockOf).reduceRight((inner, lock) => Semaphore.withPermits(lock, 1)(inner), effect)
+
   const commit = <A, E, R>(key: IdempotencyStore.Key, effect: Effect.Effect<A, E, R>) => {
-    const name = `${key.scope}\u0000${key.id}`
+    const name = nameOf(key)
     return Semaphore.withPermits(lockOf(name), 1)(
       Effect.suspend((): Effect.Effect<A | IdempotencyStore.AlreadyCommitted, E | IdempotencyStore.IdempotencyError, R> => {
         if (committed.has(name)) {
@@ -82,8 +88,7 @@ export const make = (options: Options = {}): InMemoryIdempotencyStore => {
   }
 
   const commitBatch = <A, E, R>(items: ReadonlyArray<IdempotencyStore.BatchItem<A, E, R>>) => {
-    const names = items.map((item) => `${item.key.scope}\u0000${item.key.id}`)
-    const locked = [...new Set(names)].sort().map(lockOf)
+    const names = items.map((item) => nameOf(item.key))
     const run: Effect.Effect<
       ReadonlyArray<Result.Result<A | IdempotencyStore.AlreadyCommitted, E>>,
       IdempotencyStore.IdempotencyError,
@@ -127,15 +132,14 @@ export const make = (options: Options = {}): InMemoryIdempotencyStore => {
         })
       }))
     })
-    // The first key's lock outermost: taken first, like the database's key-ordered insert.
-    return locked.reduceRight<typeof run>((effect, lock) => Semaphore.withPermits(lock, 1)(effect), run)
+    return withLocks(names, run)
   }
 
   const commitAll = <A, E, R>(
     keys: ReadonlyArray<IdempotencyStore.Key>,
     effect: (fresh: ReadonlyArray<number>) => Effect.Effect<A, E, R>
   ): Effect.Effect<ReadonlyArray<A | IdempotencyStore.AlreadyCommitted>, E | IdempotencyStore.IdempotencyError, R> => {
-    const names = keys.map((key) => `${key.scope}\u0000${key.id}`)
+    const names = keys.map(nameOf)
     const run = Effect.gen(function*() {
       const seen = new Set<string>()
       const fresh: Array<number> = []
@@ -160,15 +164,14 @@ export const make = (options: Options = {}): InMemoryIdempotencyStore => {
         })
       }))
     })
-    const locked = [...new Set(names)].sort().map(lockOf)
-    return locked.reduceRight<typeof run>((inner, lock) => Semaphore.withPermits(lock, 1)(inner), run)
+    return withLocks(names, run)
   }
 
   const service = IdempotencyStore.IdempotencyStore.of({
     commit,
     commitBatch,
     commitAll,
-    isCommitted: (key) => Effect.sync(() => committed.has(`${key.scope}\u0000${key.id}`))
+    isCommitted: (key) => Effect.sync(() => committed.has(nameOf(key)))
   })
   return {
     service,

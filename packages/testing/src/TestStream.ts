@@ -29,6 +29,8 @@ export interface TestStream {
   ) => Effect.Effect<number, NatsError.NatsError>
   /** The consumer's live info. */
   readonly info: Effect.Effect<ConsumerInfo, NatsError.NatsError>
+  /** How many messages the stream stores now. */
+  readonly stored: Effect.Effect<number, NatsError.NatsError>
 }
 
 /** Options of {@link make}. */
@@ -82,9 +84,7 @@ export const make = (
           msgId,
           stream
         }).pipe(Effect.map((ack) => ack.seq), Effect.provideService(NatsConnection.NatsConnection, connection)),
-      info: Effect.tryPromise({
-        try: () => connection.manager.consumers.info(stream, consumer),
-        catch: (error) => NatsError.fromUnknown(`info ${stream}/${consumer}`, error)
-      })
+      info: NatsError.tryPromise(`info ${stream}/${consumer}`, () => connection.manager.consumers.info(stream, consumer)),
+      stored: NatsError.tryPromise(`info ${stream}`, () => connection.manager.streams.info(stream).then((info) => info.state.messages))
     }
   })

@@ -132,6 +132,9 @@ class ExpiredBeforeRun extends Data.TaggedError("ExpiredBeforeRun")<{ readonly d
 export class HandlerTimeout extends Data.TaggedError("HandlerTimeout")<{ readonly message: string }> {}
 
 type Verdict = Outcome.Verdict
+
+/** The ordering key of every delivery of a consumer without per-key ordering (built once). */
+const noKey: Result.Result<string, ErrorSummary.ErrorSummary> = Result.succeed("")
 const finish = Outcome.settled
 
 const EPOCH = DateTime.makeUnsafe(0)
@@ -322,7 +325,7 @@ const makeProcess = <A, E extends Tagged, R>(
 
   // User code too: the ordering key of an event (per-key ordering only).
   const readKey = (event: A): Result.Result<string, ErrorSummary.ErrorSummary> => {
-    if (definition.ordering._tag !== "PerKey") return Result.succeed("")
+    if (definition.ordering._tag !== "PerKey") return noKey
     let key: unknown
     try {
       key = definition.ordering.key(event)
@@ -365,6 +368,10 @@ const makeProcess = <A, E extends Tagged, R>(
       Effect.as(Effect.logWarning(`attempt store unavailable; counting deliveries: ${error.message}`), fallback)
     )
 
+  // The verdict of a delivery whose judging died: dead-lettered with the cause.
+  const defectVerdict = (message: Outcome.MessageRef) => (cause: Cause.Cause<unknown>): Effect.Effect<Verdict> =>
+    Effect.succeed(Outcome.verdict("DeadLettered", { message, reason: "Defect", error: ErrorSummary.fromCause(cause) }))
+
   // The safety net: a defect anywhere on the per-delivery path outside the handler (a probe, a
   // source) still ends the delivery in an outcome, dead-lettered with the cause.
   const judgeSafely = (
@@ -373,15 +380,7 @@ const makeProcess = <A, E extends Tagged, R>(
     lease: LeaseKeeper.Lease,
     admission: Admission | undefined
   ): Effect.Effect<Verdict, never, R> =>
-    judge(delivery, restore, lease, admission).pipe(
-      Effect.catchCause((cause) =>
-        Effect.succeed(Outcome.verdict("DeadLettered", {
-          message: messageRef(delivery),
-          reason: "Defect",
-          error: ErrorSummary.fromCause(cause)
-        }))
-      )
-    )
+    judge(delivery, restore, lease, admission).pipe(Effect.catchCause(defectVerdict(messageRef(delivery))))
 
   /**
    * Decode: the checks before any wait or handler run. Fails with the verdict of a delivery that
@@ -718,11 +717,7 @@ const makeProcess = <A, E extends Tagged, R>(
     reports: Reports,
     lease: LeaseKeeper.Lease
   ): Effect.Effect<Verdict, never, R> =>
-    conclude(prepared, delivery, exit, reports, lease).pipe(
-      Effect.catchCause((cause) =>
-        Effect.succeed(Outcome.verdict("DeadLettered", { message: prepared.message, reason: "Defect", error: ErrorSummary.fromCause(cause) }))
-      )
-    )
+    conclude(prepared, delivery, exit, reports, lease).pipe(Effect.catchCause(defectVerdict(prepared.message)))
 
   /**
    * A batch (BE-JOB-007): every delivery is prepared on its own (a rejected or expired one ends
@@ -747,13 +742,7 @@ const makeProcess = <A, E extends Tagged, R>(
         for (const [index, delivery] of deliveries.entries()) {
           if (delivery.deliveryCount > 1) yield* Metric.update(redeliveries, 1)
           const prepared = yield* prepare(delivery).pipe(
-            Effect.catchCause((cause) =>
-              Effect.succeed(Result.fail(Outcome.verdict("DeadLettered", {
-                message: messageRef(delivery),
-                reason: "Defect",
-                error: ErrorSummary.fromCause(cause)
-              })))
-            )
+            Effect.catchCause((cause) => Effect.map(defectVerdict(messageRef(delivery))(cause), Result.fail))
           )
           if (Result.isFailure(prepared)) verdicts.push(prepared.failure)
           else {
