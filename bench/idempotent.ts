@@ -23,6 +23,10 @@
  *   (with `PgAttemptStore`, as a production worker is assembled; it is not read on a first
  *   delivery), an `@effect/sql-pg` pool of `concurrency` connections. It also decodes the envelope
  *   with its Schema, which the baselines skip.
+ * - jetworker per message, one statement: the same, but the handler is
+ *   `PgIdempotencyStore.commitStatement`, which sends the dedup row and the effect insert as one
+ *   statement (`WITH ... INSERT ... ON CONFLICT DO NOTHING RETURNING 1 ... INSERT ... WHERE EXISTS`):
+ *   one round trip to PostgreSQL instead of four.
  *
  * Each side first runs an uncounted warm-up round (1000 messages at most), then the sides alternate
  * round by round (the order rotates). Each side's effect rows, dedup rows, the consumer's pending
@@ -36,7 +40,7 @@
  *
  * NATS_URL (default nats://127.0.0.1:4222) and DATABASE_URL (default
  * postgres://postgres@127.0.0.1:5432/test) select the servers. BENCH_SIDES=baseline,jetworker
- * (keys: baseline, baseline-batched, jetworker) runs only those sides, and then leaves the
+ * (keys: baseline, baseline-batched, jetworker, jetworker-statement, jetworker-batched) runs only those sides, and then leaves the
  * results file alone.
  */
 import { PgClient } from "@effect/sql-pg"
@@ -353,6 +357,28 @@ const perMessageConsumer = (round: Round, onOutcome: (outcome: Outcome.Outcome) 
   })
 
 /**
+ * jetworker per message in one statement: `PgIdempotencyStore.commitStatement` sends the dedup
+ * row and the effect insert as one statement (one round trip instead of four).
+ */
+const oneStatementConsumer = (round: Round, onOutcome: (outcome: Outcome.Outcome) => Effect.Effect<void>): BenchConsumer =>
+  Consumer.make({
+    name: CONSUMER,
+    source: JetStreamSource.make({ stream: round.stream, consumer: CONSUMER }),
+    schema: Event,
+    handle: (event) =>
+      SqlClient.SqlClient.use((sql) =>
+        PgIdempotencyStore.commitStatement(
+          { scope: CONSUMER, id: event.id },
+          (fresh) => sql`INSERT INTO bench_effects (event_id, n) SELECT ${event.id}, ${event.data.n} WHERE ${fresh}`
+        )
+      ),
+    classify: { SqlError: "isRetryable", IdempotencyError: "isRetryable" },
+    concurrency,
+    prefetch,
+    onOutcome
+  })
+
+/**
  * jetworker batch mode, on the batched baseline's shape (batches of `batchSize` or what arrived
  * within `maxWaitMillis`, `batchWorkers` at once): `IdempotencyStore.commitAll` records the batch's
  * dedup rows in one statement and writes the new events' effects in one multi-row insert.
@@ -438,6 +464,7 @@ const allSides: ReadonlyArray<Side> = [
   { key: "baseline", label: "baseline per message (nats.js + pg)", run: baselinePerMessage },
   { key: "baseline-batched", label: "baseline batched (nats.js + pg)", run: baselineBatched },
   { key: "jetworker", label: "jetworker per message", run: jetworkerSide("jetworker per message", perMessageConsumer, concurrency) },
+  { key: "jetworker-statement", label: "jetworker per message, one statement", run: jetworkerSide("jetworker per message, one statement", oneStatementConsumer, concurrency) },
   { key: "jetworker-batched", label: "jetworker batch mode", run: jetworkerSide("jetworker batch mode", batchedConsumer, batchWorkers) }
 ]
 const only = process.env.BENCH_SIDES?.split(",").map((key) => key.trim()).filter((key) => key !== "")
@@ -581,6 +608,7 @@ const perRound = (key: string, over: string) => {
 }
 const ratios = [
   { label: "jetworker per message / baseline per message", key: "jetworker", over: "baseline" },
+  { label: "jetworker one statement / baseline per message", key: "jetworker-statement", over: "baseline" },
   { label: "baseline batched / baseline per message", key: "baseline-batched", over: "baseline" },
   { label: "baseline batched / jetworker per message", key: "baseline-batched", over: "jetworker" },
   { label: "jetworker batch mode / baseline batched", key: "jetworker-batched", over: "baseline-batched" },

@@ -1,7 +1,8 @@
 /**
  * Named points in a delivery's life, where tests and diagnostics can watch (or, in the crash
- * tests, kill the process). The default probe does nothing and costs one service lookup per
- * point. The points, in order, for a delivery that commits:
+ * tests, kill the process). The default probe does nothing; the engine reads the probe once per
+ * run (so provide it around `Consumer.run`) and skips the default. The points, in order, for a
+ * delivery that commits:
  *
  * - `received`: decoded, about to run the handler;
  * - `before-commit`: inside the idempotent transaction, effects done, `COMMIT` not yet sent;
@@ -31,9 +32,12 @@ export interface ProbeShape {
   readonly hit: (hit: Hit) => Effect.Effect<void>
 }
 
+/** The probe that does nothing: the default, which the engine skips without a call. */
+export const noop: ProbeShape = { hit: () => Effect.void }
+
 /** The probe in effect; does nothing unless a test or diagnostic provides one. */
 export const Probe = Context.Reference<ProbeShape>("@jetworker/core/Probe", {
-  defaultValue: () => ({ hit: () => Effect.void })
+  defaultValue: () => noop
 })
 
 /** Reports reaching `hit.point` to the current probe. */

@@ -13,7 +13,7 @@
  *
  * @since 0.1.0
  */
-import type { ConsumerMessages, JsMsg } from "@nats-io/jetstream"
+import type { ConsumerMessages, FetchOptions, JsMsg } from "@nats-io/jetstream"
 import { type Delivery, Source, Telemetry } from "@jetworker/core"
 import { Duration, Effect, Metric } from "effect"
 import * as DeadLetter from "./DeadLetter.ts"
@@ -221,23 +221,29 @@ export const make = (options: Options): Source.Source<NatsConnection> => {
         let received = 0
         let stopped = false
         let iterator: ConsumerMessages | undefined
+        // Each message is buffered by a callback as it is read from the socket. (With the
+        // iterator instead, two pulls' loops interleave their messages and so reorder them: found
+        // when per-key ordering saw a key's later message run first.) nats.js takes `callback`
+        // for a fetch as for `consume()`, though its option type names it for `consume()` only.
+        const onMessage = (msg: JsMsg) => {
+          // A pull re-sent by nats.js after a reconnect may bring more than `batch`.
+          if (received < batch) requested--
+          received++
+          pauseMillis = 0
+          buffered.push(msg)
+          signal()
+        }
         const run = async (): Promise<unknown> => {
           try {
-            iterator = await consumer.fetch({ max_messages: batch, expires: expiresMillis })
-            // Stopped before it was sent: never iterated, so the pull request is never published.
+            const options = { max_messages: batch, expires: expiresMillis, callback: onMessage }
+            iterator = await consumer.fetch(options as FetchOptions)
+            // Stopped while the fetch was being set up: end it at once.
             if (stopped) {
               iterator.stop()
               return undefined
             }
-            for await (const msg of iterator) {
-              // A pull re-sent by nats.js after a reconnect may bring more than `batch`.
-              if (received < batch) requested--
-              received++
-              pauseMillis = 0
-              buffered.push(msg)
-              signal()
-            }
-            return undefined
+            const ended = await iterator.closed()
+            return ended instanceof Error ? ended : undefined
           } catch (error) {
             return error
           }

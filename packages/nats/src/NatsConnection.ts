@@ -8,9 +8,10 @@
  * @since 0.1.0
  */
 import { type JetStreamClient, type JetStreamManager, jetstream, jetstreamManager } from "@nats-io/jetstream"
-import { connect, type NatsConnection as Connection } from "@nats-io/transport-node"
+import { connect, type Msg, type NatsConnection as Connection } from "@nats-io/transport-node"
 import { Lifecycle } from "@jetworker/core"
 import { Clock, Config, Context, Duration, Effect, Layer, Option, Redacted, Semaphore, Stream } from "effect"
+import * as Replies from "./internal/replies.ts"
 import * as NatsError from "./NatsError.ts"
 
 /** How to connect. Every duration is a `Duration.Input`. */
@@ -54,6 +55,17 @@ export interface Shape {
   readonly apiTimeoutMillis: number
   /** Permits for confirmed publishes in flight (`maxPublishesInFlight`). */
   readonly publishPermits: Semaphore.Semaphore
+  /**
+   * Publishes `payload` to `subject` and waits at most `timeoutMillis` for the reply, as
+   * `connection.request` does, at the cost of a publish (one shared reply subscription and one
+   * timer per timeout, not a promise, timer and error per request). `operation` names it in errors.
+   */
+  readonly request: (
+    operation: string,
+    subject: string,
+    payload: Uint8Array,
+    timeoutMillis: number
+  ) => Effect.Effect<Msg, NatsError.NatsError>
 }
 
 /** The NATS connection service. */
@@ -137,7 +149,8 @@ export const make = (options: Options) =>
       jetstream: jetstream(connection, { timeout: apiTimeoutMillis }),
       manager,
       apiTimeoutMillis,
-      publishPermits: Semaphore.makeUnsafe(maxPublishes)
+      publishPermits: Semaphore.makeUnsafe(maxPublishes),
+      request: Replies.make(connection).request
     })
   })
 

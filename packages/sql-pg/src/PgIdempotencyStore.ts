@@ -25,6 +25,9 @@
  * `commitAll(keys, effect)` records the keys the same way and runs one `effect` for all the new
  * ones (no savepoints): all or nothing.
  *
+ * {@link commitStatement} commits an effect that is a single statement with its row in one round
+ * trip, without `BEGIN` and `COMMIT`.
+ *
  * It deliberately does not create its table (see `Migrations`), retry, or delete rows on its own:
  * rows stay until {@link purge} removes them, and they must outlive the redelivery horizon.
  *
@@ -41,7 +44,7 @@ import {
 } from "@jetworker/core/IdempotencyStore"
 import * as Probe from "@jetworker/core/Probe"
 import { Cause, Duration, Effect, Exit, Layer, Option, Result } from "effect"
-import { SqlClient } from "effect/sql"
+import { SqlClient, type Statement } from "effect/sql"
 import { box, classify, unbox, UserFailure } from "./internal/errors.ts"
 import * as Table from "./internal/table.ts"
 
@@ -206,6 +209,59 @@ export const make: (options?: Options) => Effect.Effect<
  */
 export const layer = (options?: Options): Layer.Layer<IdempotencyStore, IdempotencyError, SqlClient.SqlClient> =>
   Layer.effect(IdempotencyStore, make(options))
+
+/**
+ * Commits an effect that is one data-modifying statement (`INSERT`, `UPDATE` or `DELETE`) together
+ * with the deduplication row of `key`, in a single statement: one round trip to PostgreSQL instead
+ * of four (`BEGIN`, the row, the effect, `COMMIT`). The statement is built by `statement(fresh)`,
+ * and must be guarded by `fresh`, a condition true only when this call recorded `key`:
+ *
+ * ```ts
+ * PgIdempotencyStore.commitStatement({ scope: "shipper", id: event.id }, (fresh) =>
+ *   sql`INSERT INTO shipments (order_id, sku) SELECT ${event.data.orderId}, ${event.data.sku} WHERE ${fresh}`)
+ * ```
+ *
+ * It runs as `WITH fresh AS (INSERT <row> ON CONFLICT DO NOTHING RETURNING 1), effect AS
+ * (<statement>) SELECT ...`: one statement is one atomic commit, so the row and the effect are
+ * committed together or not at all, and a concurrent commit of the same key waits for the other
+ * and then finds the row (its guard is false), exactly as {@link make}'s `commit`. Inside an open
+ * transaction it joins that transaction. Like `commit`, it reports `Committed` or
+ * `AlreadyCommitted` to the current delivery, so the outcome is `Committed` or `Duplicate`.
+ *
+ * A statement that does not use `fresh` is refused (`Misconfigured`) before anything is sent: it
+ * would repeat its effect on every redelivery. Any failure, the statement's own included (a
+ * violated constraint is `InvalidData`), is an `IdempotencyError` classified as for `commit`.
+ * There is no `before-commit` probe point: nothing runs between the effect and its commit.
+ */
+export const commitStatement = (
+  key: Key,
+  statement: (fresh: Statement.Fragment) => Statement.Fragment,
+  options?: Options
+): Effect.Effect<void | AlreadyCommitted, IdempotencyError, SqlClient.SqlClient> =>
+  Effect.gen(function*() {
+    const table = yield* resolveTable(options?.table)
+    const sql = yield* SqlClient.SqlClient
+    const fresh = sql.literal("EXISTS (SELECT 1 FROM jetworker_fresh)")
+    const effect = statement(fresh)
+    // Interpolation copies segments by reference: the guard is used if its segment is there.
+    if (!effect.segments.includes(fresh.segments[0]!)) {
+      return yield* new IdempotencyError({
+        reason: "Misconfigured",
+        message: "commitStatement: the statement does not use its `fresh` guard, so it would run again for a duplicate"
+      })
+    }
+    const rows = yield* sql<{ readonly inserted: boolean }>`WITH jetworker_fresh AS (
+  INSERT INTO ${sql.literal(table)} (scope, id) VALUES (${key.scope}, ${key.id}) ON CONFLICT (scope, id) DO NOTHING RETURNING 1
+), jetworker_effect AS (${effect})
+SELECT EXISTS (SELECT 1 FROM jetworker_fresh) AS inserted`.pipe(Effect.mapError((error) => classify(error, table)))
+    if (rows[0]?.inserted === true) {
+      // At once, or once an enclosing transaction commits.
+      yield* sql.afterCommit(CurrentDelivery.reportFor(key, "Committed"))
+      return undefined
+    }
+    yield* CurrentDelivery.reportFor(key, "AlreadyCommitted")
+    return alreadyCommitted(key)
+  })
 
 /** Options of {@link purge}. */
 export interface PurgeOptions {

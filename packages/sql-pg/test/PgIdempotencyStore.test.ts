@@ -4,7 +4,7 @@ import { CurrentDelivery } from "@jetworker/core/CurrentDelivery"
 import { commit, IdempotencyError, IdempotencyStore, isDuplicate, type Key } from "@jetworker/core/IdempotencyStore"
 import * as Probe from "@jetworker/core/Probe"
 import { Data, Deferred, Effect, Exit, Fiber, Layer, Option, Redacted, Ref } from "effect"
-import { SqlClient } from "effect/sql"
+import { SqlClient, type Statement } from "effect/sql"
 import * as SqlErrors from "effect/sql/SqlError"
 import { randomUUID } from "node:crypto"
 import * as TestDatabase from "../../testing/src/TestDatabase.ts"
@@ -373,6 +373,89 @@ layer(
     Effect.gen(function*() {
       const error = yield* Effect.flip(PgIdempotencyStore.purge({ olderThan: "1 day", limit: 10, table: "nope" }))
       assert.strictEqual(error.reason, "Misconfigured")
+    }))
+
+  it.effect("BE-JOB-002: commitStatement records the dedup row and the effect in one statement; a duplicate does nothing and reports so", () =>
+    Effect.gen(function*() {
+      const sql = yield* SqlClient.SqlClient
+      const key = freshKey()
+      const reports: Array<string> = []
+      const delivery = {
+        consumer: key.scope,
+        eventId: key.id,
+        attempt: 1,
+        attempts: 3,
+        subject: "ledger.transfer",
+        sequence: 7,
+        deliveryCount: 1,
+        expiresAt: undefined,
+        leaseDeadline: () => undefined,
+        report: (report: "Committed" | "AlreadyCommitted") => {
+          reports.push(report)
+        }
+      }
+      const statement = (fresh: Statement.Fragment) => sql`INSERT INTO ledger (note) SELECT ${key.id} WHERE ${fresh}`
+      const first = yield* PgIdempotencyStore.commitStatement(key, statement).pipe(Effect.provideService(CurrentDelivery, delivery))
+      assert.isUndefined(first)
+      assert.strictEqual(yield* ledgerRows(key.id), 1)
+      assert.strictEqual(yield* dedupRows(key), 1)
+      const second = yield* PgIdempotencyStore.commitStatement(key, statement).pipe(Effect.provideService(CurrentDelivery, delivery))
+      assert.isTrue(isDuplicate(second))
+      assert.strictEqual(yield* ledgerRows(key.id), 1)
+      assert.deepStrictEqual(reports, ["Committed", "AlreadyCommitted"])
+    }))
+
+  it.effect("BE-JOB-002: commitStatement waits for a concurrent commit of its key: Duplicate when that commits, applied when it rolls back", () =>
+    Effect.gen(function*() {
+      const sql = yield* SqlClient.SqlClient
+      const statement = (note: string) => (fresh: Statement.Fragment) => sql`INSERT INTO ledger (note) SELECT ${note} WHERE ${fresh}`
+      // The other commits.
+      const key = freshKey()
+      const first = yield* holdKey(key, `${key.id}/first`, Effect.succeed("first"))
+      const second = yield* Effect.forkChild(PgIdempotencyStore.commitStatement(key, statement(`${key.id}/second`)))
+      const [waiter] = yield* awaitLockWaiters(first.pid)
+      assert.match(waiter!.query, /jetworker_fresh/)
+      yield* first.release
+      assert.strictEqual(yield* joinWithin(first.fiber), "first")
+      assert.isTrue(isDuplicate(yield* joinWithin(second)))
+      assert.strictEqual(yield* ledgerRows(`${key.id}/second`), 0)
+      assert.strictEqual(yield* dedupRows(key), 1)
+      // The other rolls back.
+      const other = freshKey()
+      const failing = yield* holdKey(other, `${other.id}/first`, Effect.fail(new Boom({ message: "rolled back" })))
+      const proceeding = yield* Effect.forkChild(PgIdempotencyStore.commitStatement(other, statement(`${other.id}/second`)))
+      yield* awaitLockWaiters(failing.pid)
+      yield* failing.release
+      yield* Effect.timeout(Fiber.await(failing.fiber), "5 seconds")
+      assert.isUndefined(yield* joinWithin(proceeding))
+      assert.strictEqual(yield* ledgerRows(`${other.id}/first`), 0)
+      assert.strictEqual(yield* ledgerRows(`${other.id}/second`), 1)
+      assert.strictEqual(yield* dedupRows(other), 1)
+    }))
+
+  it.effect("commitStatement refuses a statement that does not use its guard, before sending anything", () =>
+    Effect.gen(function*() {
+      const sql = yield* SqlClient.SqlClient
+      const key = freshKey()
+      const error = yield* Effect.flip(PgIdempotencyStore.commitStatement(key, () => sql`INSERT INTO ledger (note) VALUES (${key.id})`))
+      assert.strictEqual(error.reason, "Misconfigured")
+      assert.match(error.message, /fresh/)
+      assert.strictEqual(yield* ledgerRows(key.id), 0)
+      assert.strictEqual(yield* dedupRows(key), 0)
+    }))
+
+  it.effect("commitStatement: a statement that fails records nothing and is classified (a NOT NULL violation is InvalidData)", () =>
+    Effect.gen(function*() {
+      const sql = yield* SqlClient.SqlClient
+      const key = freshKey()
+      const error = yield* Effect.flip(
+        PgIdempotencyStore.commitStatement(key, (fresh) => sql`INSERT INTO ledger (note) SELECT NULL WHERE ${fresh}`)
+      )
+      assert.strictEqual(error.reason, "InvalidData", error.message)
+      assert.strictEqual(yield* dedupRows(key), 0)
+      // And the key is still free.
+      assert.isUndefined(yield* PgIdempotencyStore.commitStatement(key, (fresh) => sql`INSERT INTO ledger (note) SELECT ${key.id} WHERE ${fresh}`))
+      assert.strictEqual(yield* ledgerRows(key.id), 1)
     }))
 
   it.effect("polls observe the blocked backend until it is gone", () =>

@@ -12,7 +12,7 @@
  *
  * On interruption it drains. Internal: the public face is `Consumer`.
  */
-import { Cause, Clock, Data, DateTime, Deferred, Duration, Effect, Exit, FiberSet, Metric, Option, Result, Schedule, Semaphore } from "effect"
+import { Cause, Clock, type Context, Data, DateTime, Deferred, Duration, Effect, Exit, FiberSet, LogLevel, Metric, Option, Result, Schedule, Semaphore } from "effect"
 import { AttemptStore, type AttemptStoreShape } from "../AttemptStore.ts"
 import { type Classification, classify, type Tagged } from "../Classification.ts"
 import { CurrentBatch, CurrentDelivery } from "../CurrentDelivery.ts"
@@ -145,12 +145,14 @@ export const outcomesCounter = Telemetry.outcomes
 /** Fails the engine before it starts. */
 export const fail = <E>(error: E): Effect.Effect<never, E> => Effect.fail(error)
 
+/** Confirmed commits and duplicates: the work that flows, logged at debug level only. */
+const isRoutine = (outcome: Outcome.Outcome): boolean =>
+  (outcome._tag === "Committed" || outcome._tag === "Duplicate") && outcome.confirmed
+
 // The line names the consumer, sequence and event id; the rest goes in annotations, built only
 // for outcomes logged above debug level (the hot path logs Committed/Duplicate at debug).
 const logOutcome = (outcome: Outcome.Outcome): Effect.Effect<void> => {
-  if ((outcome._tag === "Committed" || outcome._tag === "Duplicate") && outcome.confirmed) {
-    return Effect.logDebug(Outcome.describe(outcome))
-  }
+  if (isRoutine(outcome)) return Effect.logDebug(Outcome.describe(outcome))
   const log = outcome._tag === "Released" ? Effect.logInfo : Effect.logWarning
   return log(Outcome.describe(outcome)).pipe(
     Effect.annotateLogs({
@@ -162,6 +164,18 @@ const logOutcome = (outcome: Outcome.Outcome): Effect.Effect<void> => {
   )
 }
 
+/**
+ * What the per-delivery path reads once per run rather than per message: the run's context (for
+ * metrics), its clock, its probe (`undefined` for the default, which is skipped), and whether
+ * debug lines are logged at all.
+ */
+interface RunEnvironment {
+  readonly context: Context.Context<never>
+  readonly clock: Clock.Clock
+  readonly probe: Probe.ProbeShape | undefined
+  readonly debugLogs: boolean
+}
+
 /** Processes one delivery into exactly one settled outcome. Never fails. */
 const makeProcess = <A, E extends Tagged, R>(
   definition: Definition<A, E, R>,
@@ -171,8 +185,13 @@ const makeProcess = <A, E extends Tagged, R>(
   deliveryBound: number,
   maxDeliver: number | undefined,
   slots: Semaphore.Semaphore,
-  lanes: Lanes.Lanes | undefined
+  lanes: Lanes.Lanes | undefined,
+  env: RunEnvironment
 ) => {
+  const now = () => env.clock.currentTimeMillisUnsafe()
+  const record = (metric: Metric.Metric<number, unknown>, value: number): void => metric.updateUnsafe(value, env.context)
+  const probe = env.probe
+  const hit = (at: Probe.Hit): Effect.Effect<void> => (probe === undefined ? Effect.void : probe.hit(at))
   const leaseMillis = Duration.toMillis(lease)
   const consumer = { consumer: definition.name }
   const counters = new Map(
@@ -215,6 +234,8 @@ const makeProcess = <A, E extends Tagged, R>(
   const inProcess = Retry.inProcessSchedule(definition.retry).pipe(
     Schedule.while(({ duration, elapsed }) => leaseMillis <= 0 || elapsed + Duration.toMillis(duration) < leaseMillis / 2)
   )
+  const timeoutMessage = `handler ran longer than ${Duration.format(definition.handlerTimeout)}`
+  const handlerTimedOut = () => Effect.fail(new HandlerTimeout({ message: timeoutMessage }))
   const isTransient = (error: E | HandlerTimeout | ExpiredBeforeRun): boolean =>
     error instanceof ExpiredBeforeRun || error instanceof WorkExpired || error instanceof LeaseExpired
       ? false
@@ -263,6 +284,29 @@ const makeProcess = <A, E extends Tagged, R>(
     }
   }
 
+  /** One run of the handler: skipped once the event has expired, bounded by `handlerTimeout`. */
+  const runOnce = (event: A, metadata: Metadata): Effect.Effect<unknown, E | ExpiredBeforeRun | HandlerTimeout, R | CurrentDelivery> =>
+    Effect.suspend((): Effect.Effect<unknown, E | ExpiredBeforeRun, R | CurrentDelivery> => {
+      if (metadata.expiresAt !== undefined) {
+        const at = now()
+        if (isExpired(metadata, at, definition.skewMillis)) return Effect.fail(new ExpiredBeforeRun({ detectedAt: at }))
+      }
+      return definition.handle(event)
+    }).pipe(Effect.timeoutOrElse({ duration: definition.handlerTimeout, orElse: handlerTimedOut }))
+
+  /**
+   * The in-process retries after a first transient failure: the same schedule and filter as a
+   * retry around the first run, which the first step replays by failing with `error`.
+   */
+  const retryAfter = (event: A, metadata: Metadata, error: E | ExpiredBeforeRun | HandlerTimeout) => {
+    let replayed = false
+    return Effect.suspend(() => {
+      if (replayed) return runOnce(event, metadata)
+      replayed = true
+      return Effect.fail(error)
+    }).pipe(Effect.retry({ schedule: inProcess, while: isTransient }))
+  }
+
   const attempt = (
     event: A,
     delivery: Delivery,
@@ -274,21 +318,9 @@ const makeProcess = <A, E extends Tagged, R>(
     // Every run, the first and each in-process retry after its delay, starts only if the event
     // has not expired meanwhile (found by the simulation: a retry used to run past the expiry).
     // Suspended: a handler that throws instead of returning an Effect fails its attempt as a
-    // defect (transient) rather than killing the delivery's fiber.
-    (metadata.expiresAt === undefined
-      ? Effect.suspend((): Effect.Effect<unknown, E | ExpiredBeforeRun, R | CurrentDelivery> => definition.handle(event))
-      : Effect.flatMap(Clock.currentTimeMillis, (now): Effect.Effect<unknown, E | ExpiredBeforeRun, R | CurrentDelivery> =>
-        isExpired(metadata, now, definition.skewMillis)
-          ? Effect.fail(new ExpiredBeforeRun({ detectedAt: now }))
-          : Effect.suspend(() => definition.handle(event)))).pipe(
-      Effect.timeoutOrElse({
-        duration: definition.handlerTimeout,
-        orElse: () =>
-          Effect.fail(
-            new HandlerTimeout({ message: `handler ran longer than ${Duration.format(definition.handlerTimeout)}` })
-          )
-      }),
-      Effect.retry({ schedule: inProcess, while: isTransient }),
+    // defect (transient) rather than killing the delivery's fiber. The retry machinery is built
+    // only after a transient failure: a run that succeeds pays for none of it.
+    Effect.catch(runOnce(event, metadata), (error) => isTransient(error) ? retryAfter(event, metadata, error) : Effect.fail(error)).pipe(
       Effect.provideService(CurrentDelivery, {
         consumer: definition.name,
         eventId: metadata.id,
@@ -385,31 +417,49 @@ const makeProcess = <A, E extends Tagged, R>(
   /**
    * Decode: the checks before any wait or handler run. Fails with the verdict of a delivery that
    * ends here (rejected, expired, out of deliveries or attempts); succeeds with what the run needs.
+   * Synchronous but for a redelivery's count of failed attempts, read from the attempt store.
    */
-  const prepare = (delivery: Delivery): Effect.Effect<Result.Result<Prepared<A>, Verdict>, never, R> =>
-    Effect.gen(function*() {
-      const decoded = definition.decode(delivery.payload)
-      const ref = messageRef(delivery)
-      if (Result.isFailure(decoded)) {
-        return Result.fail(Outcome.verdict("Rejected", { message: ref, reason: decoded.failure.reason, error: decoded.failure.error }))
-      }
-      const event = decoded.success
-      const read = readMetadata(event)
-      if (Result.isFailure(read)) {
-        return Result.fail(Outcome.verdict("Rejected", { message: ref, reason: "MetadataInvalid", error: read.failure }))
-      }
-      const metadata = read.success
-      const message = { ...ref, eventId: metadata.id }
-      const orderKey = readKey(event)
-      if (Result.isFailure(orderKey)) {
-        return Result.fail(Outcome.verdict("Rejected", { message, reason: "MetadataInvalid", error: orderKey.failure }))
-      }
-      if (delivery.publishedAt !== undefined) {
-        yield* Metric.update(clockSkew, delivery.publishedAt - metadata.time.epochMilliseconds)
-      }
-      // Compared in epoch milliseconds: a DateTime is built only for an expired event.
-      const nowMillis = yield* Clock.currentTimeMillis
-      if (metadata.expiresAt !== undefined && isExpired(metadata, nowMillis, definition.skewMillis)) {
+  const prepare = (delivery: Delivery): Effect.Effect<Result.Result<Prepared<A>, Verdict>, never, R> => {
+    const checked = check(delivery)
+    if (Result.isFailure(checked)) return Effect.succeed(checked)
+    const prepared = checked.success
+    // Failed attempts so far: the store's count (read only for a redelivery: a first delivery
+    // has none, unless NATS rewound its count, and then the failure's own count catches it),
+    // or without a store the deliveries before this one.
+    if (attemptStore === undefined || delivery.deliveryCount === 1) {
+      return Effect.succeed(withinAttempts({ ...prepared, failedBefore: attemptStore === undefined ? delivery.deliveryCount - 1 : 0 }))
+    }
+    return attemptStore.failures(prepared.key).pipe(
+      orCountDeliveries(delivery.deliveryCount - 1),
+      Effect.map((failedBefore) => withinAttempts({ ...prepared, failedBefore }))
+    )
+  }
+
+  /** The checks of `prepare` that need no I/O; `failedBefore` is filled in by `prepare`. */
+  const check = (delivery: Delivery): Result.Result<Prepared<A>, Verdict> => {
+    const decoded = definition.decode(delivery.payload)
+    const ref = messageRef(delivery)
+    if (Result.isFailure(decoded)) {
+      return Result.fail(Outcome.verdict("Rejected", { message: ref, reason: decoded.failure.reason, error: decoded.failure.error }))
+    }
+    const event = decoded.success
+    const read = readMetadata(event)
+    if (Result.isFailure(read)) {
+      return Result.fail(Outcome.verdict("Rejected", { message: ref, reason: "MetadataInvalid", error: read.failure }))
+    }
+    const metadata = read.success
+    const message = { ...ref, eventId: metadata.id }
+    const orderKey = readKey(event)
+    if (Result.isFailure(orderKey)) {
+      return Result.fail(Outcome.verdict("Rejected", { message, reason: "MetadataInvalid", error: orderKey.failure }))
+    }
+    if (delivery.publishedAt !== undefined) {
+      record(clockSkew, delivery.publishedAt - metadata.time.epochMilliseconds)
+    }
+    // Compared in epoch milliseconds: a DateTime is built only for an expired event.
+    if (metadata.expiresAt !== undefined) {
+      const nowMillis = now()
+      if (isExpired(metadata, nowMillis, definition.skewMillis)) {
         return Result.fail(Outcome.verdict("Expired", {
           message,
           expiresAt: metadata.expiresAt,
@@ -417,40 +467,35 @@ const makeProcess = <A, E extends Tagged, R>(
           stage: "BeforeHandler"
         }))
       }
-      if (delivery.deliveryCount > deliveryBound) {
-        // Earlier deliveries ended without settling (a crash loop): stop while the broker still
-        // delivers, so the message is dead-lettered rather than dropped at its MaxDeliver.
-        return Result.fail(Outcome.verdict("DeadLettered", {
-          message,
-          reason: "DeliveriesExhausted",
-          error: ErrorSummary.make(
-            "DeliveriesExhausted",
-            `delivered ${delivery.deliveryCount} times without settling; the bound is ${deliveryBound} deliveries`
-          )
-        }))
-      }
-      const key = { scope: definition.name, id: metadata.id }
-      // Failed attempts so far: the store's count (read only for a redelivery: a first delivery
-      // has none, unless NATS rewound its count, and then the failure's own count catches it),
-      // or without a store the deliveries before this one.
-      const failedBefore = attemptStore === undefined
-        ? delivery.deliveryCount - 1
-        : delivery.deliveryCount === 1
-        ? 0
-        : yield* attemptStore.failures(key).pipe(orCountDeliveries(delivery.deliveryCount - 1))
-      if (failedBefore >= definition.retry.attempts) {
-        // The last attempt failed but was not dead-lettered (a crash, a failed dead-letter write).
-        return Result.fail(Outcome.verdict("DeadLettered", {
-          message,
-          reason: "AttemptsExhausted",
-          error: ErrorSummary.make(
-            "AttemptsExhausted",
-            `${failedBefore} failed attempts; the retry policy allows ${definition.retry.attempts}`
-          )
-        }))
-      }
-      return Result.succeed({ event, metadata, message, orderKey: orderKey.success, key, failedBefore })
-    })
+    }
+    if (delivery.deliveryCount > deliveryBound) {
+      // Earlier deliveries ended without settling (a crash loop): stop while the broker still
+      // delivers, so the message is dead-lettered rather than dropped at its MaxDeliver.
+      return Result.fail(Outcome.verdict("DeadLettered", {
+        message,
+        reason: "DeliveriesExhausted",
+        error: ErrorSummary.make(
+          "DeliveriesExhausted",
+          `delivered ${delivery.deliveryCount} times without settling; the bound is ${deliveryBound} deliveries`
+        )
+      }))
+    }
+    const key = { scope: definition.name, id: metadata.id }
+    return Result.succeed({ event, metadata, message, orderKey: orderKey.success, key, failedBefore: 0 })
+  }
+
+  /** The last attempt failed but was not dead-lettered (a crash, a failed dead-letter write). */
+  const withinAttempts = (prepared: Prepared<A>): Result.Result<Prepared<A>, Verdict> =>
+    prepared.failedBefore < definition.retry.attempts
+      ? Result.succeed(prepared)
+      : Result.fail(Outcome.verdict("DeadLettered", {
+        message: prepared.message,
+        reason: "AttemptsExhausted",
+        error: ErrorSummary.make(
+          "AttemptsExhausted",
+          `${prepared.failedBefore} failed attempts; the retry policy allows ${definition.retry.attempts}`
+        )
+      }))
 
   const judge = (
     delivery: Delivery,
@@ -458,16 +503,16 @@ const makeProcess = <A, E extends Tagged, R>(
     lease: LeaseKeeper.Lease,
     admission: Admission | undefined
   ): Effect.Effect<Verdict, never, R> =>
-    Effect.gen(function*() {
-      const prepared = yield* prepare(delivery)
-      if (Result.isFailure(prepared)) return prepared.failure
-      const { event, metadata, message, failedBefore } = prepared.success
-      if (admission !== undefined) {
-        // Interruptible: a shutdown past its drain, or a lost lease, ends the wait. Expiry is
-        // checked again before the handler runs (stage AfterWait).
-        const waited = yield* Effect.exit(restore(admit(admission, prepared.success.orderKey)))
-        if (Exit.isFailure(waited)) {
-          return lease.lost
+    Effect.flatMap(prepare(delivery), (prepared): Effect.Effect<Verdict, never, R> => {
+      if (Result.isFailure(prepared)) return Effect.succeed(prepared.failure)
+      if (admission === undefined) return runHandler(prepared.success, delivery, restore, lease)
+      // Interruptible: a shutdown past its drain, or a lost lease, ends the wait. Expiry is
+      // checked again before the handler runs (stage AfterWait).
+      return Effect.flatMap(Effect.exit(restore(admit(admission, prepared.success.orderKey))), (waited) => {
+        if (Exit.isSuccess(waited)) return runHandler(prepared.success, delivery, restore, lease)
+        const message = prepared.success.message
+        return Effect.succeed(
+          lease.lost
             ? Outcome.verdict("Released", {
               message,
               reason: "LeaseLost",
@@ -475,17 +520,42 @@ const makeProcess = <A, E extends Tagged, R>(
               retryIn: undefined
             })
             : Outcome.verdict("Released", { message, reason: "Interrupted", error: undefined, retryIn: Duration.zero })
-        }
-      }
-      yield* Probe.hit({ point: "received", consumer: definition.name, sequence: delivery.sequence, eventId: metadata.id })
-      const startedAt = yield* Clock.currentTimeMillis
+        )
+      })
+    })
+
+  /** Run: the handler (with its in-process retries) under the lease, then the verdict. */
+  const runHandler = (
+    prepared: Prepared<A>,
+    delivery: Delivery,
+    restore: <X, Y, Z>(effect: Effect.Effect<X, Y, Z>) => Effect.Effect<X, Y, Z>,
+    lease: LeaseKeeper.Lease
+  ): Effect.Effect<Verdict, never, R> => {
+    const run = Effect.suspend(() => {
+      const startedAt = now()
       // What the store reports about this delivery's effect, whatever the handler returns.
       const reports: Reports = { committed: false, alreadyCommitted: false }
-      const exit = yield* Effect.exit(restore(attempt(event, delivery, metadata, failedBefore + 1, reports, lease)))
-      keeper.unregister(lease)
-      yield* Metric.update(handlerDuration, (yield* Clock.currentTimeMillis) - startedAt)
-      return yield* conclude(prepared.success, delivery, exit, reports, lease)
+      return Effect.flatMap(
+        Effect.exit(restore(attempt(prepared.event, delivery, prepared.metadata, prepared.failedBefore + 1, reports, lease))),
+        (exit) => {
+          keeper.unregister(lease)
+          record(handlerDuration, now() - startedAt)
+          return conclude(prepared, delivery, exit, reports, lease)
+        }
+      )
     })
+    return probe === undefined
+      ? run
+      : Effect.andThen(hit({ point: "received", consumer: definition.name, sequence: delivery.sequence, eventId: prepared.metadata.id }), run)
+  }
+
+  /** The verdict on a handler that returned: committed, or a duplicate the store recognised. */
+  const succeeded = (message: Outcome.MessageRef, value: unknown, reports: Reports): Verdict =>
+    // A store that reports nothing (called directly, not through `IdempotencyStore.commit`)
+    // still says so in its result.
+    (reports.alreadyCommitted || isAlreadyCommitted(value)) && !reports.committed
+      ? Outcome.verdict("Duplicate", { message })
+      : Outcome.verdict("Committed", { message })
 
   /** The verdict on a run of the handler, from its exit and what the store reported. */
   const conclude = (
@@ -495,17 +565,25 @@ const makeProcess = <A, E extends Tagged, R>(
     reports: Reports,
     lease: LeaseKeeper.Lease
   ): Effect.Effect<Verdict, never, R> =>
+    Exit.isSuccess(exit) && probe === undefined
+      ? Effect.succeed(succeeded(prepared.message, exit.value, reports))
+      : concludeWithEffects(prepared, delivery, exit, reports, lease)
+
+  /** `conclude` for a failed run, or one the probe watches. */
+  const concludeWithEffects = (
+    prepared: Prepared<A>,
+    delivery: Delivery,
+    exit: Exit.Exit<unknown, unknown>,
+    reports: Reports,
+    lease: LeaseKeeper.Lease
+  ): Effect.Effect<Verdict, never, R> =>
     Effect.gen(function*() {
       const { message, metadata, key, failedBefore } = prepared
-      const afterCommit = Probe.hit({ point: "after-commit", consumer: definition.name, sequence: delivery.sequence, eventId: metadata.id })
+      const afterCommit = hit({ point: "after-commit", consumer: definition.name, sequence: delivery.sequence, eventId: metadata.id })
       if (Exit.isSuccess(exit)) {
-        // A store that reports nothing (called directly, not through `IdempotencyStore.commit`)
-        // still says so in its result.
-        if ((reports.alreadyCommitted || isAlreadyCommitted(exit.value)) && !reports.committed) {
-          return Outcome.verdict("Duplicate", { message })
-        }
-        yield* afterCommit
-        return Outcome.verdict("Committed", { message })
+        const verdict = succeeded(message, exit.value, reports)
+        if (verdict._tag === "Committed") yield* afterCommit
+        return verdict
       }
       if (reports.committed && Cause.hasInterruptsOnly(exit.cause)) {
         // Interrupted while COMMIT ran: the effect is committed. Say so, and leave the ack to the
@@ -562,22 +640,23 @@ const makeProcess = <A, E extends Tagged, R>(
 
   const process = (delivery: Delivery, admission: Admission | undefined): Effect.Effect<void, never, R> =>
     Effect.uninterruptibleMask((restore) =>
-      Effect.gen(function*() {
-        const receivedAt = yield* Clock.currentTimeMillis
-        yield* Metric.update(inFlightGauge, ++running)
-        if (delivery.deliveryCount > 1) yield* Metric.update(redeliveries, 1)
+      Effect.withFiber((fiber) => {
+        const receivedAt = now()
+        record(inFlightGauge, ++running)
+        if (delivery.deliveryCount > 1) record(redeliveries, 1)
         if (delivery.pending !== undefined) progress.pending = delivery.pending
         // The lease is watched from receipt: also while the delivery waits for its key's turn.
-        const lease = keeper.register(delivery, receivedAt, yield* Effect.fiber)
-        const judged = yield* judgeSafely(delivery, restore, lease, admission)
-        keeper.unregister(lease)
-        if (admission !== undefined) {
-          // The next delivery of the key may run while this one settles: its effect is decided.
-          Deferred.doneUnsafe(admission.entered, Effect.void)
-          if (admission.place !== undefined) lanes!.leave(admission.place)
-          admission.place = undefined
-        }
-        yield* settle(delivery, judged, receivedAt, lease)
+        const lease = keeper.register(delivery, receivedAt, fiber)
+        return Effect.flatMap(judgeSafely(delivery, restore, lease, admission), (judged) => {
+          keeper.unregister(lease)
+          if (admission !== undefined) {
+            // The next delivery of the key may run while this one settles: its effect is decided.
+            Deferred.doneUnsafe(admission.entered, Effect.void)
+            if (admission.place !== undefined) lanes!.leave(admission.place)
+            admission.place = undefined
+          }
+          return settle(delivery, judged, receivedAt, lease)
+        })
       })
     )
 
@@ -591,122 +670,134 @@ const makeProcess = <A, E extends Tagged, R>(
     receivedAt: number,
     lease: LeaseKeeper.Lease
   ): Effect.Effect<void> =>
-      Effect.gen(function*() {
-        // Never ack past the local lease deadline (with the keeper's 10% margin): the server may
-        // have handed the message to another consumer, and it would accept this ack for both.
-        const verdict = leaseMillis > 0 && acks(judged) &&
-            (yield* Clock.currentTimeMillis) >= lease.heldSince + leaseMillis * 0.9
-          ? withholdAck(judged)
-          : judged
-        // `now` only stamps dead-letter records; skip building a DateTime for the other outcomes.
-        const now = verdict._tag === "Committed" || verdict._tag === "Duplicate" || verdict._tag === "Released"
-          ? EPOCH
-          : DateTime.makeUnsafe(yield* Clock.currentTimeMillis)
-        const command = Outcome.toCommand(verdict, { expiredTo: definition.expiredTo, now })
-        const commandStart = yield* Clock.currentTimeMillis
-        const result = yield* execute(delivery, command)
+    Effect.suspend(() => {
+      // Never ack past the local lease deadline (with the keeper's 10% margin): the server may
+      // have handed the message to another consumer, and it would accept this ack for both.
+      const verdict = leaseMillis > 0 && acks(judged) && now() >= lease.heldSince + leaseMillis * 0.9
+        ? withholdAck(judged)
+        : judged
+      // The time only stamps dead-letter records; skip building a DateTime for the other outcomes.
+      const stamp = verdict._tag === "Committed" || verdict._tag === "Duplicate" || verdict._tag === "Released"
+        ? EPOCH
+        : DateTime.makeUnsafe(now())
+      const command = Outcome.toCommand(verdict, { expiredTo: definition.expiredTo, now: stamp })
+      const commandStart = now()
+      return Effect.flatMap(execute(delivery, command), (result) => {
         const sent = result === "confirmed"
-        if (command._tag !== "Leave") {
-          yield* Metric.update(settleLatency[command._tag], (yield* Clock.currentTimeMillis) - commandStart)
+        if (command._tag !== "Leave") record(settleLatency[command._tag], now() - commandStart)
+        if (command._tag === "DeadLetter" && result === "failed") {
+          return Effect.flatMap(deadLetterFailed(delivery, verdict, receivedAt), (outcome) => recordOutcome(delivery, outcome))
         }
-        // A withheld ack is not a confirmed one, although saying nothing always "succeeds".
+        // A withheld ack is not a confirmed one, although saying nothing always "succeeds". A
+        // dead letter `stored` but whose term was lost stays dead-lettered for good (a redelivery
+        // writes the same dead letter again, stored once), unconfirmed, and nothing is naked.
         const confirmed = sent && !(verdict._tag === "Committed" && verdict.ackWithheld !== undefined)
-        let outcome = finish(verdict, confirmed, (yield* Clock.currentTimeMillis) - receivedAt)
-        if (result === "stored") {
-          // Dead-lettered for good (a redelivery after a lost term writes the same dead letter
-          // again, stored once): the outcome stays, unconfirmed, and nothing is naked.
-        } else if (command._tag === "DeadLetter" && !sent && maxDeliver !== undefined && delivery.deliveryCount >= maxDeliver) {
-          // The broker's last delivery: no redelivery can retry the dead letter. The outcome stays
-          // the dead-letter verdict, unconfirmed; the message stays in its stream, no longer
-          // delivered, and is recovered by its sequence once the dead-letter stream takes it.
-          yield* Metric.update(stranded, 1)
-          yield* Effect.logError("dead-letter.stranded").pipe(
-            Effect.annotateLogs({
-              consumer: definition.name,
-              source: definition.source.name,
-              sequence: delivery.sequence,
-              deliveryCount: delivery.deliveryCount,
-              recover: `DeadLetter.recover({ stream, consumer, sequence: ${delivery.sequence} }) once the dead-letter stream has room`
-            })
+        const outcome = finish(verdict, confirmed, now() - receivedAt)
+        return sent && command._tag === "Ack" && probe !== undefined
+          ? Effect.andThen(
+            hit({ point: "after-ack", consumer: definition.name, sequence: delivery.sequence, eventId: verdict.message.eventId }),
+            recordOutcome(delivery, outcome)
           )
-        } else if (command._tag === "DeadLetter" && !sent) {
-          // Not terminated, so not lost: ask for a later redelivery, which dead-letters it again.
-          const retryIn = yield* Retry.delayAfter(definition.retry, delivery.deliveryCount)
-          const naked = (yield* execute(delivery, Outcome.Command.Nak({ delay: retryIn }))) === "confirmed"
-          outcome = finish(
-            Outcome.verdict("Released", {
-              message: verdict.message,
-              reason: "DeadLetterFailed",
-              error: ErrorSummary.make("DeadLetterFailed", "the dead-letter publish was not confirmed"),
-              retryIn
-            }),
-            naked,
-            (yield* Clock.currentTimeMillis) - receivedAt
-          )
-        } else if (sent && command._tag === "Ack") {
-          yield* Probe.hit({
-            point: "after-ack",
-            consumer: definition.name,
-            sequence: delivery.sequence,
-            eventId: verdict.message.eventId
-          })
-        }
-        const hadFailures = delivery.deliveryCount > 1 || (outcome._tag === "DeadLettered" && outcome.reason === "AttemptsExhausted")
-        if (attemptStore !== undefined && outcome._tag !== "Released" && outcome.message.eventId !== undefined && hadFailures) {
-          // Bounded growth: a message's failure count goes once it is settled for good (a count
-          // left by a rewound delivery count is purged by age: `PgAttemptStore.purge`).
-          yield* attemptStore.clear({ scope: definition.name, id: outcome.message.eventId }).pipe(Effect.ignore)
-        }
-        yield* Metric.update(counters.get(outcome._tag)!, 1)
-        yield* Metric.update(inFlightGauge, --running)
-        yield* recordKind(outcome)
-        yield* Effect.annotateCurrentSpan(spanAttributes(outcome))
-        yield* logOutcome(outcome)
-        if (reportsProgress) {
-          progress.counts.set(outcome._tag, (progress.counts.get(outcome._tag) ?? 0) + 1)
-          progress.settled++
-          // The last delivery taken left nothing on the broker, and nothing runs: drained.
-          if (running === 0 && progress.pending === 0) {
-            const now = yield* Clock.currentTimeMillis
-            if (now - progress.drainedLineAt >= progressMillis) {
-              progress.drainedLineAt = now
-              yield* Effect.logInfo(`consumer ${definition.name} drained its backlog (${progress.settled} settled)`).pipe(
-                Effect.annotateLogs({ event: "consumer.drained", settled: progress.settled })
-              )
-              progress.settled = 0
-            }
-            progress.pending = undefined
-          }
-        }
-        if (definition.onOutcome !== undefined) {
-          const onOutcome = definition.onOutcome
-          yield* Effect.suspend(() => onOutcome(outcome)).pipe(
-            // Interruptible, so the bound holds even though settlement itself is not.
-            Effect.interruptible,
-            Effect.timeoutOrElse({
-              duration: definition.onOutcomeTimeout,
-              orElse: () => Effect.logWarning(`onOutcome ran longer than ${Duration.format(definition.onOutcomeTimeout)}; cut`)
-            }),
-            Effect.catchCause((cause) => Effect.logWarning("onOutcome failed", ErrorSummary.fromCause(cause)))
-          )
-        }
+          : recordOutcome(delivery, outcome)
       })
+    })
 
-  const recordKind = (outcome: Outcome.Outcome): Effect.Effect<void> => {
+  /** The outcome of a dead letter that was not stored. */
+  const deadLetterFailed = (delivery: Delivery, verdict: Verdict, receivedAt: number): Effect.Effect<Outcome.Outcome> =>
+    Effect.gen(function*() {
+      if (maxDeliver !== undefined && delivery.deliveryCount >= maxDeliver) {
+        // The broker's last delivery: no redelivery can retry the dead letter. The outcome stays
+        // the dead-letter verdict, unconfirmed; the message stays in its stream, no longer
+        // delivered, and is recovered by its sequence once the dead-letter stream takes it.
+        record(stranded, 1)
+        yield* Effect.logError("dead-letter.stranded").pipe(
+          Effect.annotateLogs({
+            consumer: definition.name,
+            source: definition.source.name,
+            sequence: delivery.sequence,
+            deliveryCount: delivery.deliveryCount,
+            recover: `DeadLetter.recover({ stream, consumer, sequence: ${delivery.sequence} }) once the dead-letter stream has room`
+          })
+        )
+        return finish(verdict, false, now() - receivedAt)
+      }
+      // Not terminated, so not lost: ask for a later redelivery, which dead-letters it again.
+      const retryIn = yield* Retry.delayAfter(definition.retry, delivery.deliveryCount)
+      const naked = (yield* execute(delivery, Outcome.Command.Nak({ delay: retryIn }))) === "confirmed"
+      return finish(
+        Outcome.verdict("Released", {
+          message: verdict.message,
+          reason: "DeadLetterFailed",
+          error: ErrorSummary.make("DeadLetterFailed", "the dead-letter publish was not confirmed"),
+          retryIn
+        }),
+        naked,
+        now() - receivedAt
+      )
+    })
+
+  /** Record: the attempt count's cleanup, metrics, span, log line, progress, then `onOutcome`. */
+  const recordOutcome = (delivery: Delivery, outcome: Outcome.Outcome): Effect.Effect<void> => {
+    let effect: Effect.Effect<void> = Effect.annotateCurrentSpan(spanAttributes(outcome))
+    const hadFailures = delivery.deliveryCount > 1 || (outcome._tag === "DeadLettered" && outcome.reason === "AttemptsExhausted")
+    if (attemptStore !== undefined && outcome._tag !== "Released" && outcome.message.eventId !== undefined && hadFailures) {
+      // Bounded growth: a message's failure count goes once it is settled for good (a count
+      // left by a rewound delivery count is purged by age: `PgAttemptStore.purge`).
+      effect = Effect.andThen(attemptStore.clear({ scope: definition.name, id: outcome.message.eventId }).pipe(Effect.ignore), effect)
+    }
+    record(counters.get(outcome._tag)!, 1)
+    record(inFlightGauge, --running)
+    recordKind(outcome)
+    if (env.debugLogs || !isRoutine(outcome)) effect = Effect.andThen(effect, logOutcome(outcome))
+    if (reportsProgress) {
+      progress.counts.set(outcome._tag, (progress.counts.get(outcome._tag) ?? 0) + 1)
+      progress.settled++
+      // The last delivery taken left nothing on the broker, and nothing runs: drained.
+      if (running === 0 && progress.pending === 0) {
+        const at = now()
+        if (at - progress.drainedLineAt >= progressMillis) {
+          progress.drainedLineAt = at
+          effect = Effect.andThen(
+            effect,
+            Effect.logInfo(`consumer ${definition.name} drained its backlog (${progress.settled} settled)`).pipe(
+              Effect.annotateLogs({ event: "consumer.drained", settled: progress.settled })
+            )
+          )
+          progress.settled = 0
+        }
+        progress.pending = undefined
+      }
+    }
+    const onOutcome = definition.onOutcome
+    if (onOutcome === undefined) return effect
+    return Effect.andThen(
+      effect,
+      Effect.suspend(() => onOutcome(outcome)).pipe(
+        // Interruptible, so the bound holds even though settlement itself is not.
+        Effect.interruptible,
+        Effect.timeoutOrElse({ duration: definition.onOutcomeTimeout, orElse: onOutcomeTimedOut }),
+        Effect.catchCause((cause) => Effect.logWarning("onOutcome failed", ErrorSummary.fromCause(cause)))
+      )
+    )
+  }
+  const onOutcomeTimedOut = () => Effect.logWarning(`onOutcome ran longer than ${Duration.format(definition.onOutcomeTimeout)}; cut`)
+
+  const recordKind = (outcome: Outcome.Outcome): void => {
     switch (outcome._tag) {
       case "Released":
-        return outcome.reason === "Retrying" ? Metric.update(retries, 1) : Effect.void
+        if (outcome.reason === "Retrying") record(retries, 1)
+        return
       case "Expired":
-        return Metric.update(keyedMetric(Telemetry.expired, outcome.stage, { stage: outcome.stage }), 1)
+        return record(keyedMetric(Telemetry.expired, outcome.stage, { stage: outcome.stage }), 1)
       case "Rejected":
       case "DeadLettered":
-        return outcome.confirmed
-          ? Metric.update(keyedMetric(Telemetry.deadLettered, outcome.reason, { reason: outcome.reason }), 1)
-          : Effect.void
+        if (outcome.confirmed) record(keyedMetric(Telemetry.deadLettered, outcome.reason, { reason: outcome.reason }), 1)
+        return
       default:
-        return Effect.void
+        return
     }
   }
+
 
   // The batch's safety net, as `judgeSafely` is the single delivery's: a defect while judging an
   // element still ends it in an outcome.
@@ -730,17 +821,17 @@ const makeProcess = <A, E extends Tagged, R>(
   const processBatch = (deliveries: ReadonlyArray<Delivery>, batch: BatchDefinition<A, E, R>): Effect.Effect<void, never, R> =>
     Effect.uninterruptibleMask((restore) =>
       Effect.gen(function*() {
-        const receivedAt = yield* Clock.currentTimeMillis
+        const receivedAt = now()
         running += deliveries.length
         const last = deliveries[deliveries.length - 1]!
         if (last.pending !== undefined) progress.pending = last.pending
-        yield* Metric.update(inFlightGauge, running)
+        record(inFlightGauge, running)
         const fiber = yield* Effect.fiber
         const leases = deliveries.map((delivery) => keeper.register(delivery, receivedAt, fiber))
         const verdicts: Array<Verdict | undefined> = []
         const runnable: Array<{ readonly index: number; readonly prepared: Prepared<A>; readonly reports: Reports }> = []
         for (const [index, delivery] of deliveries.entries()) {
-          if (delivery.deliveryCount > 1) yield* Metric.update(redeliveries, 1)
+          if (delivery.deliveryCount > 1) record(redeliveries, 1)
           const prepared = yield* prepare(delivery).pipe(
             Effect.catchCause((cause) => Effect.map(defectVerdict(messageRef(delivery))(cause), Result.fail))
           )
@@ -753,10 +844,10 @@ const makeProcess = <A, E extends Tagged, R>(
         if (runnable.length > 0) {
           for (const { index, prepared } of runnable) {
             // A probe's defect must not cost the batch its outcomes.
-            yield* Probe.hit({ point: "received", consumer: definition.name, sequence: deliveries[index]!.sequence, eventId: prepared.metadata.id })
+            yield* hit({ point: "received", consumer: definition.name, sequence: deliveries[index]!.sequence, eventId: prepared.metadata.id })
               .pipe(Effect.catchCause((cause) => Effect.logWarning("probe failed", ErrorSummary.fromCause(cause))))
           }
-          const startedAt = yield* Clock.currentTimeMillis
+          const startedAt = now()
           const elements = runnable.map(({ index, prepared, reports }) => ({
             eventId: prepared.metadata.id,
             subject: deliveries[index]!.subject,
@@ -777,7 +868,7 @@ const makeProcess = <A, E extends Tagged, R>(
               Effect.provideService(CurrentBatch, { consumer: definition.name, elements })
             )
           ))
-          yield* Metric.update(handlerDuration, (yield* Clock.currentTimeMillis) - startedAt)
+          record(handlerDuration, now() - startedAt)
           if (Exit.isSuccess(exit) && Array.isArray(exit.value) && exit.value.length === runnable.length) {
             for (const [i, { index, prepared }] of runnable.entries()) {
               const result = exit.value[i]!
@@ -925,7 +1016,14 @@ export const run = <A, E extends Tagged, R>(definition: Definition<A, E, R>): Ef
         : Math.min(definition.maxDeliveries, intake.maxDeliver - 1)
       const ordering = definition.ordering
       const lanes = ordering._tag === "PerKey" ? Lanes.make(ordering.limits) : undefined
-      const processor = makeProcess(definition, intake.lease, keeper, attemptStore, deliveryBound, intake.maxDeliver, slots, lanes)
+      const probe = yield* Probe.Probe
+      const env: RunEnvironment = {
+        context: yield* Effect.context<never>(),
+        clock: yield* Clock.Clock,
+        probe: probe === Probe.noop ? undefined : probe,
+        debugLogs: yield* LogLevel.isEnabled("Debug")
+      }
+      const processor = makeProcess(definition, intake.lease, keeper, attemptStore, deliveryBound, intake.maxDeliver, slots, lanes, env)
       const runFiber = FiberSet.run(inFlight)
       if (Duration.toMillis(definition.progressInterval) > 0) {
         yield* Effect.forkScoped(Effect.forever(Effect.andThen(Effect.sleep(definition.progressInterval), processor.summary)))
@@ -971,7 +1069,10 @@ export const run = <A, E extends Tagged, R>(definition: Definition<A, E, R>): Ef
               }
               if (Exit.isFailure(collected)) return yield* collected
             })
-          )
+          ),
+          // No yield per delivery: the loop waits on the intake and slots anyway, and a yield
+          // is an event-loop turn per message.
+          { disableYield: true }
         )
       }
       if (lanes === undefined) {
@@ -983,7 +1084,10 @@ export const run = <A, E extends Tagged, R>(definition: Definition<A, E, R>): Ef
               const delivery = yield* restore(intake.take).pipe(Effect.onError(() => Semaphore.release(slots, 1)))
               yield* runFiber(processor.one(delivery, undefined).pipe(Effect.ensuring(Semaphore.release(slots, 1))))
             })
-          )
+          ),
+          // No yield per delivery: the loop waits on the intake and slots anyway, and a yield
+          // is an event-loop turn per message.
+          { disableYield: true }
         )
       }
       // Per key: room among the held deliveries first, then a delivery, whose fiber finds its
@@ -1006,7 +1110,10 @@ export const run = <A, E extends Tagged, R>(definition: Definition<A, E, R>): Ef
             ))
             yield* restore(Deferred.await(admission.entered))
           })
-        )
+        ),
+        // No yield per delivery: the loop waits on the intake and slots anyway, and a yield
+        // is an event-loop turn per message.
+        { disableYield: true }
       )
     })
   ).pipe(Effect.annotateLogs({ consumer: definition.name }))

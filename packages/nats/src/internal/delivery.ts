@@ -44,10 +44,10 @@ export const toDelivery = (
   const command = (name: Delivery.SettleCommand, payload: Uint8Array): Effect.Effect<void, Delivery.SettleError> =>
     reply === ""
       ? Effect.fail(new Delivery.SettleError({ command: name, reason: "Refused", message: "message has no reply subject" }))
-      : Effect.tryPromise({
-        try: () => connection.connection.request(reply, payload, { timeout: settleTimeoutMillis }),
-        catch: (error) => settleError(name, NatsError.fromUnknown(`${name} ${msg.info.stream}#${msg.seq}`, error))
-      }).pipe(Effect.asVoid)
+      : connection.request(`${name} ${msg.info.stream}#${msg.seq}`, reply, payload, settleTimeoutMillis).pipe(
+        Effect.mapError((error) => settleError(name, error)),
+        Effect.asVoid
+      )
   const headers = msg.headers
   return {
     subject: msg.subject,
