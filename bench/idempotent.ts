@@ -26,7 +26,9 @@
  * - jetworker per message, one statement: the same, but the handler is
  *   `PgIdempotencyStore.commitStatement`, which sends the dedup row and the effect insert as one
  *   statement (`WITH ... INSERT ... ON CONFLICT DO NOTHING RETURNING 1 ... INSERT ... WHERE EXISTS`):
- *   one round trip to PostgreSQL instead of four.
+ *   one round trip to PostgreSQL instead of four. Not being a transaction, it can share a
+ *   connection: its pool has `concurrency / 4` connections with `multiplex` on, each pipelining
+ *   up to 4 statements in flight into one write.
  *
  * Each side first runs an uncounted warm-up round (1000 messages at most), then the sides alternate
  * round by round (the order rotates). Each side's effect rows, dedup rows, the consumer's pending
@@ -73,6 +75,12 @@ const batchWorkers = Math.max(2, Math.floor(concurrency / 4))
 const batchPrefetch = Math.max(prefetch, batchSize)
 /** Batched baseline: messages held at once (queued or in a transaction). */
 const batchCap = batchWorkers * batchSize
+/**
+ * One statement: pooled connections, each pipelining `concurrency / connections` statements. (One
+ * connection for all would serialize every commit's WAL flush on one backend; several let
+ * PostgreSQL flush them together.)
+ */
+const statementConnections = Math.max(1, Math.floor(concurrency / 4))
 /** Messages of the uncounted warm-up round each side runs first. */
 const warmup = Math.min(1000, total)
 
@@ -360,7 +368,10 @@ const perMessageConsumer = (round: Round, onOutcome: (outcome: Outcome.Outcome) 
  * jetworker per message in one statement: `PgIdempotencyStore.commitStatement` sends the dedup
  * row and the effect insert as one statement (one round trip instead of four).
  */
-const oneStatementConsumer = (round: Round, onOutcome: (outcome: Outcome.Outcome) => Effect.Effect<void>): BenchConsumer =>
+const oneStatementConsumer = (
+  round: Round,
+  onOutcome: (outcome: Outcome.Outcome) => Effect.Effect<void>
+): Consumer.Consumer<typeof Event.Type, IdempotencyStore.IdempotencyError, SqlClient.SqlClient | NatsConnection.NatsConnection> =>
   Consumer.make({
     name: CONSUMER,
     source: JetStreamSource.make({ stream: round.stream, consumer: CONSUMER }),
@@ -372,7 +383,7 @@ const oneStatementConsumer = (round: Round, onOutcome: (outcome: Outcome.Outcome
           (fresh) => sql`INSERT INTO bench_effects (event_id, n) SELECT ${event.id}, ${event.data.n} WHERE ${fresh}`
         )
       ),
-    classify: { SqlError: "isRetryable", IdempotencyError: "isRetryable" },
+    classify: { IdempotencyError: "isRetryable" },
     concurrency,
     prefetch,
     onOutcome
@@ -403,7 +414,16 @@ const batchedConsumer = (round: Round, onOutcome: (outcome: Outcome.Outcome) => 
   })
 
 /** A jetworker side: the consumer `make` builds, run until every message has its outcome. */
-const jetworkerSide = (label: string, make: typeof perMessageConsumer, connections: number) => (round: Round): Promise<Run> => {
+const jetworkerSide = <E extends { readonly _tag: string }>(
+  label: string,
+  make: (round: Round, onOutcome: (outcome: Outcome.Outcome) => Effect.Effect<void>) => Consumer.Consumer<
+    typeof Event.Type,
+    E,
+    SqlClient.SqlClient | IdempotencyStore.IdempotencyStore | NatsConnection.NatsConnection
+  >,
+  connections: number,
+  pool: { readonly multiplex?: boolean; readonly multiplexConcurrency?: number } = {}
+) => (round: Round): Promise<Run> => {
   const program = Effect.gen(function*() {
     const sql = yield* SqlClient.SqlClient
     yield* Effect.forEach(Array.from({ length: connections }), () => sql`SELECT pg_sleep(0.005)`, {
@@ -438,6 +458,7 @@ const jetworkerSide = (label: string, make: typeof perMessageConsumer, connectio
   const DatabaseLive = PgClient.layer({
     url: Redacted.make(databaseUrl),
     maxConnections: connections,
+    ...pool,
     applicationName: "jetworker-bench",
     startupParameters: { search_path: round.schema }
   })
@@ -464,7 +485,7 @@ const allSides: ReadonlyArray<Side> = [
   { key: "baseline", label: "baseline per message (nats.js + pg)", run: baselinePerMessage },
   { key: "baseline-batched", label: "baseline batched (nats.js + pg)", run: baselineBatched },
   { key: "jetworker", label: "jetworker per message", run: jetworkerSide("jetworker per message", perMessageConsumer, concurrency) },
-  { key: "jetworker-statement", label: "jetworker per message, one statement", run: jetworkerSide("jetworker per message, one statement", oneStatementConsumer, concurrency) },
+  { key: "jetworker-statement", label: "jetworker per message, one statement", run: jetworkerSide("jetworker per message, one statement", oneStatementConsumer, statementConnections, { multiplex: true, multiplexConcurrency: Math.ceil(concurrency / statementConnections) }) },
   { key: "jetworker-batched", label: "jetworker batch mode", run: jetworkerSide("jetworker batch mode", batchedConsumer, batchWorkers) }
 ]
 const only = process.env.BENCH_SIDES?.split(",").map((key) => key.trim()).filter((key) => key !== "")

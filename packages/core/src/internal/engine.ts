@@ -12,7 +12,7 @@
  *
  * On interruption it drains. Internal: the public face is `Consumer`.
  */
-import { Cause, Clock, type Context, Data, DateTime, Deferred, Duration, Effect, Exit, FiberSet, LogLevel, Metric, Option, Result, Schedule, Semaphore } from "effect"
+import { Cause, Clock, type Context, Data, DateTime, Deferred, Duration, Effect, Exit, FiberSet, LogLevel, Metric, Option, Result, Schedule } from "effect"
 import { AttemptStore, type AttemptStoreShape } from "../AttemptStore.ts"
 import { type Classification, classify, type Tagged } from "../Classification.ts"
 import { CurrentBatch, CurrentDelivery } from "../CurrentDelivery.ts"
@@ -30,6 +30,7 @@ import type { Source, SourceError } from "../Source.ts"
 import * as Telemetry from "../Telemetry.ts"
 import * as Lanes from "./lanes.ts"
 import * as LeaseKeeper from "./leaseKeeper.ts"
+import * as Slots from "./slots.ts"
 
 /** Why a payload was rejected before the handler ran. */
 export interface Rejection {
@@ -184,7 +185,7 @@ const makeProcess = <A, E extends Tagged, R>(
   attemptStore: AttemptStoreShape | undefined,
   deliveryBound: number,
   maxDeliver: number | undefined,
-  slots: Semaphore.Semaphore,
+  slots: Slots.Slots,
   lanes: Lanes.Lanes | undefined,
   env: RunEnvironment
 ) => {
@@ -380,7 +381,7 @@ const makeProcess = <A, E extends Tagged, R>(
         }))
         Deferred.doneUnsafe(admission.entered, Effect.void)
         yield* restore(lanes!.turn(admission.place!))
-        yield* restore(Semaphore.take(slots, 1))
+        yield* restore(slots.take)
         admission.slot = true
       })
     )
@@ -989,7 +990,8 @@ export const run = <A, E extends Tagged, R>(definition: Definition<A, E, R>): Ef
         attempts: definition.retry.attempts,
         ordering: definition.ordering._tag
       })
-      const slots = yield* Semaphore.make(definition.concurrency)
+      const slots = Slots.make(definition.concurrency)
+      const releaseSlot = Effect.sync(slots.release)
       const inFlight = yield* FiberSet.make<void, never>()
       // Created before the drain finalizer, so it keeps extending leases while handlers drain.
       const keeper = yield* LeaseKeeper.make(intake.lease)
@@ -1059,13 +1061,13 @@ export const run = <A, E extends Tagged, R>(definition: Definition<A, E, R>): Ef
         return yield* Effect.forever(
           Effect.uninterruptibleMask((restore) =>
             Effect.gen(function*() {
-              yield* restore(Semaphore.take(slots, 1))
+              yield* restore(slots.take)
               const deliveries: Array<Delivery> = []
               const collected = yield* Effect.exit(restore(collect(deliveries)))
               if (deliveries.length > 0) {
-                yield* runFiber(processor.many(deliveries, batch).pipe(Effect.ensuring(Semaphore.release(slots, 1))))
+                yield* runFiber(processor.many(deliveries, batch).pipe(Effect.ensuring(releaseSlot)))
               } else {
-                yield* Semaphore.release(slots, 1)
+                slots.release()
               }
               if (Exit.isFailure(collected)) return yield* collected
             })
@@ -1080,9 +1082,9 @@ export const run = <A, E extends Tagged, R>(definition: Definition<A, E, R>): Ef
         return yield* Effect.forever(
           Effect.uninterruptibleMask((restore) =>
             Effect.gen(function*() {
-              yield* restore(Semaphore.take(slots, 1))
-              const delivery = yield* restore(intake.take).pipe(Effect.onError(() => Semaphore.release(slots, 1)))
-              yield* runFiber(processor.one(delivery, undefined).pipe(Effect.ensuring(Semaphore.release(slots, 1))))
+              yield* restore(slots.take)
+              const delivery = yield* restore(intake.take).pipe(Effect.onError(() => releaseSlot))
+              yield* runFiber(processor.one(delivery, undefined).pipe(Effect.ensuring(releaseSlot)))
             })
           ),
           // No yield per delivery: the loop waits on the intake and slots anyway, and a yield
@@ -1105,7 +1107,8 @@ export const run = <A, E extends Tagged, R>(definition: Definition<A, E, R>): Ef
                 Deferred.doneUnsafe(admission.entered, Effect.void)
                 if (admission.place !== undefined) lanes.leave(admission.place)
                 lanes.unhold()
-                return admission.slot ? Semaphore.release(slots, 1) : Effect.void
+                if (admission.slot) slots.release()
+                return Effect.void
               }))
             ))
             yield* restore(Deferred.await(admission.entered))
