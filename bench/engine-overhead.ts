@@ -2,9 +2,10 @@
  * Engine overhead: messages per second through `Consumer.run` with a trivial handler, against a
  * hand-written nats.js pull loop that does the same work (JSON decode, confirmed ack request per
  * message, same concurrency and prefetch), on the same server in the same run. Prints both rates
- * and their ratio. No database: this isolates what the engine adds on top of the broker.
+ * and their ratio. No database: this isolates what the engine adds on top of the broker. The sides
+ * alternate over `rounds` rounds (the order rotates); it prints medians with min and max.
  *
- *   node bench/engine-overhead.ts [messages=5000] [concurrency=16] [prefetch=concurrency]
+ *   node bench/engine-overhead.ts [messages=5000] [concurrency=16] [prefetch=concurrency] [rounds=3]
  */
 import { Consumer, Envelope } from "@jetworker/core"
 import { DeadLetter, JetStreamSource, NatsConnection, Topology } from "@jetworker/nats"
@@ -15,6 +16,7 @@ import { Deferred, Effect, Fiber, Logger, References, Schema } from "effect"
 const total = Number(process.argv[2] ?? 5000)
 const concurrency = Number(process.argv[3] ?? 16)
 const prefetch = Number(process.argv[4] ?? concurrency)
+const rounds = Number(process.argv[5] ?? 3)
 const servers = process.env.NATS_URL ?? "nats://127.0.0.1:4222"
 const Event = Envelope.schema("bench.event", Schema.Struct({ n: Schema.Number }))
 const encoder = new TextEncoder()
@@ -110,9 +112,25 @@ const engine = async (): Promise<number> => {
   return rate
 }
 
-const base = await baseline()
-const eng = await engine()
-console.log(`messages ${total}, concurrency ${concurrency}, prefetch ${prefetch}, confirmed acks`)
-console.log(`hand-written nats.js loop: ${base.toFixed(0)} msg/s`)
-console.log(`jetworker engine:          ${eng.toFixed(0)} msg/s`)
-console.log(`engine / baseline:         ${(eng / base).toFixed(2)}`)
+// Alternating rounds (the order rotates), each side on a fresh stream; medians with min and max.
+const bases: Array<number> = []
+const engines: Array<number> = []
+for (let round = 0; round < rounds; round++) {
+  if (round % 2 === 0) {
+    bases.push(await baseline())
+    engines.push(await engine())
+  } else {
+    engines.push(await engine())
+    bases.push(await baseline())
+  }
+}
+const median = (values: ReadonlyArray<number>) => [...values].sort((a, b) => a - b)[Math.floor(values.length / 2)]!
+const range = (values: ReadonlyArray<number>) => `${Math.min(...values).toFixed(0)}..${Math.max(...values).toFixed(0)}`
+const ratios = engines.map((rate, i) => rate / bases[i]!)
+console.log(`messages ${total}, concurrency ${concurrency}, prefetch ${prefetch}, confirmed acks, ${rounds} rounds`)
+console.log(`hand-written nats.js loop: ${median(bases).toFixed(0)} msg/s (${range(bases)})`)
+console.log(`jetworker engine:          ${median(engines).toFixed(0)} msg/s (${range(engines)})`)
+console.log(
+  `engine / baseline:         ${(median(engines) / median(bases)).toFixed(2)} of medians ` +
+    `(per round ${Math.min(...ratios).toFixed(2)}..${Math.max(...ratios).toFixed(2)})`
+)

@@ -36,7 +36,7 @@
  * mismatch fails the run. Prints median/min/max msg/s per side with this process's CPU time per
  * message and event-loop utilization (the servers share the machine: a saturated loop means the
  * rate is bounded by the consumer's own CPU), the ratios, and writes the table to
- * `bench/results/idempotent.md`.
+ * `bench/results/idempotent.md` and a chart of the rates to `bench/results/idempotent.svg`.
  *
  *   node bench/idempotent.ts [messages=5000] [concurrency=16] [prefetch=concurrency] [batchSize=64] [rounds=3]
  *
@@ -58,6 +58,7 @@ import { randomBytes } from "node:crypto"
 import { mkdir, writeFile } from "node:fs/promises"
 import os from "node:os"
 import pg from "pg"
+import { barChart } from "./chart.ts"
 
 const total = Number(process.argv[2] ?? 5000)
 const concurrency = Number(process.argv[3] ?? 16)
@@ -685,7 +686,15 @@ ${ratios.map((ratio) => `| ${ratio.label} | ${fixed(ratio.ofMedians, 2)} | ${fix
 if (only === undefined && process.env.BENCH_SMOKE === undefined) {
   await mkdir(new URL("results/", import.meta.url), { recursive: true })
   await writeFile(new URL("results/idempotent.md", import.meta.url), markdown)
-  console.log("written bench/results/idempotent.md")
+  await writeFile(
+    new URL("results/idempotent.svg", import.meta.url),
+    barChart(
+      `Idempotent commit path, ${total} messages, concurrency ${concurrency} (median of ${rounds}, min..max)`,
+      "msg/s",
+      summary.map((row) => ({ label: row.side.label, value: row.median, min: row.min, max: row.max }))
+    )
+  )
+  console.log("written bench/results/idempotent.md and bench/results/idempotent.svg")
 } else {
-  console.log("BENCH_SIDES or BENCH_SMOKE is set: bench/results/idempotent.md left as it was")
+  console.log("BENCH_SIDES or BENCH_SMOKE is set: bench/results/idempotent.md and .svg left as they were")
 }

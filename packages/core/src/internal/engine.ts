@@ -3,12 +3,19 @@
  * with per-key ordering, room in the key lanes; for a batch consumer, a slot per batch) and runs
  * each delivery, or batch, in its own fiber through named stages:
  *
- * - `prepare`: decode, metadata, ordering key, expiry, the delivery and attempt bounds;
+ * - `prepare`: decode, metadata, ordering key, expiry, the delivery and attempt bounds (`check`,
+ *   synchronous; the attempt store is read only for a redelivery);
  * - admit (per key only): the key's lane, its turn, then a slot;
- * - run: the handler (`attempt`: in-process retries, timeout, expiry before each run), or the
- *   batch handler once for all its elements (`processBatch`), under the lease keeper;
+ * - run (`runHandler`): the handler (`attempt`: expiry before each run, the timeout, in-process
+ *   retries built only after a transient failure), or the batch handler once for all its
+ *   elements (`processBatch`), under the lease keeper;
  * - `conclude`: the verdict from the run's exit and the store's reports;
- * - `settle`: the broker command (never an ack past the lease), then metrics, log and `onOutcome`.
+ * - `settle`: the broker command (never an ack past the lease), then `recordOutcome`: metrics,
+ *   span, log, progress and `onOutcome`.
+ *
+ * The success path is kept cheap on purpose (the performance notes in docs/performance.md): the
+ * clock, the metrics' context and the probe are read once per run, the stages are `flatMap`s
+ * rather than generators, and nothing waits for an event-loop turn that it does not need.
  *
  * On interruption it drains. Internal: the public face is `Consumer`.
  */
@@ -674,7 +681,8 @@ const makeProcess = <A, E extends Tagged, R>(
     Effect.suspend(() => {
       // Never ack past the local lease deadline (with the keeper's 10% margin): the server may
       // have handed the message to another consumer, and it would accept this ack for both.
-      const verdict = leaseMillis > 0 && acks(judged) && now() >= lease.heldSince + leaseMillis * 0.9
+      const commandStart = now()
+      const verdict = leaseMillis > 0 && acks(judged) && commandStart >= lease.heldSince + leaseMillis * 0.9
         ? withholdAck(judged)
         : judged
       // The time only stamps dead-letter records; skip building a DateTime for the other outcomes.
@@ -682,10 +690,10 @@ const makeProcess = <A, E extends Tagged, R>(
         ? EPOCH
         : DateTime.makeUnsafe(now())
       const command = Outcome.toCommand(verdict, { expiredTo: definition.expiredTo, now: stamp })
-      const commandStart = now()
       return Effect.flatMap(execute(delivery, command), (result) => {
         const sent = result === "confirmed"
-        if (command._tag !== "Leave") record(settleLatency[command._tag], now() - commandStart)
+        const settledAt = now()
+        if (command._tag !== "Leave") record(settleLatency[command._tag], settledAt - commandStart)
         if (command._tag === "DeadLetter" && result === "failed") {
           return Effect.flatMap(deadLetterFailed(delivery, verdict, receivedAt), (outcome) => recordOutcome(delivery, outcome))
         }
@@ -693,7 +701,7 @@ const makeProcess = <A, E extends Tagged, R>(
         // dead letter `stored` but whose term was lost stays dead-lettered for good (a redelivery
         // writes the same dead letter again, stored once), unconfirmed, and nothing is naked.
         const confirmed = sent && !(verdict._tag === "Committed" && verdict.ackWithheld !== undefined)
-        const outcome = finish(verdict, confirmed, now() - receivedAt)
+        const outcome = finish(verdict, confirmed, settledAt - receivedAt)
         return sent && command._tag === "Ack" && probe !== undefined
           ? Effect.andThen(
             hit({ point: "after-ack", consumer: definition.name, sequence: delivery.sequence, eventId: verdict.message.eventId }),
@@ -1079,13 +1087,11 @@ export const run = <A, E extends Tagged, R>(definition: Definition<A, E, R>): Ef
       }
       if (lanes === undefined) {
         // A slot first, then a delivery: at most `concurrency` taken from the source at once.
+        const start = (delivery: Delivery) => runFiber(processor.one(delivery, undefined).pipe(Effect.ensuring(releaseSlot)))
+        const giveBack = () => releaseSlot
         return yield* Effect.forever(
           Effect.uninterruptibleMask((restore) =>
-            Effect.gen(function*() {
-              yield* restore(slots.take)
-              const delivery = yield* restore(intake.take).pipe(Effect.onError(() => releaseSlot))
-              yield* runFiber(processor.one(delivery, undefined).pipe(Effect.ensuring(releaseSlot)))
-            })
+            Effect.andThen(restore(slots.take), Effect.flatMap(restore(intake.take).pipe(Effect.onError(giveBack)), start))
           ),
           // No yield per delivery: the loop waits on the intake and slots anyway, and a yield
           // is an event-loop turn per message.

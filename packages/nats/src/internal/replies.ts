@@ -27,7 +27,8 @@ interface Pending {
   readonly token: string
   readonly operation: string
   readonly deadline: number
-  readonly resume: (effect: Effect.Effect<Msg, NatsError.NatsError>) => void
+  /** Dropped once settled: the entry may wait in its expiry queue until the timer passes it. */
+  resume: ((effect: Effect.Effect<Msg, NatsError.NatsError>) => void) | undefined
   done: boolean
 }
 
@@ -53,7 +54,9 @@ export const make = (connection: Connection): Replies => {
   const settle = (entry: Pending, effect: Effect.Effect<Msg, NatsError.NatsError>) => {
     entry.done = true
     pending.delete(entry.token)
-    entry.resume(effect)
+    const resume = entry.resume
+    entry.resume = undefined
+    resume?.(effect)
   }
 
   const onReply = (error: Error | null, msg: Msg) => {
@@ -119,6 +122,7 @@ export const make = (connection: Connection): Replies => {
       } catch (error) {
         pending.delete(token)
         entry.done = true
+        entry.resume = undefined
         resume(Effect.fail(NatsError.fromUnknown(operation, error)))
         return
       }
@@ -133,6 +137,7 @@ export const make = (connection: Connection): Replies => {
       return Effect.sync(() => {
         if (!entry.done) {
           entry.done = true
+          entry.resume = undefined
           pending.delete(token)
         }
       })

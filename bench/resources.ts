@@ -1,0 +1,385 @@
+/**
+ * Resources and timings, side by side with the hand-written nats.js loop where one applies, in
+ * the same run (no-op handler, `concurrency` handlers, prefetch = concurrency, confirmed acks):
+ *
+ * - peak RSS while consuming a backlog of each size in `backlogs`, each side in a child process
+ *   of its own (`process.resourceUsage().maxRSS` at the end), with the rate it reached;
+ * - latency from publish to confirmed ack (p50, p90, p99, max) at a paced load of half the raw
+ *   loop's capacity (measured above on the first backlog), the same offered load for both sides;
+ * - time from SIGTERM to exit for a jetworker worker under `Worker.runMain` with `concurrency`
+ *   handlers in flight and 1 s of work left in each (the raw loop has no drain to measure); the
+ *   run checks that every one of those messages was acked before the exit.
+ *
+ *   node bench/resources.ts [backlogs=10000,1000000] [concurrency=16]
+ *
+ * Prints the tables and writes them to `bench/results/resources.md`, unless BENCH_SMOKE is set.
+ * NATS_URL (default nats://127.0.0.1:4222) selects the server. Internally the script is also its
+ * own child (`--child <mode> <json>`).
+ */
+import { Consumer, Envelope, type Outcome } from "@jetworker/core"
+import { DeadLetter, JetStreamSource, NatsConnection, Topology } from "@jetworker/nats"
+import { Worker } from "@jetworker/node"
+import { jetstream, jetstreamManager, type JsMsg } from "@nats-io/jetstream"
+import { connect } from "@nats-io/transport-node"
+import { Deferred, Effect, Logger, References, Schema } from "effect"
+import { spawn } from "node:child_process"
+import { mkdir, writeFile } from "node:fs/promises"
+import os from "node:os"
+import { fileURLToPath } from "node:url"
+
+const servers = process.env.NATS_URL ?? "nats://127.0.0.1:4222"
+const Event = Envelope.schema("bench.event", Schema.Struct({ n: Schema.Number, t: Schema.Number }))
+const encoder = new TextEncoder()
+const utf8 = new TextDecoder()
+const ACK = encoder.encode("+ACK")
+/** Wall-clock milliseconds with sub-millisecond precision, comparable across processes. */
+const epochMillis = () => performance.timeOrigin + performance.now()
+
+interface ChildArgs {
+  readonly stream: string
+  readonly consumer: string
+  readonly count: number
+  readonly concurrency: number
+}
+
+interface Drained {
+  readonly rssMiB: number
+  readonly rate: number
+}
+
+interface Latencies {
+  readonly p50: number
+  readonly p90: number
+  readonly p99: number
+  readonly max: number
+}
+
+const percentiles = (values: Array<number>): Latencies => {
+  const sorted = values.sort((a, b) => a - b)
+  const at = (q: number) => sorted[Math.min(sorted.length - 1, Math.floor(q * sorted.length))]!
+  return { p50: at(0.5), p90: at(0.9), p99: at(0.99), max: sorted[sorted.length - 1]! }
+}
+
+const report = (value: unknown) => process.stdout.write(`RESULT ${JSON.stringify(value)}\n`)
+const rssMiB = () => process.resourceUsage().maxRSS / 1024
+
+// ---------------------------------------------------------------------------------------------
+// Children
+
+/** The hand-written loop: consume() with the prefetch, `concurrency` workers, confirmed acks. */
+const rawChild = async (args: ChildArgs, latency: boolean) => {
+  const nc = await connect({ servers, noAsyncTraces: true })
+  const consumer = await jetstream(nc).consumers.get(args.stream, args.consumer)
+  const messages = await consumer.consume({ max_messages: args.concurrency })
+  const latencies: Array<number> = []
+  let started = 0
+  let done = 0
+  let inFlight = 0
+  await new Promise<void>((resolve) => {
+    const waiters: Array<() => void> = []
+    void (async () => {
+      for await (const m of messages) {
+        if (started === 0) started = performance.now()
+        while (inFlight >= args.concurrency) await new Promise<void>((r) => waiters.push(r))
+        inFlight++
+        void (async (msg: JsMsg) => {
+          const event = JSON.parse(utf8.decode(msg.data)) as { readonly data: { readonly t: number } }
+          await nc.request((msg as unknown as { reply: string }).reply, ACK, { timeout: 5000 })
+          // The first message says the loop runs; the paced load comes after it.
+          if (latency && done === 0) report("ready")
+          else if (latency) latencies.push(epochMillis() - event.data.t)
+          inFlight--
+          waiters.shift()?.()
+          if (++done === args.count) resolve()
+        })(m)
+      }
+    })()
+  })
+  const seconds = (performance.now() - started) / 1000
+  messages.stop()
+  await nc.close()
+  report(latency ? percentiles(latencies) : ({ rssMiB: rssMiB(), rate: args.count / seconds } satisfies Drained))
+}
+
+/** jetworker: `Consumer.run` over a `JetStreamSource`, a handler that does nothing. */
+const engineChild = async (args: ChildArgs, latency: boolean) => {
+  const sentAt = new Map<string, number>()
+  const latencies: Array<number> = []
+  const program = Effect.gen(function*() {
+    const allDone = yield* Deferred.make<void>()
+    let done = 0
+    let started = 0
+    const consumer = Consumer.make({
+      name: args.consumer,
+      source: JetStreamSource.make({ stream: args.stream, consumer: args.consumer }),
+      schema: Event,
+      handle: (event) =>
+        Effect.sync(() => {
+          if (started === 0) started = performance.now()
+          if (latency) sentAt.set(event.id, event.data.t)
+        }),
+      classify: {},
+      concurrency: args.concurrency,
+      prefetch: args.concurrency,
+      onOutcome: (outcome: Outcome.Outcome) =>
+        Effect.suspend(() => {
+          // The first message says the consumer runs; the paced load comes after it.
+          if (latency && done === 0) report("ready")
+          else if (latency && outcome.message.eventId !== undefined) {
+            latencies.push(epochMillis() - sentAt.get(outcome.message.eventId)!)
+            sentAt.delete(outcome.message.eventId)
+          }
+          return ++done === args.count ? Deferred.succeed(allDone, undefined) : Effect.void
+        })
+    })
+    yield* Effect.raceFirst(Deferred.await(allDone), Consumer.run(consumer))
+    return args.count / ((performance.now() - started) / 1000)
+  }).pipe(
+    Effect.provide(NatsConnection.layer({ servers })),
+    Effect.provide(Logger.layer([Logger.consolePretty()])),
+    Effect.provideService(References.MinimumLogLevel, "Error")
+  )
+  const rate = await Effect.runPromise(program)
+  report(latency ? percentiles(latencies) : ({ rssMiB: rssMiB(), rate } satisfies Drained))
+}
+
+/** A worker whose handlers each sleep 1 s; says "ready" once `concurrency` of them run. */
+const sigtermChild = (args: ChildArgs) => {
+  let running = 0
+  const consumer = Consumer.make({
+    name: args.consumer,
+    source: JetStreamSource.make({ stream: args.stream, consumer: args.consumer }),
+    schema: Event,
+    handle: () =>
+      Effect.andThen(
+        Effect.sync(() => {
+          if (++running === args.concurrency) report("ready")
+        }),
+        Effect.sleep("1 second")
+      ),
+    classify: {},
+    concurrency: args.concurrency,
+    prefetch: args.concurrency
+  })
+  // Its JSON log lines go to stdout with the results; the parent reads only the results.
+  Worker.runMain(Consumer.run(consumer), { layer: NatsConnection.layer({ servers }), settings: { healthPort: "off" } })
+}
+
+// ---------------------------------------------------------------------------------------------
+// Parent
+
+/** The running children by mode (the SIGTERM measurement signals its child). */
+const children = new Map<string, ReturnType<typeof spawn>>()
+
+const child = (mode: string, args: ChildArgs, onReady?: () => void, timeoutMillis = 600_000) =>
+  new Promise<{ readonly result: unknown; readonly code: number | null; readonly exitedAt: number }>((resolve, reject) => {
+    const proc = spawn(process.execPath, [fileURLToPath(import.meta.url), "--child", mode, JSON.stringify(args)], {
+      stdio: ["ignore", "pipe", "inherit"]
+    })
+    let result: unknown
+    let buffer = ""
+    const timer = setTimeout(() => {
+      proc.kill("SIGKILL")
+      reject(new Error(`${mode}: no result within ${timeoutMillis} ms`))
+    }, timeoutMillis)
+    proc.stdout.on("data", (chunk: Buffer) => {
+      buffer += chunk.toString()
+      let newline: number
+      while ((newline = buffer.indexOf("\n")) >= 0) {
+        const line = buffer.slice(0, newline)
+        buffer = buffer.slice(newline + 1)
+        if (!line.startsWith("RESULT ")) continue
+        const value: unknown = JSON.parse(line.slice(7))
+        if (value === "ready") onReady?.()
+        else result = value
+      }
+    })
+    proc.on("exit", (code) => {
+      clearTimeout(timer)
+      resolve({ result, code, exitedAt: performance.now() })
+    })
+    proc.on("error", reject)
+    children.set(mode, proc)
+  })
+
+const parent = async () => {
+  const backlogs = (process.argv[2] ?? "10000,1000000").split(",").map(Number)
+  const concurrency = Number(process.argv[3] ?? 16)
+  for (const value of [...backlogs, concurrency]) {
+    if (!Number.isSafeInteger(value) || value < 1) throw new Error(`expected positive integers, got ${process.argv.slice(2).join(" ")}`)
+  }
+  const nc = await connect({ servers, noAsyncTraces: true, name: "jetworker-bench-resources" })
+  const js = jetstream(nc)
+  const jsm = await jetstreamManager(nc)
+  const streams: Array<string> = []
+  const makeStream = async (consumers: ReadonlyArray<string>) => {
+    const stream = `BENCH_RES_${Date.now().toString(36)}_${streams.length}`
+    streams.push(stream)
+    await jsm.streams.add({ name: stream, subjects: [`${stream}.>`] })
+    for (const name of consumers) await jsm.consumers.add(stream, Topology.consumerConfig({ stream, name, ackWait: "30 seconds" }))
+    return stream
+  }
+  let sequence = 0
+  const publish = (stream: string) => {
+    const n = sequence++
+    return js.publish(
+      `${stream}.e`,
+      encoder.encode(JSON.stringify({ id: `e${n}`, type: "bench.event", time: new Date().toISOString(), data: { n, t: epochMillis() } }))
+    )
+  }
+  const fill = async (stream: string, count: number) => {
+    const pending: Array<Promise<unknown>> = []
+    for (let i = 0; i < count; i++) {
+      pending.push(publish(stream))
+      if (pending.length >= 1000) await Promise.all(pending.splice(0))
+    }
+    await Promise.all(pending)
+  }
+  const cleanup = async () => {
+    for (const stream of streams) {
+      await jsm.streams.delete(stream).catch(() => false)
+      for (const name of ["raw", "engine", "sigterm"]) {
+        await jsm.streams.delete(DeadLetter.destination(stream, name).stream).catch(() => false)
+      }
+    }
+  }
+
+  try {
+    // Peak RSS per backlog; both sides' consumers on one stream, filled once. The first backlog
+    // measures the capacity for the latency run, which comes before the larger backlogs (whose
+    // stream deletion keeps the server busy for a while).
+    const memory: Array<{ backlog: number; raw: Drained; engine: Drained }> = []
+    const drain = async (backlog: number) => {
+      const stream = await makeStream(["raw", "engine"])
+      const filledAt = performance.now()
+      await fill(stream, backlog)
+      console.log(`backlog ${backlog}: published in ${((performance.now() - filledAt) / 1000).toFixed(1)} s`)
+      const raw = (await child("raw-drain", { stream, consumer: "raw", count: backlog, concurrency })).result as Drained
+      const engine = (await child("engine-drain", { stream, consumer: "engine", count: backlog, concurrency })).result as Drained
+      console.log(
+        `backlog ${backlog}: raw loop ${raw.rssMiB.toFixed(0)} MiB at ${raw.rate.toFixed(0)} msg/s, ` +
+          `jetworker ${engine.rssMiB.toFixed(0)} MiB at ${engine.rate.toFixed(0)} msg/s`
+      )
+      memory.push({ backlog, raw, engine })
+      await jsm.streams.delete(stream)
+    }
+    await drain(backlogs[0]!)
+
+    // Latency at half the raw loop's capacity, the same offered load for both sides.
+    const capacity = memory[0]!.raw.rate
+    const rate = Math.max(100, Math.floor(capacity / 2))
+    const seconds = 5
+    const latency: Record<string, Latencies> = {}
+    for (const side of ["raw", "engine"] as const) {
+      const stream = await makeStream([side])
+      const count = rate * seconds
+      let started: () => void = () => undefined
+      const ready = new Promise<void>((resolve) => (started = resolve))
+      // One message first, whose settlement says the consumer runs; then the paced load.
+      const run = child(`${side}-latency`, { stream, consumer: side, count: count + 1, concurrency }, () => started())
+      await publish(stream)
+      await ready
+      // Paced: a tick every 10 ms publishes what the rate allows up to now.
+      const begin = performance.now()
+      let sent = 0
+      while (sent < count) {
+        const due = Math.min(count, Math.floor(((performance.now() - begin) / 1000) * rate))
+        const batch: Array<Promise<unknown>> = []
+        for (; sent < due; sent++) batch.push(publish(stream))
+        await Promise.all(batch)
+        await new Promise((resolve) => setTimeout(resolve, 10))
+      }
+      latency[side] = (await run).result as Latencies
+      console.log(`latency ${side} at ${rate} msg/s: ${JSON.stringify(latency[side])}`)
+    }
+
+    // SIGTERM to exit with `concurrency` handlers in flight, 1 s of work left in each.
+    const stream = await makeStream(["sigterm"])
+    await fill(stream, concurrency)
+    let signalledAt = 0
+    const proc = child("sigterm", { stream, consumer: "sigterm", count: concurrency, concurrency }, () => {
+      signalledAt = performance.now()
+      children.get("sigterm")!.kill("SIGTERM")
+    }, 60_000)
+    const exited = await proc
+    const shutdownMillis = exited.exitedAt - signalledAt
+    const info = await jsm.consumers.info(stream, "sigterm")
+    const acked = info.ack_floor.stream_seq
+    console.log(`SIGTERM to exit: ${shutdownMillis.toFixed(0)} ms (exit code ${exited.code}, ${acked} of ${concurrency} acked)`)
+    if (signalledAt === 0 || exited.code !== 0 || acked !== concurrency || info.num_ack_pending !== 0) {
+      throw new Error(`the worker did not drain: exit code ${exited.code}, ${acked} acked, ${info.num_ack_pending} pending`)
+    }
+
+    for (const backlog of backlogs.slice(1)) await drain(backlog)
+
+    const fixed = (value: number, digits = 0) => value.toFixed(digits)
+    const table = [
+      "| backlog | raw loop peak RSS (MiB) | jetworker peak RSS (MiB) | jetworker / raw | raw msg/s | jetworker msg/s |",
+      "|---:|---:|---:|---:|---:|---:|",
+      ...memory.map(({ backlog, raw, engine }) =>
+        `| ${backlog} | ${fixed(raw.rssMiB)} | ${fixed(engine.rssMiB)} | ${fixed(engine.rssMiB / raw.rssMiB, 2)} | ${fixed(raw.rate)} | ${fixed(engine.rate)} |`
+      ),
+      "",
+      `Latency, publish to confirmed ack, at ${rate} msg/s for ${seconds} s (half the raw loop's ${fixed(capacity)} msg/s), in ms:`,
+      "",
+      "| side | p50 | p90 | p99 | max |",
+      "|---|---:|---:|---:|---:|",
+      ...(["raw", "engine"] as const).map((side) =>
+        `| ${side === "raw" ? "raw loop" : "jetworker"} | ${fixed(latency[side]!.p50, 1)} | ${fixed(latency[side]!.p90, 1)} | ${fixed(latency[side]!.p99, 1)} | ${fixed(latency[side]!.max, 1)} |`
+      ),
+      "",
+      `SIGTERM to exit with ${concurrency} handlers in flight and 1 s of work left in each: ${fixed(shutdownMillis)} ms ` +
+        `(exit code 0, all ${concurrency} acked).`
+    ].join("\n")
+    const last = memory[memory.length - 1]!
+    const first = memory[0]!
+    const ratios = `jetworker peak RSS / raw loop's at ${last.backlog}: ${fixed(last.engine.rssMiB / last.raw.rssMiB, 2)}; ` +
+      `jetworker at ${last.backlog} / at ${first.backlog}: ${fixed(last.engine.rssMiB / first.engine.rssMiB, 2)}`
+    console.log()
+    console.log(table)
+    console.log()
+    console.log(ratios)
+    if (process.env.BENCH_SMOKE === undefined) {
+      const file = fileURLToPath(new URL("./results/resources.md", import.meta.url))
+      await mkdir(fileURLToPath(new URL("./results/", import.meta.url)), { recursive: true })
+      await writeFile(
+        file,
+        `# Resources and timings: jetworker vs the hand-written nats.js loop\n\n` +
+          `Measured ${new Date().toISOString()} by \`node bench/resources.ts ${backlogs.join(",")} ${concurrency}\` ` +
+          `on Node ${process.version}, ${os.cpus().length} CPUs, ${(os.totalmem() / 2 ** 30).toFixed(0)} GiB; ` +
+          `nats-server on loopback. No-op handler, concurrency ${concurrency}, prefetch ${concurrency}, confirmed acks; ` +
+          `each side in its own process (peak RSS is its \`maxRSS\`).\n\n${table}\n\n${ratios}\n`
+      )
+      console.log(`wrote ${file}`)
+    }
+  } finally {
+    await cleanup()
+    await nc.close()
+  }
+}
+
+if (process.argv[2] === "--child") {
+  const mode = process.argv[3]!
+  const args = JSON.parse(process.argv[4]!) as ChildArgs
+  switch (mode) {
+    case "raw-drain":
+      await rawChild(args, false)
+      break
+    case "raw-latency":
+      await rawChild(args, true)
+      break
+    case "engine-drain":
+      await engineChild(args, false)
+      break
+    case "engine-latency":
+      await engineChild(args, true)
+      break
+    case "sigterm":
+      sigtermChild(args)
+      break
+    default:
+      throw new Error(`unknown child mode ${mode}`)
+  }
+} else {
+  await parent()
+}

@@ -1,0 +1,74 @@
+import { assert, describe, it } from "@effect/vitest"
+import { connect } from "@nats-io/transport-node"
+import { Effect, Fiber } from "effect"
+import * as Replies from "../src/internal/replies.ts"
+
+// The confirmed requests behind every ack, nak, term and extension, against the real server.
+const servers = process.env.NATS_URL ?? "nats://127.0.0.1:4222"
+const encoder = new TextEncoder()
+const decoder = new TextDecoder()
+const subject = () => `replies.test.${Math.random().toString(36).slice(2)}`
+
+const withConnection = <A, E>(f: (connection: Awaited<ReturnType<typeof connect>>) => Effect.Effect<A, E>) =>
+  Effect.acquireUseRelease(
+    Effect.promise(() => connect({ servers, noAsyncTraces: true })),
+    f,
+    (connection) => Effect.promise(() => connection.close().catch(() => undefined))
+  )
+
+describe("Replies (confirmed requests)", () => {
+  it.live("a reply confirms: each request gets its own reply, also when many are in flight", () =>
+    withConnection((connection) =>
+      Effect.gen(function*() {
+        const echo = subject()
+        connection.subscribe(echo, { callback: (_, msg) => msg.respond(msg.data) })
+        yield* Effect.promise(() => connection.flush())
+        const replies = Replies.make(connection)
+        const answers = yield* Effect.forEach(
+          Array.from({ length: 200 }, (_, i) => i),
+          (i) => Effect.map(replies.request("echo", echo, encoder.encode(`${i}`), 5000), (msg) => decoder.decode(msg.data)),
+          { concurrency: "unbounded" }
+        )
+        assert.deepStrictEqual(answers, Array.from({ length: 200 }, (_, i) => `${i}`))
+      })))
+
+  it.live("no responders is NoResponders; no reply within the bound is a Timeout, and later requests still work", () =>
+    withConnection((connection) =>
+      Effect.gen(function*() {
+        const replies = Replies.make(connection)
+        const nobody = yield* Effect.flip(replies.request("ack", subject(), encoder.encode("+ACK"), 2000))
+        assert.strictEqual(nobody.reason, "NoResponders")
+        assert.strictEqual(nobody.operation, "ack")
+        const silent = subject()
+        connection.subscribe(silent, { callback: () => undefined })
+        const echo = subject()
+        connection.subscribe(echo, { callback: (_, msg) => msg.respond(msg.data) })
+        yield* Effect.promise(() => connection.flush())
+        const started = Date.now()
+        const timeout = yield* Effect.flip(replies.request("ack", silent, encoder.encode("+ACK"), 300))
+        const waited = Date.now() - started
+        assert.strictEqual(timeout.reason, "Timeout")
+        assert.isAtLeast(waited, 290)
+        assert.isBelow(waited, 3000)
+        const after = yield* replies.request("echo", echo, encoder.encode("again"), 2000)
+        assert.strictEqual(decoder.decode(after.data), "again")
+      })))
+
+  it.live("closing the connection fails what is pending with ConnectionClosed; an interrupted request drops its reply", () =>
+    withConnection((connection) =>
+      Effect.gen(function*() {
+        const replies = Replies.make(connection)
+        const silent = subject()
+        connection.subscribe(silent, { callback: () => undefined })
+        yield* Effect.promise(() => connection.flush())
+        const interrupted = yield* Effect.forkChild(replies.request("nak", silent, encoder.encode("-NAK"), 60_000))
+        yield* Fiber.interrupt(interrupted)
+        const pending = yield* Effect.forkChild(replies.request("term", silent, encoder.encode("+TERM"), 60_000))
+        yield* Effect.promise(() => connection.close())
+        const error = yield* Effect.flip(Fiber.join(pending)).pipe(Effect.timeout("5 seconds"))
+        assert.strictEqual(error.reason, "ConnectionClosed")
+        assert.strictEqual(error.operation, "term")
+        const closed = yield* Effect.flip(replies.request("ack", silent, encoder.encode("+ACK"), 1000))
+        assert.strictEqual(closed.reason, "ConnectionClosed")
+      })))
+})
