@@ -21,7 +21,9 @@ describe("Replies (confirmed requests)", () => {
     withConnection((connection) =>
       Effect.gen(function*() {
         const echo = subject()
-        connection.subscribe(echo, { callback: (_, msg) => msg.respond(msg.data) })
+        connection.subscribe(echo, { callback: (_, msg) => {
+          msg.respond(msg.data)
+        } })
         yield* Effect.promise(() => connection.flush())
         const replies = Replies.make(connection)
         const answers = yield* Effect.forEach(
@@ -42,7 +44,9 @@ describe("Replies (confirmed requests)", () => {
         const silent = subject()
         connection.subscribe(silent, { callback: () => undefined })
         const echo = subject()
-        connection.subscribe(echo, { callback: (_, msg) => msg.respond(msg.data) })
+        connection.subscribe(echo, { callback: (_, msg) => {
+          msg.respond(msg.data)
+        } })
         yield* Effect.promise(() => connection.flush())
         const started = Date.now()
         const timeout = yield* Effect.flip(replies.request("ack", silent, encoder.encode("+ACK"), 300))
