@@ -253,13 +253,12 @@ const makeProcess = <A, E extends Tagged, R>(
 
   // Every Delivery command is bounded by its implementation (the Delivery contract), so no
   // second timer here: a failure or timeout just means "not confirmed".
-  const confirmed = <X, Y>(effect: Effect.Effect<X, Y>): Effect.Effect<boolean> =>
-    effect.pipe(
-      Effect.as(true),
-      Effect.catchCause((cause) =>
-        Effect.as(Effect.logWarning("broker command failed", ErrorSummary.fromCause(cause)), false)
-      )
-    )
+  const succeededCommand = Effect.succeed("confirmed" as const)
+  const confirmed = <X, Y>(effect: Effect.Effect<X, Y>): Effect.Effect<"confirmed" | "failed"> =>
+    Effect.matchCauseEffect(effect, {
+      onSuccess: () => succeededCommand,
+      onFailure: (cause) => Effect.as(Effect.logWarning("broker command failed", ErrorSummary.fromCause(cause)), "failed" as const)
+    })
 
   /**
    * Sends `command`: `confirmed`, `failed`, or for a dead letter `stored` — written and confirmed,
@@ -269,9 +268,9 @@ const makeProcess = <A, E extends Tagged, R>(
   const execute = (delivery: Delivery, command: Outcome.Command): Effect.Effect<"confirmed" | "stored" | "failed"> => {
     switch (command._tag) {
       case "Ack":
-        return Effect.map(confirmed(delivery.ack), (ok) => (ok ? "confirmed" : "failed"))
+        return confirmed(delivery.ack)
       case "Nak":
-        return Effect.map(confirmed(delivery.nak(command.delay)), (ok) => (ok ? "confirmed" : "failed"))
+        return confirmed(delivery.nak(command.delay))
       case "DeadLetter":
         return delivery.deadLetter(command.record).pipe(
           Effect.as("confirmed" as const),
@@ -434,16 +433,17 @@ const makeProcess = <A, E extends Tagged, R>(
     // Failed attempts so far: the store's count (read only for a redelivery: a first delivery
     // has none, unless NATS rewound its count, and then the failure's own count catches it),
     // or without a store the deliveries before this one.
-    if (attemptStore === undefined || delivery.deliveryCount === 1) {
-      return Effect.succeed(withinAttempts({ ...prepared, failedBefore: attemptStore === undefined ? delivery.deliveryCount - 1 : 0 }))
-    }
+    if (attemptStore === undefined || delivery.deliveryCount === 1) return Effect.succeed(withinAttempts(prepared))
     return attemptStore.failures(prepared.key).pipe(
       orCountDeliveries(delivery.deliveryCount - 1),
       Effect.map((failedBefore) => withinAttempts({ ...prepared, failedBefore }))
     )
   }
 
-  /** The checks of `prepare` that need no I/O; `failedBefore` is filled in by `prepare`. */
+  /**
+   * The checks of `prepare` that need no I/O; `failedBefore` counts the deliveries before this
+   * one (without an attempt store) or is 0, and `prepare` reads it from the store for a redelivery.
+   */
   const check = (delivery: Delivery): Result.Result<Prepared<A>, Verdict> => {
     const decoded = definition.decode(delivery.payload)
     const ref = messageRef(delivery)
@@ -489,7 +489,8 @@ const makeProcess = <A, E extends Tagged, R>(
       }))
     }
     const key = { scope: definition.name, id: metadata.id }
-    return Result.succeed({ event, metadata, message, orderKey: orderKey.success, key, failedBefore: 0 })
+    const failedBefore = attemptStore === undefined ? delivery.deliveryCount - 1 : 0
+    return Result.succeed({ event, metadata, message, orderKey: orderKey.success, key, failedBefore })
   }
 
   /** The last attempt failed but was not dead-lettered (a crash, a failed dead-letter write). */

@@ -61,12 +61,17 @@ export const toDelivery = (
       if (headers === undefined || !headers.has(name)) return undefined
       return headers.get(name)
     },
-    ack: command("Ack", ACK),
+    // Getters: each command's effect is built when it is used (most deliveries send one ack).
+    get ack() {
+      return command("Ack", ACK)
+    },
     nak: (delay) => {
       const millis = Math.max(0, Math.round(Duration.toMillis(delay)))
       return command("Nak", millis === 0 ? NAK : encoder.encode(`-NAK ${JSON.stringify({ delay: nanos(millis) })}`))
     },
-    extend: command("Extend", WPI),
+    get extend() {
+      return command("Extend", WPI)
+    },
     deadLetter: (record: Outcome.DeadLetterRecord) =>
       DeadLetter.publish(destination, msg, record).pipe(
         Effect.provideService(NatsConnection, connection),
