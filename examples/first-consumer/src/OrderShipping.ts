@@ -36,7 +36,7 @@ export const shipping = (options: {
 } = {}) =>
   Consumer.make({
     name: "order-shipping",
-    source: options.source ?? JetStreamSource.make({ stream: "ORDERS", consumer: "order-shipping" }),
+    source: options.source ?? JetStreamSource.make({ stream: "ORDERS" }),
     schema: OrderCreated,
     handle: (order) => IdempotencyStore.commit(order.id, ship(order)),
     classify: { UnknownSku: "permanent", SqlError: "isRetryable", IdempotencyError: "isRetryable" },

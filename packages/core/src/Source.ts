@@ -42,6 +42,8 @@ export interface Intake {
 
 /** What the engine tells a source when it opens it. */
 export interface OpenOptions {
+  /** The name of the consumer opening it (`Consumer.make`'s `name`); a source may default to it. */
+  readonly consumer: string
   /** Bound on reserved deliveries waiting locally. */
   readonly prefetch: number
   /** Deliveries the retry policy plans; the broker's own limit must be above it. */

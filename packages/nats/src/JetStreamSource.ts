@@ -26,8 +26,8 @@ import * as NatsError from "./NatsError.ts"
 export interface Options {
   /** The stream. */
   readonly stream: string
-  /** The durable pull consumer on it. */
-  readonly consumer: string
+  /** The durable pull consumer on it. Default: the name of the consumer that opens the source. */
+  readonly consumer?: string | undefined
   /** Lifetime of one pull request on the server. Default: 30 seconds (nats.js clamps to >= 1 s). */
   readonly pullExpires?: Duration.Input | undefined
   /** Bound on each ack, nak, term or dead-letter publish confirmation. Default: 5 seconds. */
@@ -62,21 +62,22 @@ const sourceError = (error: NatsError.NatsError): Source.SourceError =>
 
 const mismatch = (message: string) => new Source.SourceError({ reason: "ContractMismatch", message })
 
-/** A source reading `options.consumer` on `options.stream`. */
+/** A source reading `options.consumer` (default: the opening consumer's name) on `options.stream`. */
 export const make = (options: Options): Source.Source<NatsConnection> => {
-  const name = `${options.stream}/${options.consumer}`
   const settleTimeoutMillis = Duration.toMillis(Duration.fromInputUnsafe(options.settleTimeout ?? "5 seconds"))
   const expiresMillis = Math.max(1000, Duration.toMillis(Duration.fromInputUnsafe(options.pullExpires ?? "30 seconds")))
-  const destination = DeadLetter.destination(options.stream, options.consumer, options.deadLetter)
   const lagInterval = Duration.fromInputUnsafe(options.lagInterval ?? "10 seconds")
 
   const open = (open: Source.OpenOptions) =>
     Effect.gen(function*() {
+      const durable = options.consumer ?? open.consumer
+      const name = `${options.stream}/${durable}`
+      const destination = DeadLetter.destination(options.stream, durable, options.deadLetter)
       const connection = yield* NatsConnection
       const call = <A>(operation: string, f: () => Promise<A>) =>
         Effect.tryPromise({ try: f, catch: (error) => sourceError(NatsError.fromUnknown(operation, error)) })
 
-      const info = yield* call(`consumer info ${name}`, () => connection.manager.consumers.info(options.stream, options.consumer))
+      const info = yield* call(`consumer info ${name}`, () => connection.manager.consumers.info(options.stream, durable))
       const config = info.config
       if (config.ack_policy !== "explicit") {
         return yield* mismatch(`${name} has ack policy ${config.ack_policy}; jetworker needs explicit acks`)
@@ -104,13 +105,13 @@ export const make = (options: Options): Source.Source<NatsConnection> => {
       const lease = Duration.millis(Math.floor((config.ack_wait ?? 30_000_000_000) / 1_000_000))
 
       // The consumer's lag, polled while the intake is open (a failed read skips one update).
-      const attributes = { consumer: options.consumer, stream: options.stream }
+      const attributes = { consumer: durable, stream: options.stream }
       const lag = Metric.withAttributes(Telemetry.consumerLag, attributes)
       const ackPending = Metric.withAttributes(Telemetry.ackPending, attributes)
       const recordLag = (pending: { readonly num_pending: number; readonly num_ack_pending: number }) =>
         Effect.andThen(Metric.update(lag, pending.num_pending), Metric.update(ackPending, pending.num_ack_pending))
       yield* recordLag(info)
-      yield* call(`consumer info ${name}`, () => connection.manager.consumers.info(options.stream, options.consumer)).pipe(
+      yield* call(`consumer info ${name}`, () => connection.manager.consumers.info(options.stream, durable)).pipe(
         Effect.flatMap(recordLag),
         Effect.ignore,
         Effect.delay(lagInterval),
@@ -125,11 +126,11 @@ export const make = (options: Options): Source.Source<NatsConnection> => {
 
       if (maxDeliver > 0 && options.captureMaxDeliveries !== false) {
         // Captured from now on, whoever listens; stored as dead letters while this intake is open.
-        yield* MaxDeliveries.ensure(options.stream, options.consumer).pipe(
+        yield* MaxDeliveries.ensure(options.stream, durable).pipe(
           Effect.provideService(NatsConnection, connection),
           Effect.mapError(sourceError)
         )
-        yield* MaxDeliveries.recoverCaptured({ stream: options.stream, consumer: options.consumer, deadLetter: options.deadLetter }).pipe(
+        yield* MaxDeliveries.recoverCaptured({ stream: options.stream, consumer: durable, deadLetter: options.deadLetter }).pipe(
           Effect.provideService(NatsConnection, connection),
           Effect.catch((error) => Effect.logWarning(`${name}: MaxDeliver advisories not handled yet: ${error.message}`)),
           Effect.andThen(Effect.sleep(lagInterval)),
@@ -138,7 +139,7 @@ export const make = (options: Options): Source.Source<NatsConnection> => {
         )
       }
 
-      const consumer = yield* call(`consumer ${name}`, () => connection.jetstream.consumers.get(options.stream, options.consumer))
+      const consumer = yield* call(`consumer ${name}`, () => connection.jetstream.consumers.get(options.stream, durable))
 
       // The intake keeps its own count, so that `prefetch` bounds what the server has handed out:
       // what has arrived and waits for `take` (`buffered`) plus what running pulls still ask for
@@ -192,7 +193,7 @@ export const make = (options: Options): Source.Source<NatsConnection> => {
         pauseTimer = setTimeout(() => {
           pauseTimer = undefined
           // Like nats.js after missed heartbeats: pull again only while the consumer exists.
-          connection.manager.consumers.info(options.stream, options.consumer).then(
+          connection.manager.consumers.info(options.stream, durable).then(
             () => {
               pausing = false
               pump()
@@ -318,7 +319,7 @@ export const make = (options: Options): Source.Source<NatsConnection> => {
           // message then waits out its ack wait, or is handed out twice. A round trip for the
           // unsubscribes, then a consumer info, which drops requests whose inbox has no interest.
           yield* bounded(() => connection.connection.flush())
-          yield* bounded(() => connection.manager.consumers.info(options.stream, options.consumer))
+          yield* bounded(() => connection.manager.consumers.info(options.stream, durable))
           const rest = buffered.splice(0)
           yield* Effect.forEach(
             rest,
@@ -333,5 +334,6 @@ export const make = (options: Options): Source.Source<NatsConnection> => {
       return { lease, maxDeliver: maxDeliver > 0 ? maxDeliver : undefined, take, close } satisfies Source.Intake
     })
 
-  return { name, open }
+  // Without a consumer given, the durable is the opening consumer's: named by its stream until then.
+  return { name: options.consumer === undefined ? options.stream : `${options.stream}/${options.consumer}`, open }
 }

@@ -8,6 +8,10 @@
  * whose W3C `traceparent` goes in the message's headers, so the consumer's span continues it.
  * Publishes in flight on a connection are bounded (`NatsConnection`'s `maxPublishesInFlight`).
  *
+ * Without a `stream` in its options, a publish expects the stream that captures its subject, which
+ * it asks the server for once per subject and connection ("no stream captures subject …" when
+ * none does).
+ *
  * A retry is deduplicated only within the stream's duplicate window: {@link republishHorizon}
  * says how long after the first attempt the last retry may go out, and {@link checkHorizon}
  * compares it with a stream's window at start. Outside the window (or with deduplication off) a
@@ -27,8 +31,11 @@ import * as NatsError from "./NatsError.ts"
 export interface PublishOptions {
   /** The stable application id, sent as `Nats-Msg-Id` on every attempt. */
   readonly msgId: string
-  /** The stream that must store it; a PubAck from another stream is an error. */
-  readonly stream: string
+  /**
+   * The stream that must store it; a PubAck from another stream is an error. Default: the stream
+   * whose subjects capture `subject`, asked of the server once per subject and connection.
+   */
+  readonly stream?: string | undefined
   /** Extra headers. */
   readonly headers?: ReadonlyArray<readonly [string, string]> | undefined
   /** Attempts in all, 1 to 100. Default: 5. */
@@ -121,6 +128,36 @@ export const checkHorizon = (
  */
 const forbiddenHeader = (name: string): boolean => name.toLowerCase().includes("nats-msg-id")
 
+/** The stream capturing each subject, per connection: asked of the server once. */
+const streamsBySubject = new WeakMap<object, Map<string, string>>()
+
+/** The stream whose subjects capture `subject`. */
+const streamFor = (subject: string): Effect.Effect<string, NatsError.NatsError, NatsConnection> =>
+  Effect.gen(function*() {
+    const connection = yield* NatsConnection
+    let known = streamsBySubject.get(connection)
+    if (known === undefined) {
+      known = new Map()
+      streamsBySubject.set(connection, known)
+    }
+    const cached = known.get(subject)
+    if (cached !== undefined) return cached
+    const stream = yield* Effect.tryPromise({
+      try: () => connection.manager.streams.find(subject),
+      catch: (error) => {
+        const mapped = NatsError.fromUnknown(`find the stream of ${subject}`, error)
+        // The server answers "no stream matches subject" with an API error (not retryable).
+        return mapped.reason === "ApiError" || mapped.reason === "Unknown" || mapped.reason === "StreamNotFound"
+          ? new NatsError.NatsError({ ...mapped, reason: "StreamNotFound", message: `no stream captures subject ${subject}` })
+          : mapped
+      }
+    })
+    // A bounded cache: subjects are usually few; a flood of distinct ones starts it afresh.
+    if (known.size >= 10_000) known.clear()
+    known.set(subject, stream)
+    return stream
+  })
+
 /** Publishes `payload` to `subject` until the stream confirms it, retrying with the same id. */
 export const publish = (
   subject: string,
@@ -149,6 +186,7 @@ export const publish = (
           `containing "Nats-Msg-Id" would make NATS 2.9 skip deduplication)`
       })
     }
+    const stream = options.stream ?? (yield* streamFor(subject))
     const { jetstream, apiTimeoutMillis, publishPermits } = yield* NatsConnection
     const timeout = options.timeout === undefined
       ? apiTimeoutMillis
@@ -166,7 +204,7 @@ export const publish = (
         return jetstream.publish(subject, payload, {
           msgID: options.msgId,
           headers: h,
-          expect: { streamName: options.stream },
+          expect: { streamName: stream },
           timeout
         })
       },
@@ -176,11 +214,11 @@ export const publish = (
         return mapped.reason === "NoResponders"
           ? new NatsError.NatsError({
             ...mapped,
-            message: `no stream captures subject ${subject} (or JetStream is unreachable); expected stream ${options.stream}`
+            message: `no stream captures subject ${subject} (or JetStream is unreachable); expected stream ${stream}`
           })
           : mapped
       }
-    }).pipe(Effect.flatMap((ack) => checkPubAck(operation, options.stream, ack)))
+    }).pipe(Effect.flatMap((ack) => checkPubAck(operation, stream, ack)))
     return yield* once.pipe(
       Effect.retry({ schedule: retrySchedule(attempts), while: (error) => error.isRetryable }),
       Semaphore.withPermits(publishPermits, 1)
@@ -195,7 +233,7 @@ export const publish = (
         [Telemetry.Attribute.destinationName]: subject,
         [Telemetry.Attribute.messageId]: options.msgId,
         [Telemetry.Attribute.bodySize]: payload.byteLength,
-        [Telemetry.Attribute.stream]: options.stream
+        ...(options.stream === undefined ? {} : { [Telemetry.Attribute.stream]: options.stream })
       }
     })
   )

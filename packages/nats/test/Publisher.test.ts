@@ -33,6 +33,23 @@ describe("Publisher", () => {
         assert.strictEqual(yield* stream.stored, 5)
       }))
 
+    it.effect("without a stream, a publish expects the stream that captures its subject; a subject no stream captures says so", () =>
+      Effect.gen(function*() {
+        const stream = yield* TestStream.make()
+        const first = yield* Publisher.publish(stream.subject("found"), encoder.encode("1"), { msgId: "found-1" })
+        assert.strictEqual(first.stream, stream.stream)
+        assert.isFalse(first.duplicate)
+        // The same id again: the stream found (now from the cache) deduplicates it.
+        const again = yield* Publisher.publish(stream.subject("found"), encoder.encode("1"), { msgId: "found-1" })
+        assert.strictEqual(again.stream, stream.stream)
+        assert.isTrue(again.duplicate)
+        assert.strictEqual(yield* stream.stored, 1)
+        const nowhere = `nowhere.${stream.stream.toLowerCase()}.x`
+        const error = yield* Effect.flip(Publisher.publish(nowhere, encoder.encode("1"), { msgId: "lost-1", attempts: 1 }))
+        assert.strictEqual(error.reason, "StreamNotFound")
+        assert.include(error.message, `no stream captures subject ${nowhere}`)
+      }))
+
     it.effect("an invalid maxPublishesInFlight is refused when the connection is made", () =>
       Effect.gen(function*() {
         const error = yield* Effect.flip(Layer.build(NatsConnection.layer({ servers: natsUrl.href, maxPublishesInFlight: 0 })))

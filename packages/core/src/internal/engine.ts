@@ -995,6 +995,7 @@ export const run = <A, E extends Tagged, R>(definition: Definition<A, E, R>): Ef
       // Readiness counts this consumer as starting until its intake is open.
       const component = yield* lifecycle.component(definition.name, "consumer")
       const intake = yield* definition.source.open({
+        consumer: definition.name,
         prefetch: definition.prefetch,
         attempts: definition.retry.attempts,
         ordering: definition.ordering._tag
