@@ -62,6 +62,24 @@ const sourceError = (error: NatsError.NatsError): Source.SourceError =>
 
 const mismatch = (message: string) => new Source.SourceError({ reason: "ContractMismatch", message })
 
+/** A missing stream or consumer at start-up, with what to do about it. */
+const withNextStep = (error: Source.SourceError, stream: string, consumer: string): Source.SourceError =>
+  error.reason === "StreamNotFound"
+    ? new Source.SourceError({
+      reason: error.reason,
+      message: `${error.message}: stream ${stream} does not exist; declare it before the consumer runs ` +
+        `(Topology.ensureStream({ name: "${stream}", subjects: [...] }), or \`nats stream add ${stream}\`), ` +
+        `or point the source at the right stream`
+    })
+    : error.reason === "ConsumerNotFound"
+    ? new Source.SourceError({
+      reason: error.reason,
+      message: `${error.message}: stream ${stream} has no durable consumer ${consumer}; declare it before the consumer runs ` +
+        `(Topology.ensureConsumer({ stream: "${stream}", name: "${consumer}" }), or \`nats consumer add ${stream} ${consumer} --pull\`), ` +
+        `or give the source the consumer's name (JetStreamSource.make({ stream, consumer }))`
+    })
+    : error
+
 /** A source reading `options.consumer` (default: the opening consumer's name) on `options.stream`. */
 export const make = (options: Options): Source.Source<NatsConnection> => {
   const settleTimeoutMillis = Duration.toMillis(Duration.fromInputUnsafe(options.settleTimeout ?? "5 seconds"))
@@ -77,7 +95,9 @@ export const make = (options: Options): Source.Source<NatsConnection> => {
       const call = <A>(operation: string, f: () => Promise<A>) =>
         Effect.tryPromise({ try: f, catch: (error) => sourceError(NatsError.fromUnknown(operation, error)) })
 
-      const info = yield* call(`consumer info ${name}`, () => connection.manager.consumers.info(options.stream, durable))
+      const info = yield* call(`consumer info ${name}`, () => connection.manager.consumers.info(options.stream, durable)).pipe(
+        Effect.mapError((error) => withNextStep(error, options.stream, durable))
+      )
       const config = info.config
       if (config.ack_policy !== "explicit") {
         return yield* mismatch(`${name} has ack policy ${config.ack_policy}; jetworker needs explicit acks`)

@@ -74,6 +74,31 @@ export class NatsConnection extends Context.Service<NatsConnection, Shape>()("@j
 const millis = (input: Duration.Input | undefined, fallback: number): number =>
   input === undefined ? fallback : Duration.toMillis(Duration.fromInputUnsafe(input))
 
+/** Server URLs for a message: without credentials (`user:password@`), which are never logged. */
+const describeServers = (servers: string | ReadonlyArray<string>): string =>
+  (typeof servers === "string" ? [servers] : servers).map((server) => server.replace(/\/\/[^@/]*@/, "//")).join(", ")
+
+/** A failed first connection, with what to do about it. */
+const connectNextStep = (error: NatsError.NatsError, servers: string | ReadonlyArray<string>): NatsError.NatsError => {
+  const where = describeServers(servers)
+  switch (error.reason) {
+    case "ConnectionRefused":
+    case "Timeout":
+      return new NatsError.NatsError({
+        ...error,
+        message: `${error.message}: could not connect to ${where}; is nats-server running there (with JetStream: ` +
+          `-js)? Set NATS_URL, or the servers option, to where it runs`
+      })
+    case "NotAuthorized":
+      return new NatsError.NatsError({
+        ...error,
+        message: `${error.message}: ${where} refused the credentials; check the token, or the user and password`
+      })
+    default:
+      return error
+  }
+}
+
 /** Connects with `options`; the scope's close drains, then closes, the connection. */
 export const make = (options: Options) =>
   Effect.gen(function*() {
@@ -106,7 +131,9 @@ export const make = (options: Options) =>
             ...(options.password === undefined ? {} : { pass: Redacted.value(options.password) })
           }),
         catch: (error) => NatsError.fromUnknown("connect", error)
-      }), { while: (error) => error.reason === "ConnectionRefused" || error.reason === "Timeout" }),
+      }), { while: (error) => error.reason === "ConnectionRefused" || error.reason === "Timeout" }).pipe(
+        Effect.mapError((error) => connectNextStep(error, options.servers))
+      ),
       (connection) =>
         Effect.gen(function*() {
           // Bounded by `drainTimeout` and, under a worker that is shutting down, by what is left

@@ -19,6 +19,27 @@ const envelope = (id: string, n: number) =>
 
 describe("JetStreamSource", () => {
   layer(NatsLive, { excludeTestServices: true })((it) => {
+    it.effect("a missing stream or consumer at start-up fails with the step that declares it; the durable defaults to the consumer's name", () =>
+      Effect.gen(function*() {
+        const open = (source: ReturnType<typeof JetStreamSource.make>, consumer: string) =>
+          Effect.scoped(source.open({ consumer, prefetch: 1, attempts: 3, ordering: "Unordered" }))
+        const noStream = yield* Effect.flip(open(JetStreamSource.make({ stream: "NO_SUCH_STREAM_JW" }), "shipper"))
+        assert.strictEqual(noStream.reason, "StreamNotFound")
+        assert.include(noStream.message, "stream NO_SUCH_STREAM_JW does not exist")
+        assert.include(noStream.message, `Topology.ensureStream({ name: "NO_SUCH_STREAM_JW"`)
+        const stream = yield* TestStream.make()
+        // No consumer given: the durable is the opening consumer's name, which this stream lacks.
+        const noConsumer = yield* Effect.flip(open(JetStreamSource.make({ stream: stream.stream }), "shipper"))
+        assert.strictEqual(noConsumer.reason, "ConsumerNotFound")
+        assert.include(noConsumer.message, `stream ${stream.stream} has no durable consumer shipper`)
+        assert.include(noConsumer.message, `Topology.ensureConsumer({ stream: "${stream.stream}", name: "shipper" })`)
+        // Named like the stream's consumer, the same source opens.
+        const intake = yield* Effect.scoped(
+          Effect.map(JetStreamSource.make({ stream: stream.stream }).open({ consumer: stream.consumer, prefetch: 1, attempts: 3, ordering: "Unordered" }), (intake) => intake.maxDeliver)
+        )
+        assert.isAbove(intake ?? Number.POSITIVE_INFINITY, 3)
+      }))
+
     it.effect("settles valid, duplicate-free and malformed messages with their outcomes", () =>
       Effect.gen(function*() {
         const stream = yield* TestStream.make()

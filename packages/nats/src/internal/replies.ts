@@ -10,17 +10,12 @@
  */
 import { createInbox, type Msg, type NatsConnection as Connection, type Subscription } from "@nats-io/transport-node"
 import { Effect } from "effect"
+import type { Shape } from "../NatsConnection.ts"
 import * as NatsError from "../NatsError.ts"
 
-/** Confirmed requests on one connection. */
+/** Confirmed requests on one connection: `NatsConnection`'s `request`. */
 export interface Replies {
-  /** Publishes `payload` to `subject` and waits at most `timeoutMillis` for the reply. */
-  readonly request: (
-    operation: string,
-    subject: string,
-    payload: Uint8Array,
-    timeoutMillis: number
-  ) => Effect.Effect<Msg, NatsError.NatsError>
+  readonly request: Shape["request"]
 }
 
 interface Pending {

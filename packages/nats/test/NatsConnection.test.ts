@@ -1,0 +1,16 @@
+import { assert, describe, it } from "@effect/vitest"
+import { NatsConnection } from "@jetworker/nats"
+import { Effect, Layer } from "effect"
+
+describe("NatsConnection", () => {
+  it.live("a first connection that fails says where it tried and what to set, without the credentials in the URL", () =>
+    Effect.gen(function*() {
+      const error = yield* Effect.flip(
+        Layer.build(NatsConnection.layer({ servers: "nats://worker:s3cret@127.0.0.1:1", connectTimeout: "2 seconds" }))
+      ).pipe(Effect.scoped, Effect.timeout("20 seconds"))
+      assert.include(error.message, "could not connect to nats://127.0.0.1:1")
+      assert.include(error.message, "Set NATS_URL")
+      assert.notInclude(error.message, "s3cret")
+      assert.isTrue(error.isRetryable)
+    }))
+})
