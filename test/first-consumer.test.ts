@@ -37,5 +37,18 @@ describe("your first consumer", () => {
         const lines = yield* child.lines
         assert.isTrue(lines.some((line) => line.includes(`"message":"shutdown.completed","result":"success"`)))
       }))
+
+    it.effect("with a database it cannot reach, the first consumer stops with a line that says what to check", () =>
+      Effect.gen(function*() {
+        const child = yield* ChildWorker.spawn({
+          script: program,
+          env: { NATS_URL: natsUrl, DATABASE_URL: "postgres://postgres@127.0.0.1:1/test", HEALTH_PORT: "0", HEALTH_HOST: "127.0.0.1" }
+        })
+        const failed = yield* child.waitForLine((line) => line.includes(`"message":"worker.failed"`), "30 seconds")
+        const entry = JSON.parse(failed) as { readonly nextStep?: string }
+        assert.include(entry.nextStep ?? "", "check DATABASE_URL", failed)
+        const exit = yield* child.waitForExit("30 seconds")
+        assert.notStrictEqual(exit.code, 0)
+      }))
   })
 })
