@@ -12,6 +12,7 @@ import { DeadLetter, JetStreamSource, NatsConnection, Topology } from "@jetworke
 import { jetstream, jetstreamManager } from "@nats-io/jetstream"
 import { connect } from "@nats-io/transport-node"
 import { Deferred, Effect, Fiber, Logger, References, Schema } from "effect"
+import { ackAll } from "./rawLoop.ts"
 
 const total = Number(process.argv[2] ?? 5000)
 const concurrency = Number(process.argv[3] ?? 16)
@@ -44,26 +45,8 @@ const baseline = async (): Promise<number> => {
   const { nc, jsm } = await fill(stream)
   const consumer = await jetstream(nc).consumers.get(stream, "c")
   const messages = await consumer.consume({ max_messages: prefetch })
-  const ack = encoder.encode("+ACK")
   const started = performance.now()
-  let done = 0
-  let inFlight = 0
-  await new Promise<void>((resolve) => {
-    const waiters: Array<() => void> = []
-    void (async () => {
-      for await (const m of messages) {
-        while (inFlight >= concurrency) await new Promise<void>((r) => waiters.push(r))
-        inFlight++
-        void (async () => {
-          JSON.parse(new TextDecoder().decode(m.data))
-          await nc.request((m as unknown as { reply: string }).reply, ack, { timeout: 5000 })
-          inFlight--
-          waiters.shift()?.()
-          if (++done === total) resolve()
-        })()
-      }
-    })()
-  })
+  await ackAll(nc, messages, { count: total, concurrency })
   const seconds = (performance.now() - started) / 1000
   messages.stop()
   await jsm.streams.delete(stream)

@@ -19,19 +19,18 @@
 import { Consumer, Envelope, type Outcome } from "@jetworker/core"
 import { DeadLetter, JetStreamSource, NatsConnection, Topology } from "@jetworker/nats"
 import { Worker } from "@jetworker/node"
-import { jetstream, jetstreamManager, type JsMsg } from "@nats-io/jetstream"
+import { jetstream, jetstreamManager } from "@nats-io/jetstream"
 import { connect } from "@nats-io/transport-node"
 import { Deferred, Effect, Logger, References, Schema } from "effect"
 import { spawn } from "node:child_process"
 import { mkdir, writeFile } from "node:fs/promises"
 import os from "node:os"
 import { fileURLToPath } from "node:url"
+import { ackAll } from "./rawLoop.ts"
 
 const servers = process.env.NATS_URL ?? "nats://127.0.0.1:4222"
 const Event = Envelope.schema("bench.event", Schema.Struct({ n: Schema.Number, t: Schema.Number }))
 const encoder = new TextEncoder()
-const utf8 = new TextDecoder()
-const ACK = encoder.encode("+ACK")
 /** Wall-clock milliseconds with sub-millisecond precision, comparable across processes. */
 const epochMillis = () => performance.timeOrigin + performance.now()
 
@@ -73,27 +72,18 @@ const rawChild = async (args: ChildArgs, latency: boolean) => {
   const messages = await consumer.consume({ max_messages: args.concurrency })
   const latencies: Array<number> = []
   let started = 0
-  let done = 0
-  let inFlight = 0
-  await new Promise<void>((resolve) => {
-    const waiters: Array<() => void> = []
-    void (async () => {
-      for await (const m of messages) {
-        if (started === 0) started = performance.now()
-        while (inFlight >= args.concurrency) await new Promise<void>((r) => waiters.push(r))
-        inFlight++
-        void (async (msg: JsMsg) => {
-          const event = JSON.parse(utf8.decode(msg.data)) as { readonly data: { readonly t: number } }
-          await nc.request((msg as unknown as { reply: string }).reply, ACK, { timeout: 5000 })
-          // The first message says the loop runs; the paced load comes after it.
-          if (latency && done === 0) report("ready")
-          else if (latency) latencies.push(epochMillis() - event.data.t)
-          inFlight--
-          waiters.shift()?.()
-          if (++done === args.count) resolve()
-        })(m)
-      }
-    })()
+  let first = true
+  // The clock starts at the first confirmed ack.
+  await ackAll(nc, messages, {
+    count: args.count,
+    concurrency: args.concurrency,
+    onAcked: (payload) => {
+      if (started === 0) started = performance.now()
+      // The first message says the loop runs; the paced load comes after it.
+      if (latency && first) report("ready")
+      else if (latency) latencies.push(epochMillis() - (payload as { readonly data: { readonly t: number } }).data.t)
+      first = false
+    }
   })
   const seconds = (performance.now() - started) / 1000
   messages.stop()
