@@ -47,6 +47,23 @@ describe("README", () => {
       assert.include(blocks.find((block) => block.includes("node "))!, "node examples/first-consumer/src/main.ts")
     }))
 
+  it.effect("the unit-test snippet is the example's unit test, line for line (but for the elided options)", () =>
+    Effect.sync(() => {
+      const snippet = blocksUnder(read("README.md"), "Testing your consumer").find((block) => block.includes("InMemoryBroker.make"))
+      const source = read("examples/first-consumer/test/OrderShipping.unit.test.ts")
+      for (const line of snippet!.split("\n").map((l) => l.trim()).filter((l) => l !== "")) {
+        if (!line.includes("/*")) {
+          assert.include(source, line)
+          continue
+        }
+        // The one line that folds the consumer's options: each option it shows is in the file.
+        for (const part of ["const consumer = Consumer.make({", `name: "order-shipping",`, "source: broker.source,"]) {
+          assert.include(line, part)
+          assert.include(source, part)
+        }
+      }
+    }))
+
   it.effect("the entry-point snippet is the reference worker's main.ts, line for line", () =>
     Effect.sync(() => {
       const entry = blocksUnder(read("README.md"), "What a consumer looks like").find((block) => block.includes("Worker.runMain"))
