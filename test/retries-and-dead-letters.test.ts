@@ -430,6 +430,8 @@ describe("retries and dead letters", () => {
           if (error._tag === "SourceError") {
             assert.strictEqual(error.reason, "ContractMismatch")
             assert.include(error.message, "max_deliver 3")
+            // And what to do about it.
+            assert.include(error.message, "raise it to at least 4")
           }
           // Nothing was delivered or dead-lettered.
           const info = yield* tooFew.info

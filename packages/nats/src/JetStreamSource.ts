@@ -100,17 +100,25 @@ export const make = (options: Options): Source.Source<NatsConnection> => {
       )
       const config = info.config
       if (config.ack_policy !== "explicit") {
-        return yield* mismatch(`${name} has ack policy ${config.ack_policy}; jetworker needs explicit acks`)
+        return yield* mismatch(
+          `${name} has ack policy ${config.ack_policy}; jetworker needs explicit acks: an ack policy cannot change in ` +
+            `place, so delete the consumer and declare it again (Topology.ensureConsumer, or \`nats consumer add ` +
+            `--ack explicit --pull\`)`
+        )
       }
       const maxDeliver = config.max_deliver ?? -1
       if (maxDeliver !== -1 && maxDeliver <= open.attempts) {
         return yield* mismatch(
           `${name} has max_deliver ${maxDeliver}; it must exceed the retry policy's ${open.attempts} attempts ` +
-            `so that the last attempt can dead-letter the message itself`
+            `so that the last attempt can dead-letter the message itself: raise it to at least ${open.attempts + 1} ` +
+            `(Topology.ensureConsumer({ maxDeliver }), or \`nats consumer edit --max-deliver\`), or lower the attempts`
         )
       }
       if (config.backoff !== undefined && config.backoff.length > 0) {
-        yield* Effect.logWarning(`${name} has a server backoff; on NATS 2.9 it distorts the engine's nak delays`)
+        yield* Effect.logWarning(
+          `${name} has a server backoff; on NATS 2.9 it distorts the engine's nak delays: remove it from the consumer ` +
+            `(the retry policy sets the delays)`
+        )
       }
       if (open.ordering === "Sequential" && config.max_ack_pending !== 1) {
         return yield* mismatch(
@@ -120,7 +128,10 @@ export const make = (options: Options): Source.Source<NatsConnection> => {
         )
       }
       if (config.max_ack_pending !== undefined && config.max_ack_pending > 0 && config.max_ack_pending < open.prefetch) {
-        yield* Effect.logWarning(`${name} has max_ack_pending ${config.max_ack_pending} below prefetch ${open.prefetch}`)
+        yield* Effect.logWarning(
+          `${name} has max_ack_pending ${config.max_ack_pending} below prefetch ${open.prefetch}: the server hands out ` +
+            `at most ${config.max_ack_pending} at once; raise max_ack_pending or lower prefetch`
+        )
       }
       const lease = Duration.millis(Math.floor((config.ack_wait ?? 30_000_000_000) / 1_000_000))
 

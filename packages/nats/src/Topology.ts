@@ -136,7 +136,11 @@ export const ensureStream = (options: StreamOptions): Effect.Effect<StreamInfo, 
     if (existing === undefined) return yield* call(operation, () => manager.streams.add(wanted))
     const live = existing.config
     if (live.storage !== wanted.storage) {
-      return yield* invalid(operation, `stream exists with storage ${live.storage}; it cannot change in place`)
+      return yield* invalid(
+        operation,
+        `stream exists with storage ${live.storage}; it cannot change in place: declare storage ` +
+          `"${live.storage}" (keep the stream), or create a new stream with the other storage and move the consumers to it`
+      )
     }
     const subjects = wantedSubjects(options, live.subjects)
     const same = JSON.stringify([...live.subjects].sort()) === JSON.stringify([...subjects].sort()) &&
@@ -174,7 +178,12 @@ export const ensureConsumer = (
     if (existing === undefined) return yield* call(operation, () => manager.consumers.add(options.stream, wanted))
     const live = existing.config
     if (live.ack_policy !== AckPolicy.Explicit) {
-      return yield* invalid(operation, `consumer exists with ack policy ${live.ack_policy}; it cannot change in place`)
+      return yield* invalid(
+        operation,
+        `consumer exists with ack policy ${live.ack_policy}; it cannot change in place and jetworker needs explicit acks: ` +
+          `delete it (\`nats consumer rm ${options.stream} ${options.name}\`; its delivery state goes with it) and let ` +
+          `ensureConsumer create it again`
+      )
     }
     const same = live.ack_wait === wanted.ack_wait && (live.max_deliver ?? -1) === wanted.max_deliver &&
       live.max_ack_pending === wanted.max_ack_pending && (live.filter_subject ?? undefined) === wanted.filter_subject
