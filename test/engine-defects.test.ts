@@ -33,6 +33,8 @@ describe("engine: user code that throws", () => {
           metadata: (event) => {
             if (event.n === 1) throw new Error("metadata exploded")
             if (event.n === 2) return { id: "", time: DateTime.makeUnsafe(0) }
+            // No `time`: reading it throws inside the engine's checks, a defect the safety net catches.
+            if (event.n === 4) return { id: event.id } as unknown as ReturnType<typeof metadataOf>
             return metadataOf(event)
           },
           handle: () => Effect.void,
@@ -40,18 +42,20 @@ describe("engine: user code that throws", () => {
         })))
         yield* stream.publish("a", job("throws", 1), "throws")
         yield* stream.publish("a", job("noid", 2), "noid")
+        yield* stream.publish("a", job("notime", 4), "notime")
         yield* stream.publish("a", job("fine", 3), "fine")
-        const outcomes = yield* log.waitUntil((all) => all.length >= 3, "10 seconds", "three outcomes")
+        const outcomes = yield* log.waitUntil((all) => all.length >= 4, "10 seconds", "four outcomes")
         yield* Fiber.interrupt(fiber)
         const bySequence = [...outcomes].sort((x, y) => x.message.sequence - y.message.sequence)
-        assert.deepStrictEqual(bySequence.map((o) => o._tag), ["Rejected", "Rejected", "Committed"])
-        const [threw, noId] = bySequence
+        assert.deepStrictEqual(bySequence.map((o) => o._tag), ["Rejected", "Rejected", "DeadLettered", "Committed"])
+        const [threw, noId, noTime] = bySequence
+        assert.strictEqual(noTime!._tag === "DeadLettered" && noTime!.reason, "Defect")
         assert.strictEqual(threw!._tag === "Rejected" && threw!.reason, "MetadataInvalid")
         assert.match(threw!._tag === "Rejected" ? threw!.error.message : "", /metadata exploded/)
         assert.strictEqual(noId!._tag === "Rejected" && noId!.reason, "MetadataInvalid")
         assert.isTrue(bySequence.every((o) => o.confirmed))
         const dead = yield* DeadLetter.list(stream.deadLetterStream)
-        assert.deepStrictEqual(dead.map((d) => [d.sourceSequence, d.reason]), [[1, "MetadataInvalid"], [2, "MetadataInvalid"]])
+        assert.deepStrictEqual(dead.map((d) => [d.sourceSequence, d.reason]), [[1, "MetadataInvalid"], [2, "MetadataInvalid"], [3, "Defect"]])
         // Settled once each: nothing is left for redelivery.
         const info = yield* stream.info
         assert.strictEqual(info.num_ack_pending, 0)

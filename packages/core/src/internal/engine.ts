@@ -426,19 +426,22 @@ const makeProcess = <A, E extends Tagged, R>(
    * ends here (rejected, expired, out of deliveries or attempts); succeeds with what the run needs.
    * Synchronous but for a redelivery's count of failed attempts, read from the attempt store.
    */
-  const prepare = (delivery: Delivery): Effect.Effect<Result.Result<Prepared<A>, Verdict>, never, R> => {
-    const checked = check(delivery)
-    if (Result.isFailure(checked)) return Effect.succeed(checked)
-    const prepared = checked.success
-    // Failed attempts so far: the store's count (read only for a redelivery: a first delivery
-    // has none, unless NATS rewound its count, and then the failure's own count catches it),
-    // or without a store the deliveries before this one.
-    if (attemptStore === undefined || delivery.deliveryCount === 1) return Effect.succeed(withinAttempts(prepared))
-    return attemptStore.failures(prepared.key).pipe(
-      orCountDeliveries(delivery.deliveryCount - 1),
-      Effect.map((failedBefore) => withinAttempts({ ...prepared, failedBefore }))
-    )
-  }
+  // Suspended: whatever user code throws in `check` (a metadata function returning the wrong
+  // shape) is a defect of this effect, which the safety nets turn into a dead letter.
+  const prepare = (delivery: Delivery): Effect.Effect<Result.Result<Prepared<A>, Verdict>, never, R> =>
+    Effect.suspend(() => {
+      const checked = check(delivery)
+      if (Result.isFailure(checked)) return Effect.succeed(checked)
+      const prepared = checked.success
+      // Failed attempts so far: the store's count (read only for a redelivery: a first delivery
+      // has none, unless NATS rewound its count, and then the failure's own count catches it),
+      // or without a store the deliveries before this one.
+      if (attemptStore === undefined || delivery.deliveryCount === 1) return Effect.succeed(withinAttempts(prepared))
+      return attemptStore.failures(prepared.key).pipe(
+        orCountDeliveries(delivery.deliveryCount - 1),
+        Effect.map((failedBefore) => withinAttempts({ ...prepared, failedBefore }))
+      )
+    })
 
   /**
    * The checks of `prepare` that need no I/O; `failedBefore` counts the deliveries before this
