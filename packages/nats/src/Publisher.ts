@@ -219,9 +219,12 @@ export const publish = (
           : mapped
       }
     }).pipe(Effect.flatMap((ack) => checkPubAck(operation, stream, ack)))
+    const connection = yield* NatsConnection
     return yield* once.pipe(
       Effect.retry({ schedule: retrySchedule(attempts), while: (error) => error.isRetryable }),
-      Semaphore.withPermits(publishPermits, 1)
+      Semaphore.withPermits(publishPermits, 1),
+      // A stream found for the subject may have been replaced since: ask again next time.
+      Effect.tapError(() => Effect.sync(() => options.stream === undefined && streamsBySubject.get(connection)?.delete(subject)))
     )
   }).pipe(
     Effect.withSpan(Telemetry.sendSpanName(subject), {

@@ -50,6 +50,24 @@ describe("Publisher", () => {
         assert.include(error.message, `no stream captures subject ${nowhere}`)
       }))
 
+    it.effect("a stream found for a subject and since replaced: the publish that finds it gone fails, the next asks again and succeeds", () =>
+      Effect.gen(function*() {
+        const { manager } = yield* NatsConnection.NatsConnection
+        const tag = Math.random().toString(36).slice(2, 10)
+        const subjects = [`moved.${tag}.>`]
+        const subject = `moved.${tag}.x`
+        const [first, second] = [`MOVED_A_${tag}`.toUpperCase(), `MOVED_B_${tag}`.toUpperCase()]
+        const remove = (name: string) => Effect.promise(() => manager.streams.delete(name).catch(() => false))
+        yield* Effect.addFinalizer(() => Effect.andThen(remove(first), remove(second)))
+        yield* Effect.promise(() => manager.streams.add({ name: first, subjects }))
+        assert.strictEqual((yield* Publisher.publish(subject, encoder.encode("1"), { msgId: "moved-1" })).stream, first)
+        yield* remove(first)
+        yield* Effect.promise(() => manager.streams.add({ name: second, subjects }))
+        // The cached stream is gone: this publish expects it and fails (not stored in the other).
+        yield* Effect.flip(Publisher.publish(subject, encoder.encode("2"), { msgId: "moved-2", attempts: 1 }))
+        assert.strictEqual((yield* Publisher.publish(subject, encoder.encode("3"), { msgId: "moved-3" })).stream, second)
+      }).pipe(Effect.scoped))
+
     it.effect("an invalid maxPublishesInFlight is refused when the connection is made", () =>
       Effect.gen(function*() {
         const error = yield* Effect.flip(Layer.build(NatsConnection.layer({ servers: natsUrl.href, maxPublishesInFlight: 0 })))
