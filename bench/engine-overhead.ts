@@ -12,7 +12,7 @@ import { DeadLetter, JetStreamSource, NatsConnection, Topology } from "@jetworke
 import { jetstream, jetstreamManager } from "@nats-io/jetstream"
 import { connect } from "@nats-io/transport-node"
 import { Deferred, Effect, Fiber, Logger, References, Schema } from "effect"
-import { ackAll } from "./rawLoop.ts"
+import { ackAll, publishAll } from "./rawLoop.ts"
 
 const total = Number(process.argv[2] ?? 5000)
 const concurrency = Number(process.argv[3] ?? 16)
@@ -30,12 +30,8 @@ const fill = async (stream: string) => {
   await jsm.streams.add({ name: stream, subjects: [`${stream}.>`] })
   await jsm.consumers.add(stream, { durable_name: "c", ack_policy: "explicit" as never, ack_wait: 30_000_000_000 })
   const time = new Date().toISOString()
-  const pending: Array<Promise<unknown>> = []
-  for (let n = 0; n < total; n++) {
-    pending.push(js.publish(`${stream}.e`, encoder.encode(JSON.stringify({ id: `e${n}`, type: "bench.event", time, data: { n } }))))
-    if (pending.length >= 500) await Promise.all(pending.splice(0))
-  }
-  await Promise.all(pending)
+  await publishAll(total, (n) =>
+    js.publish(`${stream}.e`, encoder.encode(JSON.stringify({ id: `e${n}`, type: "bench.event", time, data: { n } }))))
   return { nc, jsm }
 }
 

@@ -59,6 +59,7 @@ import { mkdir, writeFile } from "node:fs/promises"
 import os from "node:os"
 import pg from "pg"
 import { barChart } from "./chart.ts"
+import { publishAll } from "./rawLoop.ts"
 
 const total = Number(process.argv[2] ?? 5000)
 const concurrency = Number(process.argv[3] ?? 16)
@@ -506,13 +507,8 @@ const fill = async (stream: string, messages: number) => {
   await jsm.streams.add({ name: stream, subjects: [`${stream}.>`] })
   await jsm.consumers.add(stream, Topology.consumerConfig({ stream, name: CONSUMER, ackWait: "30 seconds" }))
   const time = new Date().toISOString()
-  const pending: Array<Promise<unknown>> = []
-  for (let n = 0; n < messages; n++) {
-    const event = { id: `e${n}`, type: "bench.event", time, data: { n } }
-    pending.push(js.publish(`${stream}.e`, encoder.encode(JSON.stringify(event))))
-    if (pending.length >= 500) await Promise.all(pending.splice(0))
-  }
-  await Promise.all(pending)
+  await publishAll(messages, (n) =>
+    js.publish(`${stream}.e`, encoder.encode(JSON.stringify({ id: `e${n}`, type: "bench.event", time, data: { n } }))))
 }
 
 /** Exactly once: one effect row and one dedup row per message, nothing left pending on the consumer. */

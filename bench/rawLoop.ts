@@ -1,7 +1,8 @@
 /**
- * The loop a user would write by hand with nats.js, shared by the benchmarks: `consume()` with
- * `prefetch` messages, `concurrency` messages in flight, each JSON-decoded and acked with a request
- * the server confirms. It resolves once `count` messages are acked.
+ * The hand-written nats.js side shared by the benchmarks: filling a stream with confirmed
+ * publishes, and the loop a user would write to consume it (`consume()` with `prefetch` messages,
+ * `concurrency` messages in flight, each JSON-decoded and acked with a request the server
+ * confirms).
  */
 import type { ConsumerMessages, JsMsg } from "@nats-io/jetstream"
 import type { NatsConnection } from "@nats-io/transport-node"
@@ -35,3 +36,13 @@ export const ackAll = (
       }
     })().catch(reject)
   })
+
+/** Runs `publish(n)` for n from 0 to `count` - 1, with at most `window` PubAcks awaited at once. */
+export const publishAll = async (count: number, publish: (n: number) => Promise<unknown>, window = 500): Promise<void> => {
+  const pending: Array<Promise<unknown>> = []
+  for (let n = 0; n < count; n++) {
+    pending.push(publish(n))
+    if (pending.length >= window) await Promise.all(pending.splice(0))
+  }
+  await Promise.all(pending)
+}

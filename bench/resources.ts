@@ -26,7 +26,7 @@ import { spawn } from "node:child_process"
 import { mkdir, writeFile } from "node:fs/promises"
 import os from "node:os"
 import { fileURLToPath } from "node:url"
-import { ackAll } from "./rawLoop.ts"
+import { ackAll, publishAll } from "./rawLoop.ts"
 
 const servers = process.env.NATS_URL ?? "nats://127.0.0.1:4222"
 const Event = Envelope.schema("bench.event", Schema.Struct({ n: Schema.Number, t: Schema.Number }))
@@ -217,14 +217,7 @@ const parent = async () => {
       encoder.encode(JSON.stringify({ id: `e${n}`, type: "bench.event", time: new Date().toISOString(), data: { n, t: epochMillis() } }))
     )
   }
-  const fill = async (stream: string, count: number) => {
-    const pending: Array<Promise<unknown>> = []
-    for (let i = 0; i < count; i++) {
-      pending.push(publish(stream))
-      if (pending.length >= 1000) await Promise.all(pending.splice(0))
-    }
-    await Promise.all(pending)
-  }
+  const fill = (stream: string, count: number) => publishAll(count, () => publish(stream), 1000)
   const cleanup = async () => {
     for (const stream of streams) {
       await jsm.streams.delete(stream).catch(() => false)

@@ -92,8 +92,7 @@ export const make = (options: Options): Source.Source<NatsConnection> => {
       const name = `${options.stream}/${durable}`
       const destination = DeadLetter.destination(options.stream, durable, options.deadLetter)
       const connection = yield* NatsConnection
-      const call = <A>(operation: string, f: () => Promise<A>) =>
-        Effect.tryPromise({ try: f, catch: (error) => sourceError(NatsError.fromUnknown(operation, error)) })
+      const call = <A>(operation: string, f: () => Promise<A>) => Effect.mapError(NatsError.tryPromise(operation, f), sourceError)
 
       const info = yield* call(`consumer info ${name}`, () => connection.manager.consumers.info(options.stream, durable)).pipe(
         Effect.mapError((error) => withNextStep(error, options.stream, durable))

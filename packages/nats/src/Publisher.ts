@@ -142,16 +142,14 @@ const streamFor = (subject: string): Effect.Effect<string, NatsError.NatsError, 
     }
     const cached = known.get(subject)
     if (cached !== undefined) return cached
-    const stream = yield* Effect.tryPromise({
-      try: () => connection.manager.streams.find(subject),
-      catch: (error) => {
-        const mapped = NatsError.fromUnknown(`find the stream of ${subject}`, error)
-        // The server answers "no stream matches subject" with an API error (not retryable).
-        return mapped.reason === "ApiError" || mapped.reason === "Unknown" || mapped.reason === "StreamNotFound"
-          ? new NatsError.NatsError({ ...mapped, reason: "StreamNotFound", message: `no stream captures subject ${subject}` })
-          : mapped
-      }
-    })
+    const stream = yield* NatsError.tryPromise(`find the stream of ${subject}`, () => connection.manager.streams.find(subject)).pipe(
+      // The server answers "no stream matches subject" with an API error (not retryable).
+      Effect.mapError((error) =>
+        error.reason === "ApiError" || error.reason === "Unknown" || error.reason === "StreamNotFound"
+          ? new NatsError.NatsError({ ...error, reason: "StreamNotFound", message: `no stream captures subject ${subject}` })
+          : error
+      )
+    )
     // A bounded cache: subjects are usually few; a flood of distinct ones starts it afresh.
     if (known.size >= 10_000) known.clear()
     known.set(subject, stream)
