@@ -31,8 +31,9 @@
  * @since 0.2.0
  */
 import { ErrorSummary, Lifecycle } from "@jetworker/core"
-import { Cause, Clock, Config, Context, Data, Deferred, Duration, Effect, Exit, Fiber, Layer, Option, Result, Scope } from "effect"
+import { Cause, Clock, Config, Context, Data, Deferred, Duration, Effect, Exit, Fiber, Layer, Result, Scope } from "effect"
 import * as HealthServer from "./HealthServer.ts"
+import { nextStep } from "./internal/nextStep.ts"
 import * as JsonLogger from "./JsonLogger.ts"
 
 /** A stop signal the worker handles. */
@@ -118,28 +119,6 @@ const signalIgnored = (signal: Signal) =>
       Effect.provide(JsonLogger.layer)
     )
   )
-
-/**
- * What to do about a failure the worker stopped on, for the common ones whose own message does
- * not say (a database that cannot be reached, refused credentials). Read from the error's tag and
- * reason, never its text; other failures carry their own (see the NATS and source errors).
- */
-const nextStep = (cause: Cause.Cause<unknown>): string | undefined => {
-  const found = Cause.findErrorOption(cause)
-  if (Option.isNone(found) || typeof found.value !== "object" || found.value === null) return undefined
-  const error = found.value as { readonly _tag?: unknown; readonly reason?: { readonly _tag?: unknown } }
-  if (error._tag !== "SqlError") return undefined
-  switch (error.reason?._tag) {
-    case "ConnectionError":
-      return "the database cannot be reached: check DATABASE_URL (host, port, database) and that the server runs"
-    case "AuthenticationError":
-      return "the database refused the credentials: check the user and password in DATABASE_URL"
-    case "AuthorizationError":
-      return "the database user lacks a privilege the worker needs (see the error): grant it, or run the migrations as the owner"
-    default:
-      return undefined
-  }
-}
 
 /** Flushes stdout (the JSON log channel): resolves once what was written has been handed to the OS. */
 const flushStdout = Effect.callback<void>((resume) => {

@@ -2,9 +2,9 @@
 /**
  * A command that applies `@jetworker/sql-pg`'s migrations to the database at `DATABASE_URL`
  * (default `postgres://postgres@127.0.0.1:5432/test`) and prints the ones it applied; with
- * `--sql` it prints their SQL instead, for `psql`, without connecting. Exit code 0 on success,
- * 1 with a one-line reason on stderr on failure, 130 when interrupted (SIGINT/SIGTERM roll back
- * the open migration transaction), 2 on a usage error.
+ * `--sql` it prints their SQL instead, for `psql`, without connecting. Exit code 0 on success;
+ * 1 on failure, with a one-line reason and a one-line next step on stderr; 130 when interrupted
+ * (SIGINT/SIGTERM roll back the open migration transaction); 2 on a usage error.
  *
  * It deliberately does not print the URL (it is read as a `Redacted`), take flags for connection
  * settings (everything is in the URL, e.g. `?options=-csearch_path%3Dmy_schema`), or roll back
@@ -56,6 +56,33 @@ const describe = (error: Migrator.MigrationError | SqlError | Config.ConfigError
   }
 }
 
+const sqlNextStep = (error: SqlError): string | undefined => {
+  switch (error.reason._tag) {
+    case "ConnectionError":
+      return "check DATABASE_URL (host, port, database) and that the server runs"
+    case "AuthenticationError":
+      return "check the user and password in DATABASE_URL"
+    case "AuthorizationError":
+      return "run this command as a user that may create tables in the schema (its owner), or hand the output of --sql to one"
+    default:
+      return undefined
+  }
+}
+
+/** What to do next, where the reason alone does not say. */
+const nextStep = (error: Migrator.MigrationError | SqlError | Config.ConfigError): string => {
+  switch (error._tag) {
+    case "SqlError":
+      return sqlNextStep(error) ?? "fix the database error above and run the command again"
+    case "MigrationError":
+      // The migrator applies every pending migration in one transaction: a failed run applied none.
+      return (isSqlError(error.cause) ? sqlNextStep(error.cause) : undefined) ??
+        `nothing was applied; fix the cause above and run again (a table named like one in --sql that already exists with other columns must be renamed first)`
+    case "ConfigError":
+      return "set DATABASE_URL to a postgres:// URL"
+  }
+}
+
 const migrate = Migrations.run.pipe(
   Effect.provide(Database),
   Effect.tap((applied) =>
@@ -70,7 +97,7 @@ const migrate = Migrations.run.pipe(
       : Cause.findErrorOption(cause).pipe(
         (error) =>
           error._tag === "Some"
-            ? Console.error(`jetworker migrations failed: ${describe(error.value)}`)
+            ? Console.error(`jetworker migrations failed: ${describe(error.value)}\nnext step: ${nextStep(error.value)}`)
             : Console.error(`jetworker migrations failed unexpectedly:\n${Cause.pretty(cause)}`)
       ))
 )
