@@ -2,10 +2,10 @@
  * A JetStream durable pull consumer as the engine's `Source`. Opening it checks the live consumer
  * against what the engine needs (explicit acks; `max_deliver` above the retry policy's attempts so
  * the last attempt can dead-letter the message itself), ensures the dead-letter stream, and pulls
- * with one-shot `fetch` requests sized to the free room, so at most `prefetch` messages are
- * reserved (buffered or on their way) ahead of the handlers the engine runs. (Not nats.js's
- * `consume()`: it re-pulls a full batch on top of its buffer whenever the handlers pause for two
- * idle heartbeats.) Closing it stops pulling and naks whatever is still buffered, so those
+ * with requests sized to the free room, answered on one inbox subscription, so at most `prefetch`
+ * messages are reserved (buffered or on their way) ahead of the handlers the engine runs. (Not
+ * nats.js's `consume()`: it re-pulls a full batch on top of its buffer whenever the handlers pause
+ * for two idle heartbeats.) Closing it stops pulling and naks whatever is still buffered, so those
  * messages go to another instance at once instead of waiting out their ack wait.
  *
  * It does not create the source stream or consumer: declare them with `Topology` (a service that
@@ -13,12 +13,12 @@
  *
  * @since 0.1.0
  */
-import type { ConsumerMessages, FetchOptions, JsMsg } from "@nats-io/jetstream"
+import { createInbox, type Msg } from "@nats-io/transport-node"
 import { type Delivery, Source, Telemetry } from "@jetworker/core"
 import { Duration, Effect, Metric } from "effect"
 import * as DeadLetter from "./DeadLetter.ts"
 import * as MaxDeliveries from "./MaxDeliveries.ts"
-import { toDelivery } from "./internal/delivery.ts"
+import { parse, type Pulled, toDelivery } from "./internal/delivery.ts"
 import { NatsConnection } from "./NatsConnection.ts"
 import * as NatsError from "./NatsError.ts"
 
@@ -59,6 +59,8 @@ const sourceError = (error: NatsError.NatsError): Source.SourceError =>
       : "Unknown",
     message: `${error.operation}: ${error.message}`
   })
+
+const encoder = new TextEncoder()
 
 const mismatch = (message: string) => new Source.SourceError({ reason: "ContractMismatch", message })
 
@@ -169,20 +171,34 @@ export const make = (options: Options): Source.Source<NatsConnection> => {
         )
       }
 
-      const consumer = yield* call(`consumer ${name}`, () => connection.jetstream.consumers.get(options.stream, durable))
-
       // The intake keeps its own count, so that `prefetch` bounds what the server has handed out:
-      // what has arrived and waits for `take` (`buffered`) plus what running pulls still ask for
+      // what has arrived and waits for `take` (`buffered`) plus what open pulls still ask for
       // (`requested`) never exceeds `prefetch`; a pull asks for the free room, once that is at
       // least a quarter of `prefetch`. (nats.js's `consume()` does not bound it: after two missed
       // idle heartbeats, which is any pause of the handlers longer than `pullExpires` while its
       // buffer is full, it re-pulls a whole `max_messages` on top of what it holds, and again at
       // every heartbeat interval, so a slow consumer is handed out many times `prefetch`.)
+      //
+      // Pulls are requests to the consumer's next-message API whose replies come to one inbox
+      // subscription, open while the intake is: a pull costs one publish, not the subscription,
+      // iterator, timers and promises of a nats.js `fetch` (which also kept each message alive
+      // long enough to reach the old generation, doubling the heap's peak). Each pull has a reply
+      // subject of its own, so the server's status for it (408 expired, 409 ...) says which pull
+      // ended and how many of its messages it did not send (`Nats-Pending-Messages`).
       const prefetch = open.prefetch
       const minPull = Math.max(1, Math.ceil(prefetch / 4))
-      const buffered: Array<JsMsg> = []
+      // The server sends an idle heartbeat for each waiting pull; two missed mean it serves none.
+      const heartbeatMillis = Math.min(5_000, Math.floor(expiresMillis / 2))
+      const silenceMillis = 2 * heartbeatMillis + 500
+      const pullSubject = `$JS.API.CONSUMER.MSG.NEXT.${options.stream}.${durable}`
+      const inbox = `${createInbox()}.`
+      const buffered: Array<Pulled> = []
       let requested = 0
-      const pulls = new Set<{ readonly stop: () => void; readonly done: Promise<void> }>()
+      // Open pulls, oldest first: the server fills them in order, so arrivals are counted against
+      // the oldest. (Only used to end a pull; `requested` is kept exactly by the statuses.)
+      const waiting: Array<{ readonly id: string; readonly batch: number; readonly sentAt: number; received: number }> = []
+      let nextPull = 0
+      let lastHeard = Date.now()
       // What ended the intake for good; surfaces once `buffered` is drained.
       let failure: Source.SourceError | undefined
       // After a failed pull: a growing pause, then a consumer info check, before pulling again.
@@ -208,7 +224,7 @@ export const make = (options: Options): Source.Source<NatsConnection> => {
         if (/consumer deleted/i.test(text)) {
           return new Source.SourceError({ reason: "ConsumerDeleted", message: `${name}: ${text}` })
         }
-        if (/exceeded maxrequest|push based/i.test(text)) return mismatch(`${name}: the server refuses its pulls: ${text}`)
+        if (/exceeded maxrequest|push based|bad request/i.test(text)) return mismatch(`${name}: the server refuses its pulls: ${text}`)
         const mapped = NatsError.fromUnknown(`pull ${name}`, error)
         return mapped.reason === "ConnectionClosed" || mapped.reason === "StreamNotFound" ||
             mapped.reason === "ConsumerNotFound" || mapped.reason === "NotAuthorized" || mapped.code === 400
@@ -244,74 +260,99 @@ export const make = (options: Options): Source.Source<NatsConnection> => {
         if (room >= minPull) pull(room)
       }
 
-      // One pull of `batch` messages (a `fetch`: its own inbox, ended by the last message, by
-      // `pullExpires` or by `stop`); what it delivers goes to `buffered`.
       const pull = (batch: number) => {
+        const id = (nextPull++).toString(36)
+        const now = Date.now()
         requested += batch
-        const startedAt = Date.now()
-        let received = 0
-        let stopped = false
-        let iterator: ConsumerMessages | undefined
-        // Each message is buffered by a callback as it is read from the socket. (With the
-        // iterator instead, two pulls' loops interleave their messages and so reorder them: found
-        // when per-key ordering saw a key's later message run first.) nats.js takes `callback`
-        // for a fetch as for `consume()`, though its option type names it for `consume()` only.
-        const onMessage = (msg: JsMsg) => {
-          // A pull re-sent by nats.js after a reconnect may bring more than `batch`.
-          if (received < batch) requested--
-          received++
-          pauseMillis = 0
-          buffered.push(msg)
-          signal()
+        waiting.push({ id, batch, sentAt: now, received: 0 })
+        lastHeard = now
+        try {
+          connection.connection.publish(
+            pullSubject,
+            encoder.encode(`{"batch":${batch},"expires":${expiresMillis * 1_000_000},"idle_heartbeat":${heartbeatMillis * 1_000_000}}`),
+            { reply: inbox + id }
+          )
+        } catch (error) {
+          requested -= batch
+          waiting.pop()
+          const ended = terminal(error)
+          if (ended === undefined) pause()
+          else fail(ended)
         }
-        const run = async (): Promise<unknown> => {
-          try {
-            const options = { max_messages: batch, expires: expiresMillis, callback: onMessage }
-            iterator = await consumer.fetch(options as FetchOptions)
-            // Stopped while the fetch was being set up: end it at once.
-            if (stopped) {
-              iterator.stop()
-              return undefined
-            }
-            const ended = await iterator.closed()
-            return ended instanceof Error ? ended : undefined
-          } catch (error) {
-            return error
-          }
-        }
-        const entry = {
-          stop: () => {
-            stopped = true
-            iterator?.stop()
-          },
-          done: run().then((error) => {
-            requested -= Math.max(0, batch - received)
-            pulls.delete(entry)
-            if (closed) return
-            if (error !== undefined) {
-              const ended = terminal(error)
-              if (ended === undefined) pause()
-              else fail(ended)
-            } else if (connection.connection.isClosed() || connection.connection.isDraining()) {
-              fail(new Source.SourceError({ reason: "ConnectionClosed", message: `${name}: the NATS connection closed` }))
-            } else if (received === 0 && Date.now() - startedAt < expiresMillis / 2) {
-              // Ended early with nothing (not by its expiry): do not spin on it.
-              pause()
-            } else {
-              pump()
-            }
-          })
-        }
-        pulls.add(entry)
       }
+
+      // A status for one pull: it ended (expired, refused, or the server gave up on it).
+      const onStatus = (msg: Msg) => {
+        const code = msg.headers?.code ?? 0
+        if (code === 100) return // an idle heartbeat: the pull is still open
+        const at = waiting.findIndex((p) => inbox + p.id === msg.subject)
+        const ended = at >= 0 ? waiting.splice(at, 1)[0] : undefined
+        const unsent = Number(msg.headers?.get("Nats-Pending-Messages") || NaN)
+        requested = Math.max(0, requested - (Number.isSafeInteger(unsent) ? unsent : ended === undefined ? 0 : ended.batch - ended.received))
+        if (closed) return
+        const text = `${code} ${msg.headers?.description ?? ""}`.trim()
+        if (code === 408 || code === 404) {
+          // Ended early with nothing (not by its expiry): do not spin on it.
+          if (ended !== undefined && ended.received === 0 && Date.now() - ended.sentAt < expiresMillis / 2) pause()
+          else pump()
+          return
+        }
+        const fatal = terminal(new Error(text))
+        if (fatal !== undefined) return fail(fatal)
+        // No responders (JetStream or the consumer unavailable), a leader change, a full
+        // waiting queue: pull again after a pause, once the consumer answers.
+        pause()
+      }
+
+      // Each message is buffered as it is read from the socket, in the server's order.
+      const onInbox = (error: Error | null, msg: Msg) => {
+        if (error !== null) {
+          const ended = terminal(error)
+          if (ended === undefined) pause()
+          else fail(ended)
+          return
+        }
+        lastHeard = Date.now()
+        const pulled = parse(msg)
+        if (pulled === undefined) return onStatus(msg)
+        // A pull re-sent after a reconnect may bring more than was counted.
+        if (requested > 0) requested--
+        const oldest = waiting[0]
+        if (oldest !== undefined && ++oldest.received >= oldest.batch) waiting.shift()
+        pauseMillis = 0
+        buffered.push(pulled)
+        signal()
+      }
+
+      const subscription = connection.connection.subscribe(`${inbox}*`, { callback: onInbox })
+      void subscription.closed.then(() => {
+        if (!closed) fail(new Source.SourceError({ reason: "ConnectionClosed", message: `${name}: the NATS connection closed` }))
+      })
+
+      // Two heartbeats without a word while pulls are open: the server lost them (a restart, a
+      // lost connection); the count is reset and the room pulled again. A tick that came late
+      // (the event loop was busy) judges nothing: what arrived meanwhile is not read yet.
+      let lastTick = Date.now()
+      const watchdog = setInterval(() => {
+        const now = Date.now()
+        const late = now - lastTick - heartbeatMillis
+        lastTick = now
+        if (late > heartbeatMillis / 2) lastHeard = now
+        else if (requested > 0 && !pausing && now - lastHeard > silenceMillis) {
+          requested = 0
+          waiting.length = 0
+          pump()
+        }
+      }, heartbeatMillis)
+      watchdog.unref()
 
       const take: Effect.Effect<Delivery.Delivery, Source.SourceError> = Effect.suspend(() => {
         if (closed) return Effect.fail(new Source.SourceError({ reason: "ConnectionClosed", message: `${name}: intake closed` }))
         // Taken synchronously: an interrupted `take` leaves every message in `buffered`.
-        const msg = buffered.shift()
-        if (msg !== undefined) {
+        const pulled = buffered.shift()
+        if (pulled !== undefined) {
           pump()
-          return Effect.succeed(toDelivery(connection, settleTimeoutMillis, destination, msg))
+          return Effect.succeed(toDelivery(connection, settleTimeoutMillis, destination, pulled))
         }
         if (failure !== undefined) return Effect.fail(failure)
         pump()
@@ -329,10 +370,11 @@ export const make = (options: Options): Source.Source<NatsConnection> => {
         )
       })
 
-      // Stop pulling, then nak what the running pulls still deliver and what is buffered (bounded).
+      // Stop pulling, then nak what is still delivered and what is buffered (bounded).
       const close = Effect.suspend(() => {
         if (closed) return Effect.void
         closed = true
+        clearInterval(watchdog)
         if (pauseTimer !== undefined) clearTimeout(pauseTimer)
         signal()
         const bounded = <A>(f: () => Promise<A>) =>
@@ -341,19 +383,17 @@ export const make = (options: Options): Source.Source<NatsConnection> => {
           // A round trip first: what the server already sent lands in the buffer (and is naked
           // below) instead of being dropped with the inbox and waiting out its ack wait.
           yield* bounded(() => connection.connection.flush())
-          const running = [...pulls]
-          for (const p of running) p.stop()
-          yield* bounded(() => Promise.all(running.map((p) => p.done)))
-          // The server keeps a stopped pull's request waiting until it expires, and NATS 2.9 would
+          if (!subscription.isClosed()) subscription.unsubscribe()
+          // The server keeps an open pull's request waiting until it expires, and NATS 2.9 would
           // hand the next nak (below, or of a handler cut by the drain) to that dead inbox: the
           // message then waits out its ack wait, or is handed out twice. A round trip for the
-          // unsubscribes, then a consumer info, which drops requests whose inbox has no interest.
+          // unsubscribe, then a consumer info, which drops requests whose inbox has no interest.
           yield* bounded(() => connection.connection.flush())
           yield* bounded(() => connection.manager.consumers.info(options.stream, durable))
           const rest = buffered.splice(0)
           yield* Effect.forEach(
             rest,
-            (msg) => toDelivery(connection, settleTimeoutMillis, destination, msg).nak(Duration.zero).pipe(Effect.ignore),
+            (pulled) => toDelivery(connection, settleTimeoutMillis, destination, pulled).nak(Duration.zero).pipe(Effect.ignore),
             { concurrency: 16, discard: true }
           )
           if (rest.length > 0) yield* Effect.logInfo(`${name}: released ${rest.length} buffered messages`)

@@ -1,9 +1,10 @@
 /**
- * Turns a nats.js `JsMsg` into the engine's `Delivery`. Every command is a request to the
- * message's reply subject, so the server's (empty) reply confirms it; nats.js's own
- * `nak`/`term`/`working` are fire-and-forget and silently lost while disconnected.
+ * Turns a JetStream message, as the source's pull subscription receives it, into the engine's
+ * `Delivery`. Every command is a request to the message's reply subject, so the server's (empty)
+ * reply confirms it; nats.js's own `nak`/`term`/`working` are fire-and-forget and silently lost
+ * while disconnected.
  */
-import type { JsMsg } from "@nats-io/jetstream"
+import type { Msg } from "@nats-io/transport-node"
 import { nanos } from "@nats-io/transport-node"
 import { Delivery } from "@jetworker/core"
 import type { Outcome } from "@jetworker/core"
@@ -12,6 +13,46 @@ import * as DeadLetter from "../DeadLetter.ts"
 import type { Shape } from "../NatsConnection.ts"
 import { NatsConnection } from "../NatsConnection.ts"
 import * as NatsError from "../NatsError.ts"
+
+/** A message a pull delivered, with what its reply subject says about it. */
+export interface Pulled {
+  readonly msg: Msg
+  /** The reply subject, which acks, naks and terminates it. */
+  readonly reply: string
+  readonly stream: string
+  readonly deliveryCount: number
+  readonly streamSequence: number
+  /** When the stream stored it, in epoch milliseconds. */
+  readonly storedAtMillis: number
+  /** The consumer's pending count when it was delivered. */
+  readonly pending: number
+}
+
+/**
+ * Reads a JetStream delivery's reply subject: `$JS.ACK.<stream>.<consumer>.<deliveries>.<stream
+ * seq>.<consumer seq>.<stored, ns>.<pending>`, or the form with a domain and account hash after
+ * `ACK` (12 tokens, as newer servers send). `undefined` for anything else.
+ */
+export const parse = (msg: Msg): Pulled | undefined => {
+  const reply = msg.reply
+  if (reply === undefined || !reply.startsWith("$JS.ACK.")) return undefined
+  const tokens = reply.split(".")
+  // The short form lacks the domain and the account hash: its stream is the third token.
+  const at = tokens.length === 9 ? 2 : tokens.length >= 11 ? 4 : -1
+  if (at < 0) return undefined
+  const stored = tokens[at + 5]!
+  const pulled: Pulled = {
+    msg,
+    reply,
+    stream: tokens[at]!,
+    deliveryCount: Number(tokens[at + 2]),
+    streamSequence: Number(tokens[at + 3]),
+    // Nanoseconds (19 digits now) to milliseconds by dropping six digits: exact, no bigint.
+    storedAtMillis: stored.length > 6 ? Number(stored.slice(0, -6)) : 0,
+    pending: Number(tokens[at + 6])
+  }
+  return Number.isSafeInteger(pulled.deliveryCount) && Number.isSafeInteger(pulled.streamSequence) ? pulled : undefined
+}
 
 const encoder = new TextEncoder()
 const ACK = encoder.encode("+ACK")
@@ -30,33 +71,27 @@ const settleError = (command: Delivery.SettleCommand, error: NatsError.NatsError
     message: `${error.operation}: ${error.message}`
   })
 
-/** The reply subject of a JetStream message (`$JS.ACK....`), which nats.js keeps off its public type. */
-const replyOf = (msg: JsMsg): string => (msg as unknown as { readonly reply?: string }).reply ?? ""
-
-/** Builds the engine's view of `msg`. */
+/** Builds the engine's view of `pulled`. */
 export const toDelivery = (
   connection: Shape,
   settleTimeoutMillis: number,
   destination: DeadLetter.Destination,
-  msg: JsMsg
+  pulled: Pulled
 ): Delivery.Delivery => {
-  const reply = replyOf(msg)
+  const { msg, reply } = pulled
   const command = (name: Delivery.SettleCommand, payload: Uint8Array): Effect.Effect<void, Delivery.SettleError> =>
-    reply === ""
-      ? Effect.fail(new Delivery.SettleError({ command: name, reason: "Refused", message: "message has no reply subject" }))
-      : connection.request(`${name} ${msg.info.stream}#${msg.seq}`, reply, payload, settleTimeoutMillis).pipe(
-        Effect.mapError((error) => settleError(name, error)),
-        Effect.asVoid
-      )
+    connection.request(`${name} ${pulled.stream}#${pulled.streamSequence}`, reply, payload, settleTimeoutMillis).pipe(
+      Effect.mapError((error) => settleError(name, error)),
+      Effect.asVoid
+    )
   const headers = msg.headers
   return {
     subject: msg.subject,
     payload: msg.data,
-    sequence: msg.seq,
-    deliveryCount: msg.info.deliveryCount,
-    // The server's stored time (nanoseconds as a bigint, so no precision is lost on the way).
-    publishedAt: Number(msg.timestampNanos / 1_000_000n),
-    pending: msg.info.pending,
+    sequence: pulled.streamSequence,
+    deliveryCount: pulled.deliveryCount,
+    publishedAt: pulled.storedAtMillis,
+    pending: pulled.pending,
     header: (name) => {
       if (headers === undefined || !headers.has(name)) return undefined
       return headers.get(name)
@@ -73,7 +108,7 @@ export const toDelivery = (
       return command("Extend", WPI)
     },
     deadLetter: (record: Outcome.DeadLetterRecord) =>
-      DeadLetter.publish(destination, msg, record).pipe(
+      DeadLetter.publish(destination, { headers, subject: msg.subject, seq: pulled.streamSequence, data: msg.data }, record).pipe(
         Effect.provideService(NatsConnection, connection),
         Effect.mapError((error) => settleError("DeadLetter", error)),
         // Only once the dead letter is stored may the original be terminated.

@@ -77,6 +77,24 @@ export const make = (connection: Connection): Replies => {
     return subscription
   }
 
+  // Replies mostly come in the order of the requests, so the settled ones are dropped from the
+  // front as new ones arrive: the queue holds about what is in flight, not every request of the
+  // last `timeoutMillis` (at 10k acks/s and a 5 s bound that was 50k entries kept alive, a
+  // quarter of a consumer's heap).
+  const dropSettled = (queue: Expiries) => {
+    const entries = queue.entries
+    let head = queue.head
+    while (head < entries.length && entries[head]!.done) head++
+    if (head === entries.length) {
+      entries.length = 0
+      head = 0
+    } else if (head >= 1024 && head * 2 >= entries.length) {
+      queue.entries = entries.slice(head)
+      head = 0
+    }
+    queue.head = head
+  }
+
   // Fires at the oldest live deadline of one timeout; what has settled meanwhile is skipped.
   const arm = (queue: Expiries) => {
     const now = Date.now()
@@ -126,6 +144,7 @@ export const make = (connection: Connection): Replies => {
         queue = { timeoutMillis, entries: [], head: 0, timer: undefined }
         expiries.set(timeoutMillis, queue)
       }
+      dropSettled(queue)
       queue.entries.push(entry)
       if (queue.timer === undefined) arm(queue)
       // Interrupted: the reply, if it comes, is dropped.
