@@ -6,8 +6,9 @@
  */
 import { assert, describe, layer } from "@effect/vitest"
 import { NatsConnection } from "@jetworker/nats"
-import { Eventually, FaultProxy, TestDatabase } from "@jetworker/testing"
+import { ChildWorker, Eventually, FaultProxy, TestDatabase } from "@jetworker/testing"
 import { Effect } from "effect"
+import { type AddressInfo, createServer } from "node:net"
 import { ledgerStream, transfer, transferCounts, twoAccounts, workerEnv } from "./support/ledger.ts"
 import { parsePrometheusText } from "./support/prometheus.ts"
 import { databaseUrl, LedgerTestLive, natsUrl } from "./support/services.ts"
@@ -167,6 +168,34 @@ describe("worker process", () => {
         assert.isAbove(W.withMessage(logs, "startup.waiting").length, 0)
         assert.deepInclude(W.withMessage(logs, "shutdown.completed")[0]!, { result: "failure" })
       }))
+
+    it.effect("a health port in use stops start-up with the reason and the next step, exit code 1", () =>
+      Effect.gen(function*() {
+        const { settings } = yield* ledgerStream()
+        const schema = yield* TestDatabase.TestSchema
+        // Another process's listener on the port the worker is told to use.
+        const blocker = createServer()
+        yield* Effect.acquireRelease(
+          Effect.callback<void>((resume) => {
+            blocker.listen(0, "127.0.0.1", () => resume(Effect.void)).on("error", (error) => resume(Effect.die(error)))
+          }),
+          () =>
+            Effect.callback<void>((resume) => {
+              blocker.close(() => resume(Effect.void))
+            })
+        )
+        const port = (blocker.address() as AddressInfo).port
+        const child = yield* ChildWorker.spawn({
+          script: W.fixture,
+          env: { ...workerEnv(settings, schema.name, databaseUrl, natsUrl), HEALTH_HOST: "127.0.0.1", HEALTH_PORT: String(port) }
+        })
+        assert.deepStrictEqual(yield* child.waitForExit("15 seconds"), { code: 1, signal: null })
+        const failed = W.withMessage(W.jsonLines(yield* child.lines), "worker.startup_failed")
+        assert.strictEqual(failed.length, 1)
+        assert.include(String(failed[0]!.error), `health server on port ${port}: the port is in use`)
+        assert.include(String(failed[0]!.error), "EADDRINUSE")
+        assert.include(String(failed[0]!.nextStep), "set HEALTH_PORT to a free port")
+      }).pipe(Effect.scoped))
 
     it.effect("liveness answers 503 after the event loop was blocked past HEALTH_MAX_EVENT_LOOP_LAG, and 200 again later", () =>
       Effect.gen(function*() {

@@ -9,7 +9,7 @@ import { Data, Duration, Effect } from "effect"
 import { SqlClient } from "effect/sql"
 import { fileURLToPath } from "node:url"
 
-const fixture = fileURLToPath(new URL("../fixtures/ledger-worker.ts", import.meta.url))
+export const fixture = fileURLToPath(new URL("../fixtures/ledger-worker.ts", import.meta.url))
 
 /** One JSON log line of the worker. */
 export type LogLine = Readonly<Record<string, unknown>> & { readonly message: string; readonly level: string }

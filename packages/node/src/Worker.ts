@@ -120,6 +120,28 @@ const signalIgnored = (signal: Signal) =>
     )
   )
 
+/** Why the health server could not listen (Node's error code and message), and what to do. */
+const describeListenError = (cause: unknown, port: number): { readonly error: string; readonly nextStep: string } => {
+  const code = typeof cause === "object" && cause !== null && "code" in cause ? String(cause.code) : undefined
+  const text = cause instanceof Error ? cause.message : String(cause)
+  switch (code) {
+    case "EADDRINUSE":
+      return {
+        error: `the port is in use (${text})`,
+        nextStep: `another process listens on port ${port}: set HEALTH_PORT to a free port (0 picks one), or to "off"`
+      }
+    case "EACCES":
+      return {
+        error: `not allowed to listen (${text})`,
+        nextStep: `ports below 1024 need privileges: set HEALTH_PORT to a port above 1023`
+      }
+    case "EADDRNOTAVAIL":
+      return { error: `no such address here (${text})`, nextStep: `set HEALTH_HOST to an address of this machine` }
+    default:
+      return { error: text, nextStep: `set HEALTH_PORT to a free port, or to "off" to run without the health server` }
+  }
+}
+
 /** Flushes stdout (the JSON log channel): resolves once what was written has been handed to the OS. */
 const flushStdout = Effect.callback<void>((resume) => {
   process.stdout.write("", () => resume(Effect.void))
@@ -185,8 +207,9 @@ export const run = <E, ROut = never, LE = never, TE = never>(
         readiness: lifecycle.readiness
       }).pipe(Scope.provide(healthScope), Effect.result)
       if (Result.isFailure(health)) {
+        const { error, nextStep } = describeListenError(health.failure.cause, s.healthPort)
         yield* Effect.logError("worker.startup_failed").pipe(
-          Effect.annotateLogs({ error: `health server on port ${s.healthPort}: ${health.failure.message}` })
+          Effect.annotateLogs({ error: `health server on port ${s.healthPort}: ${error}`, nextStep })
         )
         return exitCodes.failure
       }
