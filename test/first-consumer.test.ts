@@ -25,7 +25,10 @@ describe("your first consumer", () => {
         const deadLettered = yield* child.waitForLine((line) => line.includes("PermanentError: UnknownSku: unknown SKU unicorn"), "30 seconds")
         const run = /\(order-([a-z0-9]+)-2\)/.exec(deadLettered)?.[1]
         assert.isDefined(run, deadLettered)
-        yield* child.waitForLine((line) => line.includes("consumer order-shipping drained its backlog"), "30 seconds")
+        yield* child.waitForLine(
+          (line) => line.includes("consumer order-shipping drained its backlog (4 settled: 2 Committed, 1 Duplicate, 1 DeadLettered)"),
+          "30 seconds"
+        )
         yield* child.kill("SIGTERM")
         const exit = yield* child.waitForExit("20 seconds")
         assert.deepStrictEqual(exit, { code: 0, signal: null })
@@ -38,12 +41,23 @@ describe("your first consumer", () => {
         assert.isTrue(lines.some((line) => line.includes(`"message":"shutdown.completed","result":"success"`)))
       }))
 
-    it.effect("with a database it cannot reach, the first consumer stops with a line that says what to check", () =>
+    it.effect("with a database it cannot reach, the first consumer waits for it until STARTUP_TIMEOUT, then stops with a line that says what to check", () =>
       Effect.gen(function*() {
         const child = yield* ChildWorker.spawn({
           script: program,
-          env: { NATS_URL: natsUrl, DATABASE_URL: "postgres://postgres@127.0.0.1:1/test", HEALTH_PORT: "0", HEALTH_HOST: "127.0.0.1" }
+          env: {
+            NATS_URL: natsUrl,
+            DATABASE_URL: "postgres://postgres@127.0.0.1:1/test",
+            HEALTH_PORT: "0",
+            HEALTH_HOST: "127.0.0.1",
+            STARTUP_TIMEOUT: "2 seconds"
+          }
         })
+        const waiting = yield* child.waitForLine((line) => line.includes(`"message":"startup.waiting"`), "30 seconds")
+        const tried = JSON.parse(waiting) as { readonly dependency?: string; readonly error?: string }
+        assert.strictEqual(tried.dependency, "postgres")
+        // The driver's reason, which names the address, in the line itself.
+        assert.include(tried.error ?? "", "ECONNREFUSED 127.0.0.1:1", waiting)
         const failed = yield* child.waitForLine((line) => line.includes(`"message":"worker.failed"`), "30 seconds")
         const entry = JSON.parse(failed) as { readonly nextStep?: string }
         assert.include(entry.nextStep ?? "", "check DATABASE_URL", failed)

@@ -44,7 +44,12 @@ describe("progress lines", () => {
         // After the last outcome line, once.
         const drained = lines.filter((line) => line.text.includes("drained its backlog"))
         assert.isAbove(lines.indexOf(drained[0]!), lines.findIndex((line) => line.text.startsWith("Rejected")))
-        assert.deepStrictEqual(drained.map((line) => [line.level, line.text]), [["Info", `consumer ${stream.consumer} drained its backlog (6 settled)`]])
+        assert.deepStrictEqual(drained.map((line) => [line.level, line.text]), [[
+          "Info",
+          `consumer ${stream.consumer} drained its backlog (6 settled: 5 Committed, 1 Rejected)`
+        ]])
+        // Every summary knows what is left on the broker, also after the drained line.
+        for (const line of lines.filter((l) => l.text.includes(" in the last "))) assert.match(line.text, /in flight, \d+ left on the broker$/)
       }))
   })
 })

@@ -197,6 +197,31 @@ describe("worker process", () => {
         assert.include(String(failed[0]!.nextStep), "set HEALTH_PORT to a free port")
       }).pipe(Effect.scoped))
 
+    it.effect("LOG_LEVEL: Debug adds a line per committed message; a level that does not exist stops start-up", () =>
+      Effect.gen(function*() {
+        const { stream, settings } = yield* ledgerStream()
+        const schema = yield* TestDatabase.TestSchema
+        const { p, a, b } = yield* twoAccounts("loglevel")
+        const env = workerEnv(settings, schema.name, databaseUrl, natsUrl)
+        const worker = yield* W.start({ ...env, ...quickBudget, LOG_LEVEL: "Debug" })
+        yield* W.waitReady(worker)
+        yield* stream.publish("eur", transfer(`${p}.ok`, a, b, 1_00), `${p}.ok`)
+        const committed = yield* worker.waitForLog(
+          `Committed ${settings.consumer}#1 (${p}.ok)`,
+          "20 seconds",
+          (line) => line.level === "DEBUG"
+        )
+        assert.deepInclude(committed, { level: "DEBUG" }, "a committed message is logged at debug")
+        yield* worker.child.kill("SIGTERM")
+        yield* worker.child.waitForExit("15 seconds")
+
+        const invalid = yield* ChildWorker.spawn({ script: W.fixture, env: { ...env, LOG_LEVEL: "Loud" } })
+        assert.deepStrictEqual(yield* invalid.waitForExit("15 seconds"), { code: 1, signal: null })
+        const failed = W.withMessage(W.jsonLines(yield* invalid.lines), "worker.invalid_settings")
+        assert.strictEqual(failed.length, 1)
+        assert.include(String(failed[0]!.error), "LOG_LEVEL")
+      }))
+
     it.effect("liveness answers 503 after the event loop was blocked past HEALTH_MAX_EVENT_LOOP_LAG, and 200 again later", () =>
       Effect.gen(function*() {
         const { stream, settings } = yield* ledgerStream()

@@ -2,7 +2,7 @@
  * Your first consumer, the service's own code: the event, its error, the effect, the consumer and
  * its declarations. `main.ts` runs it as a process; `test/OrderShipping.test.ts` tests it.
  */
-import { Consumer, Envelope, IdempotencyStore, type Outcome, type Source } from "@jetworker/core"
+import { Consumer, Envelope, IdempotencyStore, Lifecycle, type Outcome, type Source } from "@jetworker/core"
 import { JetStreamSource, type NatsConnection, Topology } from "@jetworker/nats"
 import { Migrations } from "@jetworker/sql-pg"
 import { Data, Effect, Schema } from "effect"
@@ -48,7 +48,9 @@ export const setup = Effect.gen(function*() {
   yield* Topology.ensureStream({ name: "ORDERS", subjects: ["orders.>"] })
   // MaxDeliver above the engine's crash-loop guard (twice the 5 attempts of the default policy).
   yield* Topology.ensureConsumer({ stream: "ORDERS", name: "order-shipping", maxDeliver: 11 })
-  yield* tables
+  // The first contact with PostgreSQL: under a starting worker, a database that is not up yet is
+  // waited for (each try logged as startup.waiting, bounded by STARTUP_TIMEOUT).
+  yield* Lifecycle.waitFor("postgres", tables, { while: (error) => error._tag === "SqlError" && error.reason.isRetryable })
 })
 
 /** The dedup table (jetworker's migrations) and the service's own tables, with two known SKUs. */

@@ -18,6 +18,7 @@ import { NatsConnection, Publisher } from "@jetworker/nats"
 import { Worker } from "@jetworker/node"
 import { PgIdempotencyStore } from "@jetworker/sql-pg"
 import { Effect, Layer, Redacted } from "effect"
+import { SqlClient } from "effect/sql"
 import { setup, shipping } from "./OrderShipping.ts"
 
 // Steps 1 to 5 (the event, its error, the effect, the consumer, the declarations) are in
@@ -39,7 +40,8 @@ const publishSomeOrders = Effect.gen(function*() {
   })
 })
 
-// 7. The resources, each closed by the shutdown in its turn: NATS and PostgreSQL.
+// 7. The resources, each closed by the shutdown in its turn: NATS and PostgreSQL (whose `check`
+//    keeps /healthz/ready at 503 while the database does not answer).
 const schema = process.env.DATABASE_SCHEMA
 const DatabaseLive = PgClient.layer({
   url: Redacted.make(process.env.DATABASE_URL ?? "postgres://postgres@127.0.0.1:5432/test"),
@@ -47,7 +49,9 @@ const DatabaseLive = PgClient.layer({
 })
 const Live = Layer.mergeAll(
   Lifecycle.resource("nats", NatsConnection.layerConfig({ name: "order-shipping" })),
-  PgIdempotencyStore.layer().pipe(Layer.provideMerge(Lifecycle.resource("postgres", DatabaseLive)))
+  PgIdempotencyStore.layer().pipe(
+    Layer.provideMerge(Lifecycle.resource("postgres", DatabaseLive, { check: SqlClient.SqlClient.use((sql) => sql`SELECT 1`) }))
+  )
 )
 
 Worker.runMain(

@@ -131,3 +131,14 @@ export const make = (
   message: string,
   fields: Readonly<Record<string, string | number | boolean>> = {}
 ): ErrorSummary => ({ kind: "Failure", tag, message: oneLine(message, MAX_MESSAGE), fields })
+
+/**
+ * One line for a log's `error` key: `Tag: message`, followed by the innermost wrapped error's
+ * message where the outer one does not already say it (for a failed connection, the driver's
+ * `connect ECONNREFUSED 127.0.0.1:5433`, which names what to check).
+ */
+export const describe = (summary: ErrorSummary): string => {
+  const text = `${summary.tag}: ${summary.message}`
+  const innermost = summary.causes?.[summary.causes.length - 1]?.message
+  return innermost === undefined || innermost === "" || text.includes(innermost) ? text : `${text} (${innermost})`
+}

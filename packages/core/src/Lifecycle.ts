@@ -453,7 +453,7 @@ export const waitFor = <A, E, R>(
         attempt++
         const summary = ErrorSummary.fromError(error)
         return Effect.logWarning("startup.waiting").pipe(
-          Effect.annotateLogs({ dependency: name, attempt, error: `${summary.tag}: ${summary.message}` })
+          Effect.annotateLogs({ dependency: name, attempt, error: ErrorSummary.describe(summary) })
         )
       }),
       Effect.retry(schedule)

@@ -31,7 +31,23 @@
  * @since 0.2.0
  */
 import { ErrorSummary, Lifecycle } from "@jetworker/core"
-import { Cause, Clock, Config, Context, Data, Deferred, Duration, Effect, Exit, Fiber, Layer, Result, Scope } from "effect"
+import {
+  Cause,
+  Clock,
+  Config,
+  Context,
+  Data,
+  Deferred,
+  Duration,
+  Effect,
+  Exit,
+  Fiber,
+  Layer,
+  type LogLevel,
+  References,
+  Result,
+  Scope
+} from "effect"
 import * as HealthServer from "./HealthServer.ts"
 import { nextStep } from "./internal/nextStep.ts"
 import * as JsonLogger from "./JsonLogger.ts"
@@ -65,6 +81,12 @@ export interface Settings {
   readonly healthHost: string
   /** `HEALTH_MAX_EVENT_LOOP_LAG`, default `5 seconds`: past it `/healthz/live` answers 503. */
   readonly maxEventLoopLag: Duration.Duration
+  /**
+   * `LOG_LEVEL`, default `Info`: the least severe level written (`Debug` adds a line per committed
+   * and duplicate message; `Warn` keeps only problems). One of `All`, `Trace`, `Debug`, `Info`,
+   * `Warn`, `Error`, `Fatal`, `None`.
+   */
+  readonly logLevel: LogLevel.LogLevel
 }
 
 /** `off`, or a port number; anything else is `NaN`, which `run` reports as an invalid setting. */
@@ -84,7 +106,8 @@ export const settings: Config.Config<Settings> = Config.all({
   startupTimeout: Config.Duration("STARTUP_TIMEOUT").pipe(Config.withDefault(Duration.seconds(60))),
   healthPort: Config.String("HEALTH_PORT").pipe(Config.withDefault("8080"), Config.map(parsePort)),
   healthHost: Config.String("HEALTH_HOST").pipe(Config.withDefault("0.0.0.0")),
-  maxEventLoopLag: Config.Duration("HEALTH_MAX_EVENT_LOOP_LAG").pipe(Config.withDefault(Duration.seconds(5)))
+  maxEventLoopLag: Config.Duration("HEALTH_MAX_EVENT_LOOP_LAG").pipe(Config.withDefault(Duration.seconds(5))),
+  logLevel: Config.LogLevel("LOG_LEVEL").pipe(Config.withDefault<LogLevel.LogLevel>("Info"))
 })
 
 /** What `runMain` takes besides the program. */
@@ -168,6 +191,18 @@ export const run = <E, ROut = never, LE = never, TE = never>(
       )
       return exitCodes.failure
     }
+    return yield* runWith(program, options, s).pipe(Effect.provideService(References.MinimumLogLevel, s.logLevel))
+  }).pipe(
+    Effect.catchCause((cause) => Effect.as(Effect.logError("worker.defect", cause), exitCodes.failure)),
+    Effect.provide(JsonLogger.layer)
+  )
+
+const runWith = <E, ROut, LE, TE>(
+  program: Effect.Effect<unknown, E, ROut>,
+  options: Options<ROut, LE, TE>,
+  s: Settings
+): Effect.Effect<number> =>
+  Effect.gen(function*() {
     const budget = Lifecycle.makeBudget({
       total: s.budget,
       readinessGrace: s.readinessGrace,
@@ -310,7 +345,7 @@ export const run = <E, ROut = never, LE = never, TE = never>(
       const summary = ErrorSummary.fromCause(failure)
       const next = nextStep(failure)
       yield* Effect.logError("worker.failed", failure).pipe(
-        Effect.annotateLogs({ error: `${summary.tag}: ${summary.message}`, ...(next === undefined ? {} : { nextStep: next }) })
+        Effect.annotateLogs({ error: ErrorSummary.describe(summary), ...(next === undefined ? {} : { nextStep: next }) })
       )
     }
 
@@ -349,10 +384,7 @@ export const run = <E, ROut = never, LE = never, TE = never>(
     process.off("SIGTERM", onTerm)
     process.off("SIGINT", onInt)
     return exitCodes[result]
-  }).pipe(
-    Effect.catchCause((cause) => Effect.as(Effect.logError("worker.defect", cause), exitCodes.failure)),
-    Effect.provide(JsonLogger.layer)
-  )
+  })
 
 /**
  * Runs `program` as the process's worker (see the module's description) and exits the process

@@ -231,7 +231,7 @@ const makeProcess = <A, E extends Tagged, R>(
   // Progress since the last summary line, and since the backlog was last drained.
   const progress = {
     counts: new Map<Outcome.Tag, number>(),
-    settled: 0,
+    settled: new Map<Outcome.Tag, number>(),
     pending: undefined as number | undefined,
     // At most one "drained" line per interval (a trickle of messages drains after each one).
     drainedLineAt: Number.NEGATIVE_INFINITY
@@ -764,21 +764,23 @@ const makeProcess = <A, E extends Tagged, R>(
     if (env.debugLogs || !isRoutine(outcome)) effect = Effect.andThen(effect, logOutcome(outcome))
     if (reportsProgress) {
       progress.counts.set(outcome._tag, (progress.counts.get(outcome._tag) ?? 0) + 1)
-      progress.settled++
+      progress.settled.set(outcome._tag, (progress.settled.get(outcome._tag) ?? 0) + 1)
       // The last delivery taken left nothing on the broker, and nothing runs: drained.
       if (running === 0 && progress.pending === 0) {
         const at = now()
         if (at - progress.drainedLineAt >= progressMillis) {
           progress.drainedLineAt = at
+          const counts = countsInTableOrder(progress.settled)
+          const settled = Object.values(counts).reduce((sum, n) => sum + n, 0)
+          const text = Object.entries(counts).map(([tag, n]) => `${n} ${tag}`).join(", ")
           effect = Effect.andThen(
             effect,
-            Effect.logInfo(`consumer ${definition.name} drained its backlog (${progress.settled} settled)`).pipe(
-              Effect.annotateLogs({ event: "consumer.drained", settled: progress.settled })
+            Effect.logInfo(`consumer ${definition.name} drained its backlog (${settled} settled: ${text})`).pipe(
+              Effect.annotateLogs({ event: "consumer.drained", settled, counts })
             )
           )
-          progress.settled = 0
+          progress.settled.clear()
         }
-        progress.pending = undefined
       }
     }
     const onOutcome = definition.onOutcome
@@ -970,7 +972,7 @@ const makeProcess = <A, E extends Tagged, R>(
   // The periodic INFO line: outcomes by tag since the last one, in flight, left on the broker.
   const summary = Effect.suspend(() => {
     if (progress.counts.size === 0 && running === 0) return Effect.void
-    const counts = Object.fromEntries(progress.counts)
+    const counts = countsInTableOrder(progress.counts)
     progress.counts.clear()
     const text = Object.entries(counts).map(([tag, n]) => `${n} ${tag}`).join(", ")
     return Effect.logInfo(
@@ -981,6 +983,16 @@ const makeProcess = <A, E extends Tagged, R>(
   })
 
   return { one, many, summary }
+}
+
+/** Counts by outcome tag, in the outcome table's order (so a line reads the same way every time). */
+const countsInTableOrder = (counts: ReadonlyMap<Outcome.Tag, number>): Record<string, number> => {
+  const ordered: Record<string, number> = {}
+  for (const tag of Outcome.tags) {
+    const n = counts.get(tag)
+    if (n !== undefined) ordered[tag] = n
+  }
+  return ordered
 }
 
 const spanAttributes = (outcome: Outcome.Outcome): Record<string, unknown> => {
