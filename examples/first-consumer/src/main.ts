@@ -33,8 +33,7 @@ const publishSomeOrders = Effect.gen(function*() {
     Envelope.make({ type: "order.created", id: `order-${run}-${i}`, data: { orderId: `${run}-${i}`, sku, quantity } }))
   for (const event of events) yield* Publisher.publishEnvelope("orders.created", event, { stream: "ORDERS" })
   const first = events[0]!
-  const again = { id: first.id, type: first.type, time: new Date(first.time.epochMilliseconds).toISOString(), data: first.data }
-  yield* Publisher.publish("orders.created", new TextEncoder().encode(JSON.stringify(again)), {
+  yield* Publisher.publish("orders.created", new TextEncoder().encode(Envelope.toJson(first)), {
     msgId: `${first.id}-again`,
     stream: "ORDERS"
   })

@@ -20,7 +20,7 @@ const Live = Layer.mergeAll(
 
 const order = (id: string, sku: string) =>
   Effect.map(Envelope.make({ type: "order.created", id, data: { orderId: id, sku, quantity: 1 } }), (event) =>
-    JSON.stringify({ ...event, time: new Date(event.time.epochMilliseconds).toISOString() }))
+    Envelope.toJson(event))
 
 describe("order shipping", () => {
   // `excludeTestServices`: the engine's timers (leases, retries) must run on the real clock.

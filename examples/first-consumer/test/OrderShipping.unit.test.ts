@@ -18,7 +18,7 @@ class WarehouseUnavailable extends Data.TaggedError("WarehouseUnavailable")<{ re
 
 const order = (id: string, sku: string) =>
   Effect.map(Envelope.make({ type: "order.created", id, data: { orderId: id, sku, quantity: 1 } }), (event) =>
-    JSON.stringify({ ...event, time: new Date(event.time.epochMilliseconds).toISOString() }))
+    Envelope.toJson(event))
 
 describe("order shipping, without NATS or PostgreSQL", () => {
   // `it.effect` runs under TestClock: time moves only when the test moves it.

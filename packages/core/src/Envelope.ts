@@ -76,3 +76,17 @@ export const make = <const Type extends string, A>(options: {
  */
 export const isExpired = (metadata: Metadata, nowMillis: number, skewMillis: number): boolean =>
   metadata.expiresAt !== undefined && nowMillis > metadata.expiresAt.epochMilliseconds + skewMillis
+
+/**
+ * The wire form of `envelope`, as {@link schema} decodes it: `{ id, type, time, expiresAt?, data }`
+ * with the times as ISO-8601 strings. `data` is written as `JSON.stringify` writes it; data with
+ * encodings of its own (dates, bigints) must be encoded with its schema first.
+ */
+export const toJson = <Type extends string, A>(envelope: Envelope<Type, A>): string =>
+  JSON.stringify({
+    id: envelope.id,
+    type: envelope.type,
+    time: DateTime.formatIso(envelope.time),
+    ...(envelope.expiresAt === undefined ? {} : { expiresAt: DateTime.formatIso(envelope.expiresAt) }),
+    data: envelope.data
+  })

@@ -249,14 +249,6 @@ export const publishEnvelope = <Type extends string, A>(
 ): Effect.Effect<PubAck, NatsError.NatsError, NatsConnection> =>
   publish(
     subject,
-    encoder.encode(JSON.stringify({
-      id: envelope.id,
-      type: envelope.type,
-      time: new Date(envelope.time.epochMilliseconds).toISOString(),
-      ...(envelope.expiresAt === undefined
-        ? {}
-        : { expiresAt: new Date(envelope.expiresAt.epochMilliseconds).toISOString() }),
-      data: envelope.data
-    })),
+    encoder.encode(Envelope.toJson(envelope)),
     { ...options, msgId: envelope.id }
   )
