@@ -46,6 +46,8 @@ export interface OpenOptions {
   readonly consumer: string
   /** Bound on reserved deliveries waiting locally. */
   readonly prefetch: number
+  /** Handlers the engine runs at once; with `prefetch`, what the broker should let it hold. */
+  readonly concurrency?: number | undefined
   /** Deliveries the retry policy plans; the broker's own limit must be above it. */
   readonly attempts: number
   /**

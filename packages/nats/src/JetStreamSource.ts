@@ -16,6 +16,7 @@
 import { createInbox, type Msg } from "@nats-io/transport-node"
 import { type Delivery, Source, Telemetry } from "@jetworker/core"
 import { Duration, Effect, Metric } from "effect"
+import * as Contract from "./Contract.ts"
 import * as DeadLetter from "./DeadLetter.ts"
 import * as MaxDeliveries from "./MaxDeliveries.ts"
 import { parse, type Pulled, toDelivery } from "./internal/delivery.ts"
@@ -100,40 +101,20 @@ export const make = (options: Options): Source.Source<NatsConnection> => {
         Effect.mapError((error) => withNextStep(error, options.stream, durable))
       )
       const config = info.config
-      if (config.ack_policy !== "explicit") {
-        return yield* mismatch(
-          `${name} has ack policy ${config.ack_policy}; jetworker needs explicit acks: an ack policy cannot change in ` +
-            `place, so delete the consumer and declare it again (Topology.ensureConsumer, or \`nats consumer add ` +
-            `--ack explicit --pull\`)`
-        )
+      // The consumer's checks are the contract's (one set, see Contract): warnings are logged,
+      // the first error refuses to open.
+      const findings = Contract.consumerFindings(name, config, {
+        attempts: open.attempts,
+        concurrency: open.concurrency ?? 0,
+        prefetch: open.prefetch,
+        ordering: open.ordering
+      })
+      for (const finding of findings) {
+        if (finding.severity === "warning") yield* Effect.logWarning(finding.message)
       }
+      const refused = findings.find((finding) => finding.severity === "error")
+      if (refused !== undefined) return yield* mismatch(refused.message)
       const maxDeliver = config.max_deliver ?? -1
-      if (maxDeliver !== -1 && maxDeliver <= open.attempts) {
-        return yield* mismatch(
-          `${name} has max_deliver ${maxDeliver}; it must exceed the retry policy's ${open.attempts} attempts ` +
-            `so that the last attempt can dead-letter the message itself: raise it to at least ${open.attempts + 1} ` +
-            `(Topology.ensureConsumer({ maxDeliver }), or \`nats consumer edit --max-deliver\`), or lower the attempts`
-        )
-      }
-      if (config.backoff !== undefined && config.backoff.length > 0) {
-        yield* Effect.logWarning(
-          `${name} has a server backoff; on NATS 2.9 it distorts the engine's nak delays: remove it from the consumer ` +
-            `(the retry policy sets the delays)`
-        )
-      }
-      if (open.ordering === "Sequential" && config.max_ack_pending !== 1) {
-        return yield* mismatch(
-          `${name} has max_ack_pending ${config.max_ack_pending ?? "unset"}; sequential ordering needs 1, or the server ` +
-            `delivers later messages while an earlier one waits for its redelivery (set max_ack_pending 1, ` +
-            `or choose Ordering.perKey)`
-        )
-      }
-      if (config.max_ack_pending !== undefined && config.max_ack_pending > 0 && config.max_ack_pending < open.prefetch) {
-        yield* Effect.logWarning(
-          `${name} has max_ack_pending ${config.max_ack_pending} below prefetch ${open.prefetch}: the server hands out ` +
-            `at most ${config.max_ack_pending} at once; raise max_ack_pending or lower prefetch`
-        )
-      }
       const lease = Duration.millis(Math.floor((config.ack_wait ?? 30_000_000_000) / 1_000_000))
 
       // The consumer's lag, polled while the intake is open (a failed read skips one update).

@@ -5,6 +5,7 @@
  *
  * @since 0.1.0
  */
+export * as Contract from "./Contract.ts"
 export * as DeadLetter from "./DeadLetter.ts"
 export * as JetStreamSource from "./JetStreamSource.ts"
 export * as MaxDeliveries from "./MaxDeliveries.ts"

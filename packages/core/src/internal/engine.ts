@@ -1012,6 +1012,7 @@ export const run = <A, E extends Tagged, R>(definition: Definition<A, E, R>): Ef
       const intake = yield* definition.source.open({
         consumer: definition.name,
         prefetch: definition.prefetch,
+        concurrency: definition.concurrency,
         attempts: definition.retry.attempts,
         ordering: definition.ordering._tag
       })
