@@ -19,7 +19,7 @@ import { AckPolicy, type ConsumerConfig, type StreamConfig } from "@nats-io/jets
 import { Duration, Effect } from "effect"
 import { NatsConnection } from "./NatsConnection.ts"
 import * as NatsError from "./NatsError.ts"
-import type * as Topology from "./Topology.ts"
+import * as Topology from "./Topology.ts"
 
 /** What the application expects of one consumer: the settings the server's must agree with. */
 export interface Expectations {
@@ -81,9 +81,6 @@ export interface Finding {
   /** What is wrong and what to do about it. */
   readonly message: string
 }
-
-const millis = (input: Duration.Input | undefined, fallback: Duration.Input): number =>
-  Duration.toMillis(Duration.fromInputUnsafe(input ?? fallback))
 
 const nanosToMillis = (nanos: number | undefined): number => Math.floor((nanos ?? 0) / 1_000_000)
 
@@ -156,46 +153,35 @@ export const consumerFindings = (
   return findings
 }
 
-/** The checks of a consumer's declared settings against the live ones (the contract's promises). */
+/**
+ * The checks of a consumer's declared settings against the live ones (the contract's promises);
+ * the declaration stands for the config `Topology` would apply, defaults included.
+ */
 const declaredConsumerFindings = (
   target: string,
   live: Partial<ConsumerConfig>,
-  declared: ConsumerContract
+  declared: ConsumerContract,
+  stream: string
 ): ReadonlyArray<Finding> => {
+  const wanted = Topology.consumerConfig({ ...declared, stream })
   const findings: Array<Finding> = []
-  const fix = "apply the contract (Topology.ensureConsumer) or change the contract to what runs"
-  const ackWait = millis(declared.ackWait, "30 seconds")
-  if (nanosToMillis(live.ack_wait) !== ackWait) {
+  const differs = (check: Check, liveText: string, wantedText: string) =>
     findings.push({
       severity: "error",
       target,
-      check: "ack_wait",
-      message: `${target} has ack_wait ${formatMillis(nanosToMillis(live.ack_wait))}, the contract ${formatMillis(ackWait)}: ${fix}`
+      check,
+      message: `${target} has ${check} ${liveText}, the contract ${wantedText}: apply the contract ` +
+        `(Topology.ensureConsumer) or change the contract to what runs`
     })
+  if (live.ack_wait !== wanted.ack_wait) {
+    differs("ack_wait", formatMillis(nanosToMillis(live.ack_wait)), formatMillis(nanosToMillis(wanted.ack_wait)))
   }
-  if ((live.max_deliver ?? -1) !== (declared.maxDeliver ?? -1)) {
-    findings.push({
-      severity: "error",
-      target,
-      check: "max_deliver",
-      message: `${target} has max_deliver ${live.max_deliver ?? -1}, the contract ${declared.maxDeliver ?? -1}: ${fix}`
-    })
+  if ((live.max_deliver ?? -1) !== wanted.max_deliver) differs("max_deliver", `${live.max_deliver ?? -1}`, `${wanted.max_deliver}`)
+  if (live.max_ack_pending !== wanted.max_ack_pending) {
+    differs("max_ack_pending", `${live.max_ack_pending ?? "unset"}`, `${wanted.max_ack_pending}`)
   }
-  if (live.max_ack_pending !== (declared.maxAckPending ?? 1000)) {
-    findings.push({
-      severity: "error",
-      target,
-      check: "max_ack_pending",
-      message: `${target} has max_ack_pending ${live.max_ack_pending ?? "unset"}, the contract ${declared.maxAckPending ?? 1000}: ${fix}`
-    })
-  }
-  if ((live.filter_subject || undefined) !== declared.filterSubject) {
-    findings.push({
-      severity: "error",
-      target,
-      check: "filter_subject",
-      message: `${target} filters ${live.filter_subject || "nothing"}, the contract ${declared.filterSubject ?? "nothing"}: ${fix}`
-    })
+  if ((live.filter_subject || undefined) !== wanted.filter_subject) {
+    differs("filter_subject", live.filter_subject || "none", wanted.filter_subject ?? "none")
   }
   return findings
 }
@@ -224,21 +210,20 @@ export const streamFindings = (
   if (missing.length > 0) {
     add("subjects", `${target} does not capture ${missing.join(", ")}, which the contract lists: apply the contract (Topology.ensureStream)`)
   }
-  const storage = declared.storage ?? "file"
-  if (live.storage !== undefined && live.storage !== storage) {
-    add("storage", `${target} has ${live.storage} storage, the contract ${storage}: storage cannot change in place; create a new stream and move the consumers, or change the contract`)
+  // The declaration stands for the config `Topology` would apply, defaults included.
+  const wanted = Topology.streamConfig(declared)
+  if (live.storage !== undefined && live.storage !== wanted.storage) {
+    add("storage", `${target} has ${live.storage} storage, the contract ${wanted.storage}: storage cannot change in place; create a new stream and move the consumers, or change the contract`)
   }
-  const replicas = declared.replicas ?? 1
-  if ((live.num_replicas ?? 1) !== replicas) {
-    add("replicas", `${target} has ${live.num_replicas ?? 1} replicas, the contract ${replicas}: apply the contract or change it`)
+  if ((live.num_replicas ?? 1) !== wanted.num_replicas) {
+    add("replicas", `${target} has ${live.num_replicas ?? 1} replicas, the contract ${wanted.num_replicas}: apply the contract or change it`)
   }
-  const window = millis(declared.duplicateWindow, "2 minutes")
   const liveWindow = nanosToMillis(live.duplicate_window)
-  if (liveWindow !== window) {
-    add("duplicate_window", `${target} has a duplicate window of ${formatMillis(liveWindow)}, the contract ${formatMillis(window)}: apply the contract or change it`)
+  if (live.duplicate_window !== wanted.duplicate_window) {
+    add("duplicate_window", `${target} has a duplicate window of ${formatMillis(liveWindow)}, the contract ${formatMillis(nanosToMillis(wanted.duplicate_window))}: apply the contract or change it`)
   }
   if (publishHorizon !== undefined) {
-    const horizon = millis(publishHorizon, 0)
+    const horizon = Duration.toMillis(Duration.fromInputUnsafe(publishHorizon))
     if (horizon > liveWindow) {
       findings.push({
         severity: "warning",
@@ -250,9 +235,9 @@ export const streamFindings = (
       })
     }
   }
-  const maxAge = millis(declared.maxAge, 0)
-  if (nanosToMillis(live.max_age) !== maxAge) {
-    add("max_age", `${target} keeps messages for ${nanosToMillis(live.max_age) === 0 ? "ever" : formatMillis(nanosToMillis(live.max_age))}, the contract ${maxAge === 0 ? "for ever" : formatMillis(maxAge)}: apply the contract or change it`)
+  if ((live.max_age ?? 0) !== wanted.max_age) {
+    const keeps = (nanos: number | undefined) => (nanos ?? 0) === 0 ? "for ever" : `for ${formatMillis(nanosToMillis(nanos))}`
+    add("max_age", `${target} keeps messages ${keeps(live.max_age)}, the contract ${keeps(wanted.max_age)}: apply the contract or change it`)
   }
   return findings
 }
@@ -293,7 +278,10 @@ export const check = (contract: Contract): Effect.Effect<ReadonlyArray<Finding>,
         })
         continue
       }
-      findings.push(...declaredConsumerFindings(target, info.config, consumer), ...consumerFindings(target, info.config, consumer.expect))
+      findings.push(
+        ...declaredConsumerFindings(target, info.config, consumer, name),
+        ...consumerFindings(target, info.config, consumer.expect)
+      )
     }
     return findings
   })

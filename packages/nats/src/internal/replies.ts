@@ -77,6 +77,20 @@ export const make = (connection: Connection): Replies => {
     return subscription
   }
 
+  // Forgets the entries before `head`: all of them once none is left, or by copying the rest
+  // once the forgotten ones are most of the array.
+  const forgetBefore = (queue: Expiries, head: number) => {
+    if (head === queue.entries.length) {
+      queue.entries = []
+      queue.head = 0
+    } else if (head >= 1024 && head * 2 >= queue.entries.length) {
+      queue.entries = queue.entries.slice(head)
+      queue.head = 0
+    } else {
+      queue.head = head
+    }
+  }
+
   // Replies mostly come in the order of the requests, so the settled ones are dropped from the
   // front as new ones arrive: the queue holds about what is in flight, not every request of the
   // last `timeoutMillis` (at 10k acks/s and a 5 s bound that was 50k entries kept alive, a
@@ -85,37 +99,26 @@ export const make = (connection: Connection): Replies => {
     const entries = queue.entries
     let head = queue.head
     while (head < entries.length && entries[head]!.done) head++
-    if (head === entries.length) {
-      entries.length = 0
-      head = 0
-    } else if (head >= 1024 && head * 2 >= entries.length) {
-      queue.entries = entries.slice(head)
-      head = 0
-    }
-    queue.head = head
+    forgetBefore(queue, head)
   }
 
   // Fires at the oldest live deadline of one timeout; what has settled meanwhile is skipped.
   const arm = (queue: Expiries) => {
     const now = Date.now()
     const entries = queue.entries
-    while (queue.head < entries.length) {
-      const entry = entries[queue.head]!
+    let head = queue.head
+    while (head < entries.length) {
+      const entry = entries[head]!
       if (!entry.done) {
         if (entry.deadline > now) break
         settle(entry, Effect.fail(timedOut(entry.operation, queue.timeoutMillis)))
       }
-      queue.head++
+      head++
     }
-    if (queue.head === entries.length) {
-      queue.entries = []
-      queue.head = 0
+    forgetBefore(queue, head)
+    if (queue.entries.length === 0) {
       queue.timer = undefined
       return
-    }
-    if (queue.head > 1024) {
-      queue.entries = entries.slice(queue.head)
-      queue.head = 0
     }
     queue.timer = setTimeout(() => arm(queue), queue.entries[queue.head]!.deadline - now)
   }
