@@ -113,7 +113,7 @@ const requirements: ReadonlyArray<Requirement> = [
   {
     id: "INT-NATS-002",
     title: "Stream and consumer contract",
-    inScope: false,
+    inScope: true,
     verifications: [
       { line: "review of subjects and expectations", match: /review of subjects/i },
       { line: "AckWait/BackOff, MaxDeliver and MaxAckPending compared against timeouts, idempotency and capacity", match: /compared against timeouts/i },

@@ -4,13 +4,14 @@
  * transaction and in batch mode; at seeded random moments a
  * worker is frozen past its AckWait (SIGSTOP, then SIGCONT) or killed (SIGKILL, then restarted).
  * Afterwards every transfer is applied exactly once: one row each, and every balance exactly what
- * the transfers make of it. The seed is printed on failure (`JW_CHAOS_SEED` replays the schedule).
+ * the transfers make of it; and each transfer's `ledger.applied` event, recorded in the outbox
+ * and published by the workers' relays (killed with them), is stored exactly once. The seed is printed on failure (`JW_CHAOS_SEED` replays the schedule).
  */
 import { assert, describe, layer } from "@effect/vitest"
 import { DeadLetter } from "@jetworker/nats"
 import { Eventually, TestDatabase } from "@jetworker/testing"
 import { Duration, Effect, Fiber } from "effect"
-import { balances, ledgerStream, openAccount, transfer, transferCounts, uniquePrefix, workerEnv } from "./support/ledger.ts"
+import { appliedCopies, balances, expectedBalances, ledgerStream, openAccount, transfer, transferCounts, uniquePrefix, workerEnv } from "./support/ledger.ts"
 import { databaseUrl, LedgerTestLive, natsUrl } from "./support/services.ts"
 import { generator } from "./support/random.ts"
 import * as W from "./support/worker.ts"
@@ -89,18 +90,22 @@ describe("chaos", () => {
           Effect.map(stream.info, (info) => info.num_pending === 0 && info.num_ack_pending === 0),
           "60 seconds"
         )
+        // The relays (one at a time, killed with their workers) publish every applied event.
+        yield* Eventually.holds(
+          "every applied event published",
+          Effect.map(appliedCopies(settings, p), (copies) => copies.size === transfers.length),
+          "60 seconds"
+        )
         for (const worker of workers) yield* worker.child.kill("SIGTERM")
         for (const worker of workers) yield* worker.child.waitForExit("15 seconds")
 
         const counts = yield* transferCounts(transfers.map((t) => t.id))
         assert.isTrue([...counts.values()].every((n) => n === 1), `seed ${seed}`)
-        const expected: Record<string, bigint> = Object.fromEntries(accounts.map((acct) => [acct, 1_000_00n]))
-        for (const t of transfers) {
-          expected[t.from] = expected[t.from]! - BigInt(t.amount)
-          expected[t.to] = expected[t.to]! + BigInt(t.amount)
-        }
-        assert.deepStrictEqual(yield* balances(accounts), expected, `seed ${seed}: balances`)
+        assert.deepStrictEqual(yield* balances(accounts), expectedBalances(accounts, 1_000_00n, transfers), `seed ${seed}: balances`)
         assert.deepStrictEqual(yield* DeadLetter.list(stream.deadLetterStream), [], `seed ${seed}: nothing dead-lettered`)
+        const copies = yield* appliedCopies(settings, p)
+        assert.deepStrictEqual([...copies.values()].filter((n) => n !== 1), [], `seed ${seed}: each applied event stored once`)
+        assert.strictEqual(copies.size, transfers.length)
       }), 150_000)
     }
   })

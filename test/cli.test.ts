@@ -3,7 +3,7 @@
  * code and output.
  */
 import { assert, describe, it, layer } from "@effect/vitest"
-import { NatsConnection } from "@jetworker/nats"
+import { NatsConnection, Topology } from "@jetworker/nats"
 import { ChildWorker, TestStream } from "@jetworker/testing"
 import { Effect } from "effect"
 import { readFileSync, writeFileSync } from "node:fs"
@@ -14,6 +14,7 @@ import { NatsLive, natsUrl } from "./support/services.ts"
 
 const bin = fileURLToPath(new URL("../packages/cli/src/bin/jetworker.ts", import.meta.url))
 const reference = fileURLToPath(new URL("../examples/ledger/deploy/deployment.yaml", import.meta.url))
+const ledgerContract = fileURLToPath(new URL("../examples/ledger/contract.json", import.meta.url))
 
 const jetworker = (...args: Array<string>) =>
   Effect.gen(function*() {
@@ -67,7 +68,11 @@ describe("jetworker CLI", () => {
           ["dlq", "--help"],
           ["dlq", "list", "--help"],
           ["dlq", "replay", "--help"],
-          ["dlq", "recover", "--help"]
+          ["dlq", "recover", "--help"],
+          ["contract", "--help"],
+          ["contract", "check", "--help"],
+          ["contract", "diff", "--help"],
+          ["contract", "apply", "--help"]
         ]
       ) {
         const run = yield* jetworker(...args)
@@ -77,6 +82,72 @@ describe("jetworker CLI", () => {
     }), 120_000)
 
   layer(NatsLive, { excludeTestServices: true })((it) => {
+    it.effect("INT-NATS-002: jetworker contract apply, diff and check on the ledger's contract: check exits 0 when the server fits and 1 with a readable report when MaxDeliver is not above the attempts; diff and --dry-run write nothing; apply without a terminal needs --yes", () =>
+      Effect.gen(function*() {
+        const { manager } = yield* NatsConnection.NatsConnection
+        // The reviewed ledger contract, on a stream of this run.
+        const stream = `CLI_${crypto.randomUUID().slice(0, 8).toUpperCase()}`
+        const file = join(tmpdir(), `jw-contract-${process.pid}-${stream}.json`)
+        writeFileSync(
+          file,
+          readFileSync(ledgerContract, "utf8").replace("\"LEDGER\"", `"${stream}"`).replace("ledger.transfer.>", `${stream.toLowerCase()}.transfer.>`)
+        )
+        yield* Effect.addFinalizer(() => Effect.promise(() => manager.streams.delete(stream).catch(() => false)))
+        const server = ["--server", natsUrl]
+
+        const absent = yield* jetworker("contract", "check", "--contract", file, ...server)
+        assert.strictEqual(absent.code, 1, absent.stderr)
+        assert.include(absent.stdout, `stream ${stream} does not exist: apply the contract`)
+        const dryRun = yield* jetworker("contract", "apply", "--contract", file, "--dry-run", ...server)
+        assert.strictEqual(dryRun.code, 0, dryRun.stderr)
+        assert.include(dryRun.stdout, `+ create stream ${stream}\n+ create consumer ${stream}/ledger-applier`)
+        const unconfirmed = yield* jetworker("contract", "apply", "--contract", file, ...server)
+        assert.strictEqual(unconfirmed.code, 1)
+        assert.include(unconfirmed.stderr, "pass --yes")
+        assert.strictEqual(yield* Effect.promise(() => manager.streams.info(stream).then(() => true, () => false)), false, "nothing written")
+
+        const applied = yield* jetworker("contract", "apply", "--contract", file, "--yes", ...server)
+        assert.strictEqual(applied.code, 0, applied.stderr)
+        assert.include(applied.stdout, "applied 2 change(s)")
+        const fits = yield* jetworker("contract", "check", "--contract", file, ...server)
+        assert.strictEqual(fits.code, 0, fits.stdout + fits.stderr)
+        assert.include(fits.stdout, `the server fits the contract of stream ${stream}, version 1 (service-owned)`)
+        const same = yield* jetworker("contract", "diff", "--contract", file, ...server)
+        assert.strictEqual(same.code, 0)
+        assert.include(same.stdout, "nothing to change")
+
+        // An operator lowers MaxDeliver to the attempts: the last attempt could not dead-letter.
+        yield* Topology.ensureConsumer({ stream, name: "ledger-applier", ackWait: "30 seconds", maxDeliver: 5, maxAckPending: 1000 })
+        const broken = yield* jetworker("contract", "check", "--contract", file, ...server)
+        assert.strictEqual(broken.code, 1)
+        assert.include(broken.stdout, `ERROR   consumer ${stream}/ledger-applier [max_deliver]`)
+        assert.include(broken.stdout, "has max_deliver 5; it must exceed the retry policy's 5 attempts")
+        assert.include(broken.stdout, `the server does NOT fit the contract of stream ${stream}`)
+        const json = yield* jetworker("contract", "check", "--contract", file, "--json", ...server)
+        assert.strictEqual(json.code, 1)
+        const report = JSON.parse(json.stdout) as { readonly ok: boolean; readonly findings: ReadonlyArray<{ readonly check: string }> }
+        assert.isFalse(report.ok)
+        assert.includeMembers(report.findings.map((f) => f.check), ["max_deliver"])
+        const diff = yield* jetworker("contract", "diff", "--contract", file, ...server)
+        assert.strictEqual(diff.code, 1)
+        assert.include(diff.stdout, `~ consumer ${stream}/ledger-applier max_deliver: 5 -> 11`)
+        const preview = yield* jetworker("contract", "apply", "--contract", file, "--dry-run", ...server)
+        assert.strictEqual(preview.code, 0)
+        assert.strictEqual((yield* Effect.promise(() => manager.consumers.info(stream, "ledger-applier"))).config.max_deliver, 5, "a dry run writes nothing")
+        const fixed = yield* jetworker("contract", "apply", "--contract", file, "--yes", ...server)
+        assert.strictEqual(fixed.code, 0, fixed.stderr)
+        assert.strictEqual((yield* jetworker("contract", "check", "--contract", file, ...server)).code, 0)
+
+        // It cannot run: an unreadable contract, an unreachable server (2).
+        const unreadable = join(tmpdir(), `jw-contract-${process.pid}-bad.json`)
+        writeFileSync(unreadable, JSON.stringify({ version: "1", ownership: "shared" }))
+        const bad = yield* jetworker("contract", "check", "--contract", unreadable, ...server)
+        assert.strictEqual(bad.code, 2)
+        assert.include(bad.stderr, "the contract is unreadable: ownership:")
+        const unreachable = yield* jetworker("contract", "check", "--contract", file, "--server", "nats://127.0.0.1:1")
+        assert.strictEqual(unreachable.code, 2)
+      }).pipe(Effect.scoped), 120_000)
+
     it.effect("dlq recover stores a message the broker gave up on, dlq list shows it with its cause, dlq replay sends it back once", () =>
       Effect.gen(function*() {
         const stream = yield* TestStream.make()

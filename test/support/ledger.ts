@@ -2,7 +2,8 @@
  * Helpers for tests of the reference ledger: settings pointing the worker at a throw-away stream,
  * transfer payloads, and the checks every exactly-once test makes.
  */
-import { DateTime, Duration, Effect } from "effect"
+import { NatsConnection } from "@jetworker/nats"
+import { DateTime, Duration, Effect, Schedule } from "effect"
 import { SqlClient } from "effect/sql"
 import { TestStream } from "@jetworker/testing"
 import { openAccount } from "../../examples/ledger/src/Ledger.ts"
@@ -11,9 +12,15 @@ import { toJson } from "../../examples/ledger/src/TransferEvent.ts"
 
 export { openAccount, totalBalance, transferCount } from "../../examples/ledger/src/Ledger.ts"
 
+/**
+ * Where test workers' applied events go: one stream shared by every test (events are told apart
+ * by their transfer ids, unique per test), so that no test leaves a stream of its own behind.
+ */
+export const testApplied = { appliedStream: "LEDGER_APPLIED_TEST", appliedSubjectPrefix: "test.ledger.applied" } as const
+
 /** Worker settings for `stream` (its subjects, its consumer), with a short lease so redelivery is quick. */
 export const settingsFor = (
-  stream: TestStream.TestStream,
+  stream: Pick<TestStream.TestStream, "stream" | "subjectPrefix" | "consumer">,
   overrides: Partial<LedgerWorker.Settings> = {}
 ): LedgerWorker.Settings => ({
   stream: stream.stream,
@@ -27,6 +34,8 @@ export const settingsFor = (
   attempts: 5,
   retryBase: Duration.millis(50),
   inProcessRetries: 2,
+  replicas: 1,
+  ...testApplied,
   ...overrides
 })
 
@@ -67,6 +76,9 @@ export const workerEnv = (settings: LedgerWorker.Settings, schema: string, datab
   LEDGER_ATTEMPTS: String(settings.attempts),
   LEDGER_RETRY_BASE: `${Duration.toMillis(settings.retryBase)} millis`,
   LEDGER_IN_PROCESS_RETRIES: String(settings.inProcessRetries),
+  LEDGER_APPLIED_STREAM: settings.appliedStream,
+  LEDGER_APPLIED_SUBJECT_PREFIX: settings.appliedSubjectPrefix,
+  LEDGER_REPLICAS: String(settings.replicas),
   // A free loopback port per child, so parallel tests never collide on the health server.
   HEALTH_PORT: "0",
   HEALTH_HOST: "127.0.0.1"
@@ -116,3 +128,30 @@ export const balances = Effect.fnUntraced(function*(ids: ReadonlyArray<string>) 
     SELECT id, balance::text AS balance FROM accounts WHERE id IN ${sql.in(ids)}`
   return Object.fromEntries(rows.map((row) => [row.id, BigInt(row.balance)]))
 })
+
+/**
+ * How many copies of each applied event under transfer-id prefix `p` the applied stream holds,
+ * by subject (`<applied prefix>.<p>.<rest of the id>`).
+ */
+export const appliedCopies = Effect.fnUntraced(function*(settings: LedgerWorker.Settings, p: string) {
+  const { manager } = yield* NatsConnection.NatsConnection
+  // Retried: on a cluster the API times out while a new leader is elected.
+  const info = yield* Effect.tryPromise(() =>
+    manager.streams.info(settings.appliedStream, { subjects_filter: `${LedgerWorker.appliedSubject(settings, p)}.>` })
+  ).pipe(Effect.retry({ schedule: Schedule.spaced("250 millis"), times: 40 }))
+  return new Map(Object.entries(info.state.subjects ?? {}))
+})
+
+/** The balance each of `accounts` (all opened with `opening`) has once every one of `transfers` is applied once. */
+export const expectedBalances = (
+  accounts: ReadonlyArray<string>,
+  opening: bigint,
+  transfers: ReadonlyArray<{ readonly from: string; readonly to: string; readonly amount: number }>
+): Record<string, bigint> => {
+  const expected: Record<string, bigint> = Object.fromEntries(accounts.map((account) => [account, opening]))
+  for (const t of transfers) {
+    expected[t.from] = expected[t.from]! - BigInt(t.amount)
+    expected[t.to] = expected[t.to]! + BigInt(t.amount)
+  }
+  return expected
+}

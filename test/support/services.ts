@@ -2,7 +2,7 @@
  * The real services the cross-package tests use, and Layers over them: NATS from `NATS_URL`
  * (default 127.0.0.1:4222) and PostgreSQL from `DATABASE_URL` (a throw-away schema per layer).
  */
-import { Migrations, PgIdempotencyStore } from "@jetworker/sql-pg"
+import { Migrations, PgIdempotencyStore, PgOutbox } from "@jetworker/sql-pg"
 import { NatsConnection } from "@jetworker/nats"
 import { TestDatabase } from "@jetworker/testing"
 import { Layer } from "effect"
@@ -24,11 +24,12 @@ export const MigratedLive = Layer.effectDiscard(Migrations.run).pipe(
 
 /**
  * Everything a ledger test needs in-process: NATS, a fresh migrated schema with a client, the
- * schema's name (`TestDatabase.TestSchema`) and the PostgreSQL idempotency store.
+ * schema's name (`TestDatabase.TestSchema`), the PostgreSQL idempotency store and the outbox (no
+ * relay: its rows stay in the schema).
  */
 export const LedgerTestLive = Layer.mergeAll(
   NatsLive,
-  PgIdempotencyStore.layer().pipe(
+  Layer.merge(PgIdempotencyStore.layer(), PgOutbox.layer()).pipe(
     Layer.provideMerge(MigratedLive),
     Layer.provideMerge(TestDatabase.layer())
   )

@@ -1,13 +1,16 @@
 /**
  * The reference worker: consumer `ledger-applier` on stream `LEDGER` (subjects
  * `ledger.transfer.>`) applies each transfer exactly once, in one PostgreSQL transaction with its
- * dedup row. Everything is configured from the environment (see {@link Settings}); the stream,
- * consumer and tables are declared on start (this service owns its consumer).
+ * dedup row and a `ledger.applied.<transfer id>` event recorded in the outbox, which the outbox
+ * relay publishes to stream `LEDGER_APPLIED` (subjects `ledger.applied.>`; never to `LEDGER`,
+ * whose consumer must not receive them). Everything is configured from the environment (see
+ * {@link Settings}); the streams, consumer and tables are declared on start (this service owns
+ * them).
  */
 import { PgClient } from "@effect/sql-pg"
-import { Consumer, IdempotencyStore, Lifecycle, type Outcome, Retry } from "@jetworker/core"
-import { JetStreamSource, NatsConnection, Topology } from "@jetworker/nats"
-import { Migrations, PgAttemptStore, PgIdempotencyStore } from "@jetworker/sql-pg"
+import { Consumer, Envelope, IdempotencyStore, Lifecycle, type Outcome, Outbox, Retry } from "@jetworker/core"
+import { Contract, JetStreamSource, NatsConnection, Publisher, Topology } from "@jetworker/nats"
+import { Migrations, PgAttemptStore, PgIdempotencyStore, PgOutbox } from "@jetworker/sql-pg"
 import { Config, Duration, Effect, Layer, Redacted } from "effect"
 import { SqlClient } from "effect/sql"
 import { applyTransfer, lockAccounts } from "./Ledger.ts"
@@ -47,6 +50,15 @@ export interface Settings {
   readonly retryBase: Duration.Duration
   /** `LEDGER_IN_PROCESS_RETRIES`, default 2: quick retries inside one attempt before a nak. */
   readonly inProcessRetries: number
+  /** `LEDGER_APPLIED_STREAM`, default `LEDGER_APPLIED`: where the applied events are stored. */
+  readonly appliedStream: string
+  /**
+   * `LEDGER_APPLIED_SUBJECT_PREFIX`, default `ledger.applied`: applied events go to
+   * `<prefix>.<transfer id>`; the applied stream captures `<prefix>.>`.
+   */
+  readonly appliedSubjectPrefix: string
+  /** `LEDGER_REPLICAS`, default 1: replicas of both streams (3 on a three-node JetStream cluster). */
+  readonly replicas: number
 }
 
 /** Reads {@link Settings} from the environment. */
@@ -61,7 +73,10 @@ export const settings = Config.all({
   batchWait: Config.Duration("LEDGER_BATCH_WAIT").pipe(Config.withDefault(Duration.millis(20))),
   attempts: Config.Int("LEDGER_ATTEMPTS").pipe(Config.withDefault(5)),
   retryBase: Config.Duration("LEDGER_RETRY_BASE").pipe(Config.withDefault(Duration.millis(200))),
-  inProcessRetries: Config.Int("LEDGER_IN_PROCESS_RETRIES").pipe(Config.withDefault(2))
+  inProcessRetries: Config.Int("LEDGER_IN_PROCESS_RETRIES").pipe(Config.withDefault(2)),
+  appliedStream: Config.String("LEDGER_APPLIED_STREAM").pipe(Config.withDefault("LEDGER_APPLIED")),
+  appliedSubjectPrefix: Config.String("LEDGER_APPLIED_SUBJECT_PREFIX").pipe(Config.withDefault("ledger.applied")),
+  replicas: Config.Int("LEDGER_REPLICAS").pipe(Config.withDefault(1))
 })
 
 /** How the handler's typed errors are treated; the compiler checks that none is missing. */
@@ -72,7 +87,8 @@ const classify = {
   TransferRefused: "permanent",
   RiskCheckUnavailable: "transient",
   SqlError: "isRetryable",
-  IdempotencyError: "isRetryable"
+  IdempotencyError: "isRetryable",
+  OutboxError: "transient"
 } as const
 
 /** Attempts and backoff: exponential from `LEDGER_RETRY_BASE`, jittered, capped at 30 s. */
@@ -84,8 +100,31 @@ const retry = (settings: Settings) =>
     inProcessRetries: settings.inProcessRetries
   })
 
-/** The transfer's effect: the risk check (an HTTP call, when configured), then the transfer. */
-const apply = (event: TransferEvent) => Effect.andThen(RiskCheck.check(event), applyTransfer(event))
+/**
+ * The subject of a transfer's applied event: `<prefix>.<transfer id>`, each dot-separated part of
+ * the id a subject token (other characters than letters, digits, `_` and `-` become `_`, an empty
+ * part `_`; the event's id itself stays exact).
+ */
+export const appliedSubject = (settings: Settings, transferId: string): string =>
+  `${settings.appliedSubjectPrefix}.${transferId.split(".").map((token) => token.replace(/[^A-Za-z0-9_-]/g, "_") || "_").join(".")}`
+
+/** The event recorded for an applied transfer: an envelope of type `ledger.applied` with the transfer's id. */
+const recordApplied = (settings: Settings, event: TransferEvent) =>
+  Effect.flatMap(
+    Envelope.make({
+      type: "ledger.applied",
+      id: event.id,
+      data: { transferId: event.id, from: event.from, to: event.to, amount: event.amount, currency: event.currency }
+    }),
+    (applied) => Outbox.recordEnvelope(appliedSubject(settings, event.id), applied)
+  )
+
+/**
+ * The transfer's effect: the risk check (an HTTP call, when configured), the transfer, and its
+ * applied event in the outbox, all in the caller's transaction.
+ */
+const applyWith = (settings: Settings) => (event: TransferEvent) =>
+  RiskCheck.check(event).pipe(Effect.andThen(applyTransfer(event)), Effect.andThen(recordApplied(settings, event)))
 
 /** The consumer definition: one transfer per transaction, or batches when `LEDGER_BATCH_SIZE` > 0. */
 export const consumer = (
@@ -93,6 +132,7 @@ export const consumer = (
   onOutcome?: (outcome: Outcome.Outcome) => Effect.Effect<void>
 ) => {
   if (settings.batchSize > 0) return batchConsumer(settings, onOutcome)
+  const apply = applyWith(settings)
   return Consumer.make({
     name: settings.consumer, // "ledger-applier": also the deduplication scope
     source: JetStreamSource.make({ stream: settings.stream, consumer: settings.consumer }),
@@ -117,8 +157,9 @@ export const consumer = (
 export const batchConsumer = (
   settings: Settings,
   onOutcome?: (outcome: Outcome.Outcome) => Effect.Effect<void>
-) =>
-  Consumer.makeBatch({
+) => {
+  const apply = applyWith(settings)
+  return Consumer.makeBatch({
     name: settings.consumer,
     source: JetStreamSource.make({ stream: settings.stream, consumer: settings.consumer }),
     schema: TransferEvent,
@@ -137,24 +178,63 @@ export const batchConsumer = (
     concurrency: settings.concurrency,
     onOutcome
   })
+}
 
-/** Declares the stream and consumer (MaxDeliver above the crash-loop guard) and runs both sets of migrations. */
+/** Instances of the worker reading the consumer at once: the deployment's `replicas`. */
+export const instances = 3
+
+/**
+ * The ledger's contract with its stream (INT-NATS-002) for `settings`: the closed list of
+ * subjects, the stream, the consumer (MaxDeliver above the crash-loop guard) and what the worker
+ * expects of it. Its file form for the default settings, `examples/ledger/contract.json`, is the
+ * reviewed copy (a test keeps the two equal) that CI checks against the live server with
+ * `jetworker contract check`.
+ */
+export const contract = (settings: Settings): Contract.Contract => ({
+  version: "1",
+  ownership: "service",
+  stream: {
+    name: settings.stream,
+    subjects: [`${settings.subjectPrefix}.>`],
+    duplicateWindow: "2 minutes",
+    maxAge: "7 days",
+    replicas: settings.replicas
+  },
+  consumers: [{
+    name: settings.consumer,
+    ackWait: settings.ackWait,
+    // Above the engine's crash-loop guard (twice the attempts): attempts are failed handler
+    // runs (the attempt store), and releases at shutdown must not run a message out of deliveries.
+    maxDeliver: 2 * settings.attempts + 1,
+    maxAckPending: 1000,
+    expect: {
+      attempts: settings.attempts,
+      // In batch mode the engine holds up to a batch per running handler.
+      concurrency: settings.batchSize > 0 ? settings.concurrency * settings.batchSize : settings.concurrency,
+      prefetch: settings.batchSize > 0 ? settings.concurrency * settings.batchSize : settings.concurrency,
+      instances,
+      ordering: settings.batchSize > 0 || settings.ordering === "unordered" ? "Unordered" : "PerKey",
+      maxProcessingTime: "30 seconds", // the default handlerTimeout
+      idempotent: true // IdempotencyStore.commit
+    }
+  }],
+  // Covers the demo's publisher with its default retries (Publisher.republishHorizon(): about 27 s).
+  publishHorizon: "30 seconds"
+})
+
+/**
+ * Applies the contract (this service owns its stream and consumer), declares the applied events'
+ * stream (its duplicate window covers the relay's republishes), and runs both sets of migrations.
+ */
 export const setup = (settings: Settings) =>
   Effect.gen(function*() {
+    yield* Contract.apply(contract(settings))
     yield* Topology.ensureStream({
-      name: settings.stream,
-      subjects: [`${settings.subjectPrefix}.>`],
+      name: settings.appliedStream,
+      subjects: [`${settings.appliedSubjectPrefix}.>`],
       duplicateWindow: "2 minutes",
-      maxAge: "7 days"
-    })
-    yield* Topology.ensureConsumer({
-      stream: settings.stream,
-      name: settings.consumer,
-      ackWait: settings.ackWait,
-      // Above the engine's crash-loop guard (twice the attempts): attempts are failed handler
-      // runs (the attempt store), and releases at shutdown must not run a message out of deliveries.
-      maxDeliver: 2 * settings.attempts + 1,
-      maxAckPending: 1000
+      maxAge: "7 days",
+      replicas: settings.replicas
     })
     // Under a starting worker, waits (bounded by STARTUP_TIMEOUT) for a database that is not up yet.
     yield* Lifecycle.waitFor("postgres", Effect.andThen(Migrations.run, LedgerMigrations.run), {
@@ -184,18 +264,20 @@ export const DatabaseLive = Layer.unwrap(Effect.gen(function*() {
   })
 }))
 
+const NatsLive = Lifecycle.resource("nats", NatsConnection.layerConfig({ name: "ledger-applier" }))
+
+const PostgresLive = Lifecycle.resource("postgres", DatabaseLive, { check: SqlClient.SqlClient.use((sql) => sql`SELECT 1`) })
+
 /**
- * Everything the worker needs: NATS (`NATS_URL`), PostgreSQL with the idempotency and attempt stores, and the
- * risk check (`LEDGER_RISK_URL`, with its HTTP client when set). Each is a `Lifecycle.resource`: the worker's shutdown closes it as one stage within the close share, and
- * readiness reflects PostgreSQL through a `SELECT 1` every 5 seconds (NATS through its connection
- * status).
+ * Everything the worker needs: NATS (`NATS_URL`), PostgreSQL with the idempotency and attempt
+ * stores and the outbox, the outbox relay (publishing through NATS), and the risk check
+ * (`LEDGER_RISK_URL`, with its HTTP client when set). NATS and PostgreSQL are
+ * `Lifecycle.resource`s: the worker's shutdown closes each as one stage within the close share
+ * (after the relay, which depends on both), and readiness reflects PostgreSQL through a
+ * `SELECT 1` every 5 seconds (NATS through its connection status).
  */
 export const WorkerLive = Layer.mergeAll(
-  Lifecycle.resource("nats", NatsConnection.layerConfig({ name: "ledger-applier" })),
   RiskCheck.layerConfig,
-  Layer.merge(PgIdempotencyStore.layer(), PgAttemptStore.layer()).pipe(
-    Layer.provideMerge(
-      Lifecycle.resource("postgres", DatabaseLive, { check: SqlClient.SqlClient.use((sql) => sql`SELECT 1`) })
-    )
-  )
-)
+  Layer.mergeAll(PgIdempotencyStore.layer(), PgAttemptStore.layer(), PgOutbox.layer()),
+  PgOutbox.layerRelay().pipe(Layer.provide(Publisher.outboxPublisher()))
+).pipe(Layer.provideMerge(PostgresLive), Layer.provideMerge(NatsLive))

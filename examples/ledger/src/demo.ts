@@ -4,14 +4,15 @@
  * duplicate, a malformed payload, an invalid amount, an unknown account, insufficient funds, an
  * expired transfer, and one whose database insert fails transiently on purpose), runs the worker
  * until every one of them has settled, prints a table of outcomes, and checks that the total money
- * is unchanged, that each transfer took effect at most once and that the dead-letter stream holds
- * the failures. Runs under `Worker.runMain` like the worker itself; exits 0 when every check holds,
+ * is unchanged, that each transfer took effect at most once, that each committed transfer's
+ * `ledger.applied` event was published once (through the outbox relay) and that the dead-letter
+ * stream holds the failures. Runs under `Worker.runMain` like the worker itself; exits 0 when every check holds,
  * 1 otherwise.
  */
 import type { Outcome } from "@jetworker/core"
 import { DeadLetter, NatsConnection, Publisher } from "@jetworker/nats"
 import { Worker } from "@jetworker/node"
-import { Console, DateTime, Deferred, Duration, Effect, Fiber, Layer, References } from "effect"
+import { Console, DateTime, Deferred, Duration, Effect, Fiber, Layer, References, Schedule } from "effect"
 import { SqlClient } from "effect/sql"
 import { openAccount, totalBalance, transferCount } from "./Ledger.ts"
 import * as LedgerWorker from "./LedgerWorker.ts"
@@ -134,6 +135,18 @@ const program = Effect.gen(function*() {
   const settled = yield* Deferred.await(allSettled).pipe(Effect.timeoutOption("60 seconds"))
   yield* Fiber.interrupt(worker)
 
+  // The applied events of this run's committed transfers, published by the outbox relay (which
+  // runs beside the worker): stored once each, within a bound.
+  const committed = cases.filter((c) => c.expected === "Committed").length
+  const appliedCopies = () => manager.streams.info(settings.appliedStream, {
+    subjects_filter: `${LedgerWorker.appliedSubject(settings, run)}.>`
+  }).then((info) => Object.values(info.state.subjects ?? {}), () => [] as Array<number>)
+  const applied = yield* Effect.promise(appliedCopies).pipe(
+    Effect.repeat({ until: (copies) => copies.length >= committed, schedule: Schedule.spaced("100 millis") }),
+    Effect.timeoutOption("10 seconds"),
+    Effect.flatMap((copies) => copies._tag === "Some" ? Effect.succeed(copies.value) : Effect.promise(appliedCopies))
+  )
+
   // Report.
   yield* Console.log(`\njetworker ledger demo (${run}): ${cases.length} transfers on ${settings.stream}\n`)
   yield* Console.log(`${pad("seq", 6)}${pad("case", 28)}${pad("outcome(s)", 30)}detail`)
@@ -155,8 +168,12 @@ const program = Effect.gen(function*() {
   if (before !== after) problems.push(`total money changed: ${before} -> ${after}`)
   if (t1 !== 1) problems.push(`transfer t1 recorded ${t1} times`)
   if (dead.length !== expectedDead) problems.push(`dead-letter stream holds ${dead.length} of ${expectedDead} failures`)
+  if (applied.length !== committed || applied.some((n) => n !== 1)) {
+    problems.push(`${settings.appliedStream} holds ${applied.length} applied events (copies: ${applied.join(", ")}), expected ${committed} stored once each`)
+  }
   yield* Console.log(`\ntotal money before ${before}, after ${after}: ${before === after ? "unchanged" : "CHANGED"}`)
   yield* Console.log(`t1 applied ${t1} time(s); dead-letter stream ${settings.stream}_DLQ holds ${dead.length} of them`)
+  yield* Console.log(`${applied.length} ledger.applied events on ${settings.appliedStream}, one per committed transfer, each stored ${applied.every((n) => n === 1) ? "once" : "MORE THAN ONCE"}`)
   if (problems.length > 0) {
     yield* Console.error(`\nFAILED:\n- ${problems.join("\n- ")}`)
     return yield* Effect.fail(new Error("demo checks failed"))

@@ -5,3 +5,4 @@
  */
 export * as ConfigCheck from "./ConfigCheck.ts"
 export * as DeadLetters from "./DeadLetters.ts"
+export * as Contracts from "./Contracts.ts"

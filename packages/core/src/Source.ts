@@ -50,6 +50,8 @@ export interface OpenOptions {
   readonly concurrency?: number | undefined
   /** Deliveries the retry policy plans; the broker's own limit must be above it. */
   readonly attempts: number
+  /** The longest one handler attempt may run; a lease shorter than it rests on extensions. */
+  readonly handlerTimeout?: Duration.Duration | undefined
   /**
    * The consumer's ordering model. `Sequential` promises stream order across redeliveries, which
    * holds only when the broker hands out one message at a time (JetStream: `max_ack_pending` 1);

@@ -6,17 +6,19 @@
  * `JetStreamSource` runs {@link consumerFindings} on the live consumer when it opens, and
  * {@link check} runs every check of a contract (in CI against a live server, or before a deploy).
  *
- * Ownership says who may write: a `service`-owned contract is applied with `Topology` (which
- * creates what is missing and brings mutable settings to the declaration), a `platform`-owned one
- * is only ever checked. This module never writes.
+ * Ownership says who may write: a `service`-owned contract is applied with {@link apply} (which
+ * creates what is missing and brings mutable settings to the declaration, through `Topology`), a
+ * `platform`-owned one is only ever checked. {@link plan} says what `apply` would change. A
+ * contract kept as a reviewed JSON file in the repository is read with {@link fromJson}.
  *
- * It deliberately does not compare settings a contract leaves out (a stream's limits in bytes or
- * messages, a consumer's deliver policy), nor fix anything it finds: each finding says what to do.
+ * The checks deliberately do not compare settings a contract leaves out (a stream's limits in
+ * bytes or messages, a consumer's deliver policy), nor fix anything they find: each finding says
+ * what to do.
  *
  * @since 0.1.0
  */
 import { AckPolicy, type ConsumerConfig, type StreamConfig } from "@nats-io/jetstream"
-import { Duration, Effect } from "effect"
+import { Data, Duration, Effect, Option, Schema, SchemaIssue } from "effect"
 import { NatsConnection } from "./NatsConnection.ts"
 import * as NatsError from "./NatsError.ts"
 import * as Topology from "./Topology.ts"
@@ -33,6 +35,16 @@ export interface Expectations {
   readonly instances?: number | undefined
   /** The ordering model. Default: `"Unordered"`. */
   readonly ordering?: "Unordered" | "PerKey" | "Sequential" | undefined
+  /**
+   * The longest one attempt may run (`Consumer.make`'s `handlerTimeout`). AckWait below it means
+   * an attempt outlives its lease unless the engine's extensions keep arriving. Default: 30 seconds.
+   */
+  readonly maxProcessingTime?: Duration.Input | undefined
+  /**
+   * Whether a second delivery of a message that is still being handled is harmless (the handler
+   * commits through an idempotency store, or its effect is idempotent). Default: `true`.
+   */
+  readonly idempotent?: boolean | undefined
 }
 
 /** One durable consumer of a contract: its declaration and what the application expects of it. */
@@ -71,6 +83,7 @@ export type Check =
   | "filter_subject"
   | "backoff"
   | "ordering"
+  | "processing_time"
 
 /** One incompatibility (`error`: the consumer must not run so) or risk (`warning`). */
 export interface Finding {
@@ -119,12 +132,41 @@ export const consumerFindings = (
         `(Topology.ensureConsumer({ maxDeliver }), or \`nats consumer edit --max-deliver\`), or lower the attempts`
     )
   }
-  if (live.backoff !== undefined && live.backoff.length > 0) {
+  const backoff = live.backoff ?? []
+  if (backoff.length > 0) {
+    // On 2.9 the stored AckWait already is backoff[0]; a nak(delay) at delivery n is redelivered
+    // after backoff[n-1] - AckWait + delay instead of after delay.
     add(
       "warning",
       "backoff",
-      `${target} has a server backoff; on NATS 2.9 it distorts the engine's nak delays: remove it from the consumer ` +
-        `(the retry policy sets the delays)`
+      `${target} has a server backoff (${backoff.map(Topology.formatNanos).join(", ")}); on NATS 2.9 it replaces AckWait ` +
+        `by its first delay and distorts the engine's nak delays (a nak after delivery n waits backoff[n] - AckWait + ` +
+        `the delay): remove it from the consumer (the retry policy sets the delays), or accept longer retry delays`
+    )
+    if (maxDeliver !== -1 && maxDeliver <= backoff.length) {
+      add(
+        "error",
+        "backoff",
+        `${target} has max_deliver ${maxDeliver} with ${backoff.length} backoff delays; the server requires max_deliver ` +
+          `above the number of delays: raise max_deliver or shorten the backoff`
+      )
+    }
+  }
+  const ackWait = nanosToMillis(live.ack_wait ?? 30_000_000_000)
+  const processing = Duration.toMillis(Duration.fromInputUnsafe(expect.maxProcessingTime ?? "30 seconds"))
+  if (ackWait < processing) {
+    const idempotent = expect.idempotent ?? true
+    add(
+      idempotent ? "warning" : "error",
+      "processing_time",
+      `${target} has AckWait ${formatMillis(ackWait)}${backoff.length > 0 ? " (its first backoff delay)" : ""}, shorter ` +
+        `than an attempt may run (${formatMillis(processing)}): such an attempt keeps its message only while the ` +
+        `engine's extensions arrive, and a pause longer than AckWait (GC, a stopped process, a broker failover) hands ` +
+        `it to another instance while it still runs` +
+        (idempotent
+          ? "; the handler is idempotent, so the second run ends Duplicate: raise AckWait to remove the risk"
+          : "; the handler is not idempotent, so both may perform the effect: raise AckWait above the processing time, " +
+            "or make the handler idempotent (IdempotencyStore.commit)")
     )
   }
   const maxAckPending = live.max_ack_pending
@@ -154,37 +196,27 @@ export const consumerFindings = (
 }
 
 /**
- * The checks of a consumer's declared settings against the live ones (the contract's promises);
- * the declaration stands for the config `Topology` would apply, defaults included.
+ * The checks of a consumer's declared settings against the live ones (the contract's promises):
+ * every setting `Topology` would update is an error. The ack policy is left to
+ * {@link consumerFindings}, which checks it for every consumer, declared or not.
  */
 const declaredConsumerFindings = (
   target: string,
-  live: Partial<ConsumerConfig>,
+  live: ConsumerConfig,
   declared: ConsumerContract,
   stream: string
-): ReadonlyArray<Finding> => {
-  const wanted = Topology.consumerConfig({ ...declared, stream })
-  const findings: Array<Finding> = []
-  const differs = (check: Check, liveText: string, wantedText: string) =>
-    findings.push({
-      severity: "error",
-      target,
-      check,
-      message: `${target} has ${check} ${liveText}, the contract ${wantedText}: apply the contract ` +
-        `(Topology.ensureConsumer) or change the contract to what runs`
-    })
-  if (live.ack_wait !== wanted.ack_wait) {
-    differs("ack_wait", formatMillis(nanosToMillis(live.ack_wait)), formatMillis(nanosToMillis(wanted.ack_wait)))
-  }
-  if ((live.max_deliver ?? -1) !== wanted.max_deliver) differs("max_deliver", `${live.max_deliver ?? -1}`, `${wanted.max_deliver}`)
-  if (live.max_ack_pending !== wanted.max_ack_pending) {
-    differs("max_ack_pending", `${live.max_ack_pending ?? "unset"}`, `${wanted.max_ack_pending}`)
-  }
-  if ((live.filter_subject || undefined) !== wanted.filter_subject) {
-    differs("filter_subject", live.filter_subject || "none", wanted.filter_subject ?? "none")
-  }
-  return findings
-}
+): ReadonlyArray<Finding> =>
+  Topology.consumerChanges({ ...declared, stream }, live).flatMap((change): ReadonlyArray<Finding> =>
+    change.action === "update"
+      ? [{
+        severity: "error",
+        target,
+        check: change.setting as Check,
+        message: `${target} has ${change.setting} ${change.live}, the contract ${change.wanted}: apply the contract ` +
+          `(jetworker contract apply) or change the contract to what runs`
+      }]
+      : []
+  )
 
 /**
  * The checks of a live stream against its declaration: exactly the contract's subjects (a subject
@@ -208,7 +240,7 @@ export const streamFindings = (
     add("subjects", `${target} captures ${extra.join(", ")}, which the contract does not list: add them to the contract, or remove them from the stream`)
   }
   if (missing.length > 0) {
-    add("subjects", `${target} does not capture ${missing.join(", ")}, which the contract lists: apply the contract (Topology.ensureStream)`)
+    add("subjects", `${target} does not capture ${missing.join(", ")}, which the contract lists: apply the contract (jetworker contract apply)`)
   }
   // The declaration stands for the config `Topology` would apply, defaults included.
   const wanted = Topology.streamConfig(declared)
@@ -260,7 +292,7 @@ export const check = (contract: Contract): Effect.Effect<ReadonlyArray<Finding>,
         severity: "error",
         target: `stream ${name}`,
         check: "exists",
-        message: `stream ${name} does not exist: ${contract.ownership === "service" ? "apply the contract (Topology.ensureStream)" : "ask the platform team that owns it"}`
+        message: `stream ${name} does not exist: ${contract.ownership === "service" ? "apply the contract (jetworker contract apply, or Contract.apply)" : "ask the platform team that owns it"}`
       }] satisfies ReadonlyArray<Finding>
     }
     const findings: Array<Finding> = [...streamFindings(contract.stream, stream.config, contract.publishHorizon)]
@@ -274,7 +306,7 @@ export const check = (contract: Contract): Effect.Effect<ReadonlyArray<Finding>,
           severity: "error",
           target,
           check: "exists",
-          message: `${target} does not exist: ${contract.ownership === "service" ? "apply the contract (Topology.ensureConsumer)" : "ask the platform team that owns it"}`
+          message: `${target} does not exist: ${contract.ownership === "service" ? "apply the contract (jetworker contract apply, or Contract.apply)" : "ask the platform team that owns it"}`
         })
         continue
       }
@@ -284,4 +316,177 @@ export const check = (contract: Contract): Effect.Effect<ReadonlyArray<Finding>,
       )
     }
     return findings
+  })
+
+/**
+ * The contract's own consistency, without a server: the stream and every consumer as `Topology`
+ * would declare them, put through the same checks as the live ones (a contract whose MaxDeliver
+ * does not exceed its own attempts is wrong before it reaches a server).
+ */
+export const validate = (contract: Contract): ReadonlyArray<Finding> => [
+  ...streamFindings(contract.stream, Topology.streamConfig(contract.stream), contract.publishHorizon),
+  ...contract.consumers.flatMap((consumer) =>
+    consumerFindings(
+      `consumer ${contract.stream.name}/${consumer.name}`,
+      Topology.consumerConfig({ ...consumer, stream: contract.stream.name }),
+      consumer.expect
+    )
+  )
+]
+
+/**
+ * What {@link apply} would change on the server, in order: the stream, then each consumer. An
+ * empty list: the server already matches the contract.
+ */
+export const plan = (contract: Contract): Effect.Effect<ReadonlyArray<Topology.Change>, NatsError.NatsError, NatsConnection> =>
+  Effect.gen(function*() {
+    const { manager } = yield* NatsConnection
+    const name = contract.stream.name
+    const stream = yield* NatsError.tryPromise(`stream info ${name}`, () => manager.streams.info(name)).pipe(
+      Effect.catchIf((error) => error.reason === "StreamNotFound", () => Effect.succeed(undefined))
+    )
+    const changes: Array<Topology.Change> = [...Topology.streamChanges(contract.stream, stream?.config)]
+    for (const consumer of contract.consumers) {
+      const options = { ...consumer, stream: name }
+      const info = stream === undefined ? undefined : yield* NatsError.tryPromise(
+        `consumer info ${name}/${consumer.name}`,
+        () => manager.consumers.info(name, consumer.name)
+      ).pipe(Effect.catchIf((error) => error.reason === "ConsumerNotFound", () => Effect.succeed(undefined)))
+      changes.push(...Topology.consumerChanges(options, info?.config))
+    }
+    return changes
+  })
+
+/** Why a contract was not applied. */
+export class ContractError extends Data.TaggedError("ContractError")<{
+  /**
+   * `PlatformOwned`: the contract is only checked, never applied; `Invalid`: the contract
+   * contradicts itself (its `findings`); `Refused`: the server cannot change a setting in place
+   * (its `changes`); `Unreadable`: a contract file is not a contract.
+   */
+  readonly reason: "PlatformOwned" | "Invalid" | "Refused" | "Unreadable"
+  readonly message: string
+  readonly findings?: ReadonlyArray<Finding> | undefined
+  readonly changes?: ReadonlyArray<Topology.Change> | undefined
+}> {}
+
+/**
+ * Applies a `service`-owned contract: creates the stream and consumers that are missing and
+ * brings their mutable settings to the contract, and returns what it changed (empty: nothing).
+ * It applies nothing when the contract is `platform`-owned, contradicts itself ({@link validate}
+ * errors) or needs a change the server cannot make in place (a stream's storage, a consumer's ack
+ * policy); the error says which.
+ */
+export const apply = (
+  contract: Contract
+): Effect.Effect<ReadonlyArray<Topology.Change>, ContractError | NatsError.NatsError, NatsConnection> =>
+  Effect.gen(function*() {
+    const name = contract.stream.name
+    if (contract.ownership === "platform") {
+      return yield* new ContractError({
+        reason: "PlatformOwned",
+        message: `the contract of stream ${name} is platform-owned: it is only checked (jetworker contract check); ` +
+          `ask the platform team to apply changes`
+      })
+    }
+    const errors = validate(contract).filter((finding) => finding.severity === "error")
+    if (errors.length > 0) {
+      return yield* new ContractError({
+        reason: "Invalid",
+        message: `the contract of stream ${name} contradicts itself: ${errors.map((f) => f.message).join("; ")}`,
+        findings: errors
+      })
+    }
+    const changes = yield* plan(contract)
+    const refused = changes.filter((change) => change.action === "refuse")
+    if (refused.length > 0) {
+      return yield* new ContractError({
+        reason: "Refused",
+        message: refused.map((change) => change.message).join("; "),
+        changes: refused
+      })
+    }
+    if (changes.length === 0) return changes
+    yield* Topology.ensureStream(contract.stream)
+    for (const consumer of contract.consumers) yield* Topology.ensureConsumer({ ...consumer, stream: name })
+    return changes
+  })
+
+// The file form: the same fields, durations as text ("30 seconds") or milliseconds.
+
+const DurationInput = Schema.Union([
+  Schema.String.pipe(Schema.check(Schema.makeFilter((text: string) =>
+    Option.isSome(Duration.fromInput(text as Duration.Input)) || `expected a duration such as "30 seconds", got ${JSON.stringify(text)}`
+  ))),
+  Schema.Finite.pipe(Schema.check(Schema.isGreaterThanOrEqualTo(0)))
+])
+
+const Count = Schema.Int.pipe(Schema.check(Schema.isGreaterThanOrEqualTo(1)))
+
+const ExpectationsFile = Schema.Struct({
+  attempts: Count,
+  concurrency: Count,
+  prefetch: Count,
+  instances: Schema.optional(Count),
+  ordering: Schema.optional(Schema.Literals(["Unordered", "PerKey", "Sequential"])),
+  maxProcessingTime: Schema.optional(DurationInput),
+  idempotent: Schema.optional(Schema.Boolean)
+})
+
+const ConsumerFile = Schema.Struct({
+  name: Schema.String,
+  ackWait: Schema.optional(DurationInput),
+  maxDeliver: Schema.optional(Schema.Int),
+  maxAckPending: Schema.optional(Schema.Int),
+  filterSubject: Schema.optional(Schema.String),
+  deliverPolicy: Schema.optional(Schema.Literals(["all", "new"])),
+  backoff: Schema.optional(Schema.Array(DurationInput)),
+  expect: ExpectationsFile
+})
+
+const StreamFile = Schema.Struct({
+  name: Schema.String,
+  subjects: Schema.Array(Schema.String),
+  subjectsMode: Schema.optional(Schema.Literals(["exact", "add"])),
+  storage: Schema.optional(Schema.Literals(["file", "memory"])),
+  duplicateWindow: Schema.optional(DurationInput),
+  maxAge: Schema.optional(DurationInput),
+  maxBytes: Schema.optional(Schema.Int),
+  maxMessages: Schema.optional(Schema.Int),
+  discard: Schema.optional(Schema.Literals(["old", "new"])),
+  replicas: Schema.optional(Count)
+})
+
+const ContractFile = Schema.Struct({
+  version: Schema.String,
+  ownership: Schema.Literals(["service", "platform"]),
+  stream: StreamFile,
+  consumers: Schema.Array(ConsumerFile),
+  publishHorizon: Schema.optional(DurationInput)
+})
+
+const formatIssues = SchemaIssue.makeFormatterStandardSchemaV1()
+
+/**
+ * Reads a contract from its file form (JSON text): the fields of {@link Contract}, durations as
+ * text (`"30 seconds"`) or milliseconds. Fails with `Unreadable`, naming each wrong field.
+ */
+export const fromJson = (text: string): Effect.Effect<Contract, ContractError> =>
+  Effect.gen(function*() {
+    const json = yield* Effect.try({
+      try: () => JSON.parse(text) as unknown,
+      catch: (error) => new ContractError({ reason: "Unreadable", message: `not JSON: ${(error as Error).message}` })
+    })
+    const decoded = yield* Schema.decodeUnknownEffect(ContractFile)(json, { errors: "all" }).pipe(
+      Effect.mapError((error) =>
+        new ContractError({
+          reason: "Unreadable",
+          message: formatIssues(error.issue).issues.map((issue) =>
+            `${(issue.path ?? []).map((key) => typeof key === "object" ? String(key.key) : String(key)).join(".") || "(top)"}: ${issue.message}`
+          ).join("; ")
+        })
+      )
+    )
+    // The filters above checked every duration text.
+    return decoded as unknown as Contract
   })

@@ -107,7 +107,8 @@ export const make = (options: Options): Source.Source<NatsConnection> => {
         attempts: open.attempts,
         concurrency: open.concurrency ?? 0,
         prefetch: open.prefetch,
-        ordering: open.ordering
+        ordering: open.ordering,
+        maxProcessingTime: open.handlerTimeout
       })
       for (const finding of findings) {
         if (finding.severity === "warning") yield* Effect.logWarning(finding.message)

@@ -22,8 +22,8 @@
  */
 import type { PubAck } from "@nats-io/jetstream"
 import { headers as makeHeaders } from "@nats-io/transport-node"
-import { Envelope, Telemetry } from "@jetworker/core"
-import { Duration, Effect, Schedule, Semaphore } from "effect"
+import { Envelope, Outbox, Telemetry } from "@jetworker/core"
+import { Duration, Effect, Layer, Schedule, Semaphore } from "effect"
 import { NatsConnection } from "./NatsConnection.ts"
 import * as NatsError from "./NatsError.ts"
 
@@ -251,4 +251,28 @@ export const publishEnvelope = <Type extends string, A>(
     subject,
     encoder.encode(Envelope.toJson(envelope)),
     { ...options, msgId: envelope.id }
+  )
+
+/**
+ * Core's `OutboxPublisher` on this connection, for an outbox relay (`@jetworker/sql-pg`'s
+ * `PgOutbox`): each recorded event is a confirmed {@link publish} with its id as `Nats-Msg-Id`,
+ * whose span continues the trace of the transaction that recorded it. `options` apply to every
+ * publish (the expected stream, attempts, timeout).
+ */
+export const outboxPublisher = (
+  options: Omit<PublishOptions, "msgId" | "headers"> = {}
+): Layer.Layer<Outbox.OutboxPublisher, never, NatsConnection> =>
+  Layer.effect(
+    Outbox.OutboxPublisher,
+    Effect.map(Effect.context<NatsConnection>(), (context) => ({
+      publish: (message: Outbox.OutboxMessage, traceparent: string | undefined) => {
+        const sent = publish(message.subject, message.payload, { ...options, msgId: message.id, headers: message.headers })
+        const parent = Telemetry.parseTraceparent(traceparent)
+        return (parent === undefined ? sent : Effect.withParentSpan(sent, parent)).pipe(
+          Effect.provideContext(context),
+          Effect.asVoid,
+          Effect.mapError((error) => new Outbox.PublishFailed({ message: error.message, retryable: error.isRetryable }))
+        )
+      }
+    }))
   )

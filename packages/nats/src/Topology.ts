@@ -3,8 +3,10 @@
  * brings their mutable settings to what is declared when they differ. Options are camelCase
  * durations and counts; the snake_case nanosecond config of JetStream stays inside this module.
  * It refuses (typed error) to change what the server cannot change in place, such as a stream's
- * storage or a consumer's ack policy. For a consumer owned by a platform team, skip this and let
- * the source check the live config instead.
+ * storage or a consumer's ack policy. {@link streamChanges} and {@link consumerChanges} say what
+ * `ensure*` would do without doing it (`Contract.plan` and `Contract.apply` build on them). For a
+ * consumer owned by a platform team, skip this and let the source (or `Contract.check`) check the
+ * live config instead.
  *
  * @since 0.1.0
  */
@@ -68,6 +70,29 @@ export interface ConsumerOptions {
   readonly filterSubject?: string | undefined
   /** Where a new consumer starts. Default: `"all"`. */
   readonly deliverPolicy?: "all" | "new" | undefined
+  /**
+   * The server's redelivery delays after an unacked delivery (one per delivery, the last
+   * repeated). On NATS 2.9 the server then stores AckWait = `backoff[0]`, requires `maxDeliver`
+   * above the number of delays, and distorts the engine's `nak(delay)`: leave it out unless a
+   * platform team requires it (the retry policy sets jetworker's delays). Default: none.
+   */
+  readonly backoff?: ReadonlyArray<Duration.Input> | undefined
+}
+
+/** One difference between a declaration and the server, and what `ensure*` does about it. */
+export interface Change {
+  /** `stream ORDERS` or `consumer ORDERS/order-shipping`. */
+  readonly target: string
+  /** `create`: it does not exist; `update`: a mutable setting differs; `refuse`: a setting that cannot change in place differs. */
+  readonly action: "create" | "update" | "refuse"
+  /** The server's name of the setting (`ack_wait`, `subjects`); `"*"` for a create. */
+  readonly setting: string
+  /** The live value, as text (`-` for a create). */
+  readonly live: string
+  /** The declared value, as text. */
+  readonly wanted: string
+  /** What happens, or for a refusal what to do instead. */
+  readonly message: string
 }
 
 const NAME = /^[A-Za-z0-9_-]{1,200}$/
@@ -77,6 +102,13 @@ const invalid = (operation: string, message: string) =>
 
 const ns = (input: Duration.Input | undefined, fallback: Duration.Input): number =>
   nanos(Duration.toMillis(Duration.fromInputUnsafe(input ?? fallback)))
+
+/** A nanosecond duration as text (`30s`, `2m`; `0` for none). */
+export const formatNanos = (value: number | undefined): string =>
+  (value ?? 0) === 0 ? "0" : Duration.format(Duration.millis(Math.floor((value ?? 0) / 1_000_000)))
+
+const sameList = (a: ReadonlyArray<unknown> | undefined, b: ReadonlyArray<unknown> | undefined): boolean =>
+  JSON.stringify([...(a ?? [])].sort()) === JSON.stringify([...(b ?? [])].sort())
 
 const call = NatsError.tryPromise
 
@@ -119,6 +151,43 @@ const wantedSubjects = (options: StreamOptions, live: ReadonlyArray<string>): Ar
     : [...options.subjects]
 
 /**
+ * What {@link ensureStream} would do to the live stream (`undefined`: none exists): nothing (an
+ * empty list), create it, update the settings listed, or refuse a change of storage.
+ */
+export const streamChanges = (options: StreamOptions, live: StreamConfig | undefined): ReadonlyArray<Change> => {
+  const target = `stream ${options.name}`
+  const wanted = streamConfig(options)
+  if (live === undefined) {
+    return [{ target, action: "create", setting: "*", live: "-", wanted: wanted.subjects!.join(", "), message: `create ${target}` }]
+  }
+  if (live.storage !== wanted.storage) {
+    return [{
+      target,
+      action: "refuse",
+      setting: "storage",
+      live: live.storage,
+      wanted: wanted.storage!,
+      message: `${target} exists with storage ${live.storage}; it cannot change in place: declare storage ` +
+        `"${live.storage}" (keep the stream), or create a new stream with the other storage and move the consumers to it`
+    }]
+  }
+  const changes: Array<Change> = []
+  const update = (setting: string, liveText: string, wantedText: string) =>
+    changes.push({ target, action: "update", setting, live: liveText, wanted: wantedText, message: `set ${setting} of ${target} to ${wantedText} (now ${liveText})` })
+  const subjects = wantedSubjects(options, live.subjects)
+  if (!sameList(live.subjects, subjects)) update("subjects", live.subjects.join(", "), subjects.join(", "))
+  if (live.duplicate_window !== wanted.duplicate_window) {
+    update("duplicate_window", formatNanos(live.duplicate_window), formatNanos(wanted.duplicate_window))
+  }
+  if (live.max_age !== wanted.max_age) update("max_age", formatNanos(live.max_age), formatNanos(wanted.max_age))
+  if (live.max_bytes !== wanted.max_bytes) update("max_bytes", `${live.max_bytes}`, `${wanted.max_bytes}`)
+  if (live.max_msgs !== wanted.max_msgs) update("max_msgs", `${live.max_msgs}`, `${wanted.max_msgs}`)
+  if (live.discard !== wanted.discard) update("discard", `${live.discard}`, `${wanted.discard}`)
+  if (live.num_replicas !== wanted.num_replicas) update("num_replicas", `${live.num_replicas}`, `${wanted.num_replicas}`)
+  return changes
+}
+
+/**
  * Creates the stream, or updates its mutable settings to the declaration (its subjects as
  * `subjectsMode` says; settings the declaration does not cover are left as they are). Returns the
  * live info.
@@ -134,34 +203,68 @@ export const ensureStream = (options: StreamOptions): Effect.Effect<StreamInfo, 
       Effect.catchIf((error) => error.reason === "StreamNotFound", () => Effect.succeed(undefined))
     )
     if (existing === undefined) return yield* call(operation, () => manager.streams.add(wanted))
-    const live = existing.config
-    if (live.storage !== wanted.storage) {
-      return yield* invalid(
-        operation,
-        `stream exists with storage ${live.storage}; it cannot change in place: declare storage ` +
-          `"${live.storage}" (keep the stream), or create a new stream with the other storage and move the consumers to it`
-      )
-    }
-    const subjects = wantedSubjects(options, live.subjects)
-    const same = JSON.stringify([...live.subjects].sort()) === JSON.stringify([...subjects].sort()) &&
-      live.duplicate_window === wanted.duplicate_window && live.max_age === wanted.max_age &&
-      live.max_bytes === wanted.max_bytes && live.max_msgs === wanted.max_msgs && live.discard === wanted.discard &&
-      live.num_replicas === wanted.num_replicas
-    if (same) return existing
+    const changes = streamChanges(options, existing.config)
+    const refused = changes.find((change) => change.action === "refuse")
+    if (refused !== undefined) return yield* invalid(operation, refused.message)
+    if (changes.length === 0) return existing
     const { name: _name, storage: _storage, ...mutable } = wanted
-    return yield* call(operation, () => manager.streams.update(options.name, { ...mutable, subjects }))
+    return yield* call(operation, () =>
+      manager.streams.update(options.name, { ...mutable, subjects: wantedSubjects(options, existing.config.subjects) }))
   })
 
-/** The server config a consumer declaration stands for. */
-export const consumerConfig = (options: ConsumerOptions): Partial<ConsumerConfig> => ({
-  durable_name: options.name,
-  ack_policy: AckPolicy.Explicit,
-  ack_wait: ns(options.ackWait, "30 seconds"),
-  max_deliver: options.maxDeliver ?? -1,
-  max_ack_pending: options.maxAckPending ?? 1000,
-  deliver_policy: options.deliverPolicy === "new" ? DeliverPolicy.New : DeliverPolicy.All,
-  ...(options.filterSubject === undefined ? {} : { filter_subject: options.filterSubject })
-})
+/**
+ * The server config a consumer declaration stands for, as the server stores it: with a backoff,
+ * AckWait is `backoff[0]` (NATS 2.9 replaces the declared AckWait by it).
+ */
+export const consumerConfig = (options: ConsumerOptions): Partial<ConsumerConfig> => {
+  const backoff = (options.backoff ?? []).map((delay) => ns(delay, 0))
+  return {
+    durable_name: options.name,
+    ack_policy: AckPolicy.Explicit,
+    ack_wait: backoff.length > 0 ? backoff[0]! : ns(options.ackWait, "30 seconds"),
+    max_deliver: options.maxDeliver ?? -1,
+    max_ack_pending: options.maxAckPending ?? 1000,
+    deliver_policy: options.deliverPolicy === "new" ? DeliverPolicy.New : DeliverPolicy.All,
+    ...(options.filterSubject === undefined ? {} : { filter_subject: options.filterSubject }),
+    ...(backoff.length === 0 ? {} : { backoff })
+  }
+}
+
+const formatBackoff = (backoff: ReadonlyArray<number> | undefined): string =>
+  backoff === undefined || backoff.length === 0 ? "none" : backoff.map(formatNanos).join(", ")
+
+/**
+ * What {@link ensureConsumer} would do to the live consumer (`undefined`: none exists): nothing
+ * (an empty list), create it, update the settings listed, or refuse a change of ack policy.
+ */
+export const consumerChanges = (options: ConsumerOptions, live: ConsumerConfig | undefined): ReadonlyArray<Change> => {
+  const target = `consumer ${options.stream}/${options.name}`
+  const wanted = consumerConfig(options)
+  if (live === undefined) return [{ target, action: "create", setting: "*", live: "-", wanted: options.name, message: `create ${target}` }]
+  if (live.ack_policy !== AckPolicy.Explicit) {
+    return [{
+      target,
+      action: "refuse",
+      setting: "ack_policy",
+      live: live.ack_policy,
+      wanted: AckPolicy.Explicit,
+      message: `${target} exists with ack policy ${live.ack_policy}; it cannot change in place and jetworker needs ` +
+        `explicit acks: delete it (\`nats consumer rm ${options.stream} ${options.name}\`; its delivery state goes with ` +
+        `it) and apply the declaration again`
+    }]
+  }
+  const changes: Array<Change> = []
+  const update = (setting: string, liveText: string, wantedText: string) =>
+    changes.push({ target, action: "update", setting, live: liveText, wanted: wantedText, message: `set ${setting} of ${target} to ${wantedText} (now ${liveText})` })
+  if (live.ack_wait !== wanted.ack_wait) update("ack_wait", formatNanos(live.ack_wait), formatNanos(wanted.ack_wait))
+  if ((live.max_deliver ?? -1) !== wanted.max_deliver) update("max_deliver", `${live.max_deliver ?? -1}`, `${wanted.max_deliver}`)
+  if (live.max_ack_pending !== wanted.max_ack_pending) update("max_ack_pending", `${live.max_ack_pending}`, `${wanted.max_ack_pending}`)
+  if ((live.filter_subject || undefined) !== wanted.filter_subject) {
+    update("filter_subject", live.filter_subject || "none", wanted.filter_subject ?? "none")
+  }
+  if (formatBackoff(live.backoff) !== formatBackoff(wanted.backoff)) update("backoff", formatBackoff(live.backoff), formatBackoff(wanted.backoff))
+  return changes
+}
 
 /** Creates the durable consumer, or updates its mutable settings to the declaration. Returns the live info. */
 export const ensureConsumer = (
@@ -170,29 +273,30 @@ export const ensureConsumer = (
   Effect.gen(function*() {
     const operation = `ensure consumer ${options.stream}/${options.name}`
     if (!NAME.test(options.name)) return yield* invalid(operation, `invalid consumer name ${JSON.stringify(options.name)}`)
-    const { manager } = yield* NatsConnection
     const wanted = consumerConfig(options)
+    const delays = wanted.backoff?.length ?? 0
+    if (delays > 0 && !(wanted.max_deliver! > delays)) {
+      return yield* invalid(
+        operation,
+        `a backoff of ${delays} delays needs maxDeliver above ${delays} (the server refuses it otherwise); it is ${wanted.max_deliver}`
+      )
+    }
+    const { manager } = yield* NatsConnection
     const existing = yield* call(operation, () => manager.consumers.info(options.stream, options.name)).pipe(
       Effect.catchIf((error) => error.reason === "ConsumerNotFound", () => Effect.succeed(undefined))
     )
     if (existing === undefined) return yield* call(operation, () => manager.consumers.add(options.stream, wanted))
-    const live = existing.config
-    if (live.ack_policy !== AckPolicy.Explicit) {
-      return yield* invalid(
-        operation,
-        `consumer exists with ack policy ${live.ack_policy}; it cannot change in place and jetworker needs explicit acks: ` +
-          `delete it (\`nats consumer rm ${options.stream} ${options.name}\`; its delivery state goes with it) and let ` +
-          `ensureConsumer create it again`
-      )
-    }
-    const same = live.ack_wait === wanted.ack_wait && (live.max_deliver ?? -1) === wanted.max_deliver &&
-      live.max_ack_pending === wanted.max_ack_pending && (live.filter_subject ?? undefined) === wanted.filter_subject
-    if (same) return existing
+    const changes = consumerChanges(options, existing.config)
+    const refused = changes.find((change) => change.action === "refuse")
+    if (refused !== undefined) return yield* invalid(operation, refused.message)
+    if (changes.length === 0) return existing
     return yield* call(operation, () =>
       manager.consumers.update(options.stream, options.name, {
         ack_wait: wanted.ack_wait!,
         max_deliver: wanted.max_deliver!,
         max_ack_pending: wanted.max_ack_pending!,
+        // An empty list removes a live backoff (the server keeps a field left out).
+        backoff: wanted.backoff ?? [],
         ...(wanted.filter_subject === undefined ? {} : { filter_subject: wanted.filter_subject })
       }))
   })

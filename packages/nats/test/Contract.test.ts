@@ -61,6 +61,7 @@ describe("Contract", () => {
           ["consumer S/shipper", "max_ack_pending", "warning"],
           ["consumer S/shipper", "max_deliver", "error"],
           ["consumer S/shipper", "max_deliver", "error"],
+          ["consumer S/shipper", "processing_time", "warning"],
           ["stream S", "duplicate_window", "error"],
           ["stream S", "duplicate_window", "warning"],
           ["stream S", "subjects", "error"]
@@ -84,9 +85,137 @@ describe("Contract", () => {
         yield* Topology.ensureStream(contract.stream)
         const noConsumer = yield* Contract.check(contract)
         assert.deepStrictEqual(shape(noConsumer), [["consumer S/shipper", "exists", "error"]])
-        assert.include(noConsumer[0]!.message, "apply the contract (Topology.ensureConsumer)")
+        assert.include(noConsumer[0]!.message, "apply the contract (jetworker contract apply, or Contract.apply)")
+      }).pipe(Effect.scoped))
+
+    it.effect("INT-NATS-002: AckWait/BackOff, MaxDeliver and MaxAckPending compared against timeouts, idempotency and capacity, the server's BackOff normalised first", () =>
+      Effect.gen(function*() {
+        const stream = yield* freshStream
+        const { manager } = yield* NatsConnection.NatsConnection
+        // A platform team's consumer: BackOff 1s, 5s, 20s (2.9 stores AckWait = 1s), four
+        // deliveries, 20 unacked for two instances of 8 + 8.
+        const consumer = {
+          name: "platform-owned",
+          ackWait: "30 seconds",
+          backoff: ["1 second", "5 seconds", "20 seconds"],
+          maxDeliver: 4,
+          maxAckPending: 20
+        } as const
+        const contract: Contract.Contract = {
+          version: "1",
+          ownership: "platform",
+          stream: { name: stream, subjects: [`${stream.toLowerCase()}.>`] },
+          consumers: [{
+            ...consumer,
+            expect: { attempts: 5, concurrency: 8, prefetch: 8, instances: 2, maxProcessingTime: "10 seconds", idempotent: false }
+          }]
+        }
+        yield* Topology.ensureStream(contract.stream)
+        yield* Topology.ensureConsumer({ ...consumer, stream })
+        const live = yield* Effect.promise(() => manager.consumers.info(stream, consumer.name))
+        assert.strictEqual(live.config.ack_wait, 1_000_000_000, "the server stores AckWait = BackOff[0]")
+        // The declared AckWait (30 s) is normalised to BackOff[0] before comparing: no ack_wait finding.
+        const findings = yield* Contract.check(contract)
+        assert.deepStrictEqual(shape(findings), [
+          ["consumer S/platform-owned", "backoff", "warning"],
+          ["consumer S/platform-owned", "max_ack_pending", "warning"],
+          ["consumer S/platform-owned", "max_deliver", "error"],
+          ["consumer S/platform-owned", "processing_time", "error"]
+        ])
+        const text = findings.map((f) => f.message).join("\n")
+        assert.include(text, "max_deliver 4; it must exceed the retry policy's 5 attempts")
+        assert.include(text, "max_ack_pending 20 below 32 (instances x (concurrency + prefetch))")
+        assert.include(text, "AckWait 1s (its first backoff delay), shorter than an attempt may run (10s)")
+        assert.include(text, "the handler is not idempotent, so both may perform the effect")
+        assert.include(text, "distorts the engine's nak delays")
+
+        // The same timings with an idempotent handler are a risk, not an incompatibility.
+        const idempotent: Contract.Contract = {
+          ...contract,
+          consumers: [{ ...contract.consumers[0]!, maxDeliver: 4, expect: { ...contract.consumers[0]!.expect, attempts: 3, idempotent: true } }]
+        }
+        assert.deepStrictEqual(shape(yield* Contract.check(idempotent)), [
+          ["consumer S/platform-owned", "backoff", "warning"],
+          ["consumer S/platform-owned", "max_ack_pending", "warning"],
+          ["consumer S/platform-owned", "processing_time", "warning"]
+        ])
+
+        // A contract that leaves the BackOff out does not match a consumer that has one.
+        const { backoff: _backoff, ...withoutBackoff } = idempotent.consumers[0]!
+        const drifted = yield* Contract.check({ ...idempotent, consumers: [withoutBackoff] })
+        assert.deepInclude(shape(drifted), ["consumer S/platform-owned", "backoff", "error"])
+        assert.deepInclude(shape(drifted), ["consumer S/platform-owned", "ack_wait", "error"])
+      }).pipe(Effect.scoped))
+
+    it.effect("INT-NATS-002: apply creates what is missing and brings mutable settings to the contract; plan says what it would change; it refuses a platform-owned contract, one that contradicts itself, and a change the server cannot make", () =>
+      Effect.gen(function*() {
+        const stream = yield* freshStream
+        const { manager } = yield* NatsConnection.NatsConnection
+        const contract = contractFor(stream)
+        const planned = yield* Contract.plan(contract)
+        assert.deepStrictEqual(planned.map((c) => [c.action, c.target.replace(/ [A-Z0-9_]+/, " S")]), [
+          ["create", "stream S"],
+          ["create", "consumer S/shipper"]
+        ])
+        assert.deepStrictEqual(yield* Contract.apply(contract), planned)
+        assert.deepStrictEqual(yield* Contract.plan(contract), [])
+        assert.deepStrictEqual(yield* Contract.check(contract), [])
+        assert.deepStrictEqual(yield* Contract.apply(contract), [], "applying again changes nothing")
+
+        // Someone gave the consumer a backoff and a short AckWait: apply puts the contract back.
+        yield* Topology.ensureConsumer({ stream, name: "shipper", ackWait: "30 seconds", backoff: ["2 seconds", "4 seconds"], maxDeliver: 11 })
+        const drift = yield* Contract.plan(contract)
+        assert.deepStrictEqual(drift.map((c) => [c.action, c.setting, c.live, c.wanted]), [
+          ["update", "ack_wait", "2s", "30s"],
+          ["update", "backoff", "2s, 4s", "none"]
+        ])
+        yield* Contract.apply(contract)
+        const live = yield* Effect.promise(() => manager.consumers.info(stream, "shipper"))
+        assert.strictEqual(live.config.ack_wait, 30_000_000_000)
+        assert.deepStrictEqual(live.config.backoff ?? [], [])
+
+        const platform = yield* Effect.flip(Contract.apply({ ...contract, ownership: "platform" }))
+        assert.strictEqual(platform._tag === "ContractError" ? platform.reason : platform._tag, "PlatformOwned")
+        const contradicting: Contract.Contract = {
+          ...contract,
+          consumers: [{ ...contract.consumers[0]!, maxDeliver: 5 }]
+        }
+        const invalid = yield* Effect.flip(Contract.apply(contradicting))
+        assert.strictEqual(invalid._tag === "ContractError" ? invalid.reason : invalid._tag, "Invalid")
+        assert.include(invalid.message, "it must exceed the retry policy's 5 attempts")
+        assert.strictEqual((yield* Effect.promise(() => manager.consumers.info(stream, "shipper"))).config.max_deliver, 11, "nothing was written")
+
+        yield* Effect.promise(() => manager.consumers.delete(stream, "shipper"))
+        yield* Effect.promise(() => manager.consumers.add(stream, { durable_name: "shipper", ack_policy: AckPolicy.None }))
+        const refused = yield* Effect.flip(Contract.apply(contract))
+        assert.strictEqual(refused._tag === "ContractError" ? refused.reason : refused._tag, "Refused")
+        assert.include(refused.message, "exists with ack policy none; it cannot change in place")
       }).pipe(Effect.scoped))
   })
+
+  it.effect("a contract file is read with durations as text; every wrong field is named", () =>
+    Effect.gen(function*() {
+      const contract = yield* Contract.fromJson(JSON.stringify({
+        version: "7",
+        ownership: "service",
+        stream: { name: "ORDERS", subjects: ["orders.>"], duplicateWindow: "2 minutes" },
+        consumers: [{ name: "shipper", ackWait: "30 seconds", maxDeliver: 11, expect: { attempts: 5, concurrency: 16, prefetch: 16 } }],
+        publishHorizon: 60_000
+      }))
+      assert.deepStrictEqual(Contract.validate(contract), [])
+      assert.strictEqual(contract.consumers[0]!.ackWait, "30 seconds")
+      const wrong = yield* Effect.flip(Contract.fromJson(JSON.stringify({
+        version: "7",
+        ownership: "shared",
+        stream: { name: "ORDERS", subjects: ["orders.>"], duplicateWindow: "two minutes" },
+        consumers: [{ name: "shipper", expect: { attempts: 0, concurrency: 16, prefetch: 16 } }]
+      })))
+      assert.strictEqual(wrong.reason, "Unreadable")
+      assert.include(wrong.message, "ownership")
+      assert.include(wrong.message, "stream.duplicateWindow")
+      assert.include(wrong.message, "consumers.0.expect.attempts")
+      assert.strictEqual((yield* Effect.flip(Contract.fromJson("{"))).reason, "Unreadable")
+    }))
 
   it("a consumer's own checks: explicit acks, sequential needs max_ack_pending 1, a server backoff is a warning", () => {
     const target = "consumer S/c"

@@ -14,7 +14,7 @@ describe("Topology", () => {
         const { manager } = yield* NatsConnection.NatsConnection
         yield* Effect.promise(() => manager.consumers.add(stream.stream, { durable_name: "no-acks", ack_policy: AckPolicy.None }))
         const error = yield* Effect.flip(Topology.ensureConsumer({ stream: stream.stream, name: "no-acks" }))
-        assert.include(error.message, "consumer exists with ack policy none")
+        assert.include(error.message, "exists with ack policy none")
         assert.include(error.message, `nats consumer rm ${stream.stream} no-acks`)
       }))
   })

@@ -1,5 +1,5 @@
 /**
- * The database objects `@jetworker/sql-pg` needs (the dedup table, the failed-attempts table), as migrations run by effect's generic SQL
+ * The database objects `@jetworker/sql-pg` needs (the dedup table, the failed-attempts table, the outbox), as migrations run by effect's generic SQL
  * migrator, which records them in their own table (`jetworker_migrations`, so their ids never
  * collide with the application's migrations). Running them is safe from several processes at once:
  * the migrator locks its table for the run, so one process applies them and the others find
@@ -25,9 +25,10 @@ const attempts: ReadonlyArray<string> = Table.attemptsDdl(
   `"${Table.defaultAttemptsTable}"`,
   `${Table.defaultAttemptsTable}_updated_at_idx`
 )
+const outbox: ReadonlyArray<string> = Table.outboxDdl(`"${Table.defaultOutboxTable}"`, Table.defaultOutboxTable)
 
 /** Every statement of every migration, in order, as plain SQL (each idempotent). */
-export const statements: ReadonlyArray<string> = [...dedup, ...attempts]
+export const statements: ReadonlyArray<string> = [...dedup, ...attempts, ...outbox]
 
 /** The same statements as one script, for `psql -f` (a user may run it ahead of time). */
 export const script: string = statements.map((statement) => `${statement};\n`).join("\n")
@@ -38,7 +39,8 @@ const runAll = (sqlTexts: ReadonlyArray<string>): Effect.Effect<void, SqlError, 
 /** The migrations, keyed `<id>_<name>` as effect's `Migrator.fromRecord` expects. */
 export const migrations: Readonly<Record<string, Effect.Effect<void, SqlError, SqlClient.SqlClient>>> = {
   "1_jetworker_dedup": runAll(dedup),
-  "2_jetworker_attempts": runAll(attempts)
+  "2_jetworker_attempts": runAll(attempts),
+  "3_jetworker_outbox": runAll(outbox)
 }
 
 /** Applies the pending migrations and returns the ones it applied, as `[id, name]`. */

@@ -12,3 +12,5 @@ export * as Migrations from "./Migrations.ts"
 export * as PgAttemptStore from "./PgAttemptStore.ts"
 /** The PostgreSQL idempotency store and its bounded clean-up. */
 export * as PgIdempotencyStore from "./PgIdempotencyStore.ts"
+/** The transactional outbox: events recorded in a transaction, published afterwards by its relay. */
+export * as PgOutbox from "./PgOutbox.ts"

@@ -10,7 +10,7 @@ import { awaitLockWaiters, backendPid, observerLayer } from "./support.ts"
 // Every test gets its own empty schema: migrations are about the state before and after them.
 const Fresh = Layer.provideMerge(observerLayer, TestDatabase.layer({ maxConnections: 6 }))
 
-const applied: ReadonlyArray<readonly [number, string]> = [[1, "jetworker_dedup"], [2, "jetworker_attempts"]]
+const applied: ReadonlyArray<readonly [number, string]> = [[1, "jetworker_dedup"], [2, "jetworker_attempts"], [3, "jetworker_outbox"]]
 
 /** What exists in the test schema: its tables and indexes, and the recorded migrations. */
 const inventory = Effect.gen(function*() {
@@ -29,7 +29,7 @@ const inventory = Effect.gen(function*() {
 })
 
 const expected = {
-  tables: ["jetworker_attempts", "jetworker_dedup", "jetworker_migrations"],
+  tables: ["jetworker_attempts", "jetworker_dedup", "jetworker_migrations", "jetworker_outbox"],
   indexes: ["jetworker_dedup_committed_at_idx", "jetworker_dedup_pkey"],
   recorded: applied
 }
@@ -146,7 +146,7 @@ describe("migrate command", () => {
       // The URL's `options` parameter puts the command's session in the test schema.
       const url = `${Redacted.value(schema.url)}?options=${encodeURIComponent(`-csearch_path=${schema.name}`)}`
       const first = yield* runBin(url)
-      assert.deepStrictEqual(first, { code: 0, stdout: "jetworker migrations: applied 1_jetworker_dedup\njetworker migrations: applied 2_jetworker_attempts\n", stderr: "" })
+      assert.deepStrictEqual(first, { code: 0, stdout: "jetworker migrations: applied 1_jetworker_dedup\njetworker migrations: applied 2_jetworker_attempts\njetworker migrations: applied 3_jetworker_outbox\n", stderr: "" })
       const second = yield* runBin(url)
       assert.deepStrictEqual(second, { code: 0, stdout: "jetworker migrations: up to date\n", stderr: "" })
       assert.deepStrictEqual(yield* inventory, expected)

@@ -6,18 +6,27 @@
  *   jetworker dlq list --stream <dead-letter stream> [--from <seq>] [--limit <n>] [--json] [--server <url>]
  *   jetworker dlq replay --stream <dead-letter stream> --sequence <seq> [--server <url>]
  *   jetworker dlq recover --stream <source stream> --consumer <name> --sequence <seq> [--server <url>]
+ *   jetworker contract check --contract <file> [--json] [--server <url>]
+ *   jetworker contract diff --contract <file> [--json] [--server <url>]
+ *   jetworker contract apply --contract <file> [--dry-run] [--yes] [--json] [--server <url>]
  *
  * Exit codes: `config check`: 0 the settings agree with the manifest (warnings allowed); 1 they
  * disagree (the report says where); 2 the check could not run (unreadable manifest, no such
  * container, bad arguments). `dlq`: 0 done; 1 the server refused (no such stream or message, not
- * stored); 2 bad arguments or no connection. The server is `--server`, else `NATS_URL`, else
- * `nats://127.0.0.1:4222`.
+ * stored); 2 bad arguments or no connection. `contract check`: 0 the server fits the contract
+ * (warnings allowed), 1 it does not (the report says where and what to do). `contract diff`: 0
+ * nothing to change, 1 changes pending. `contract apply`: 0 applied (or nothing to change) and
+ * the server then fits, 1 refused (platform-owned, a contract that contradicts itself, a change the
+ * server cannot make in place, or not confirmed) or errors remain. Every `contract` command exits
+ * 2 when it cannot run (an unreadable contract, no connection). The server is `--server`, else
+ * `NATS_URL`, else `nats://127.0.0.1:4222`.
  */
 import { NodeRuntime, NodeServices } from "@effect/platform-node"
-import { DeadLetter, NatsConnection, type NatsError } from "@jetworker/nats"
+import { Contract, DeadLetter, NatsConnection, type NatsError } from "@jetworker/nats"
 import { Console, Duration, Effect, Exit, Option } from "effect"
-import { Command, Flag } from "effect/cli"
+import { Command, Flag, Prompt } from "effect/cli"
 import * as ConfigCheck from "../ConfigCheck.ts"
+import * as Contracts from "../Contracts.ts"
 import * as DeadLetters from "../DeadLetters.ts"
 
 const check = Command.make("check", {
@@ -138,9 +147,113 @@ const dlq = Command.make("dlq").pipe(
   Command.withSubcommands([dlqList, dlqReplay, dlqRecover])
 )
 
+const contractFile = Flag.FileText("contract").pipe(
+  Flag.withDescription("The service's contract with its stream (JSON), e.g. examples/ledger/contract.json")
+)
+const jsonFlag = Flag.Boolean("json").pipe(Flag.withDefault(false), Flag.withDescription("Print the result as JSON"))
+
+/** Reads the contract file; an unreadable one is reported and exits 2. */
+const readContract = (what: string, text: string) =>
+  Contracts.read(text).pipe(
+    Effect.map(Option.some),
+    Effect.catch((error) =>
+      Effect.as(
+        Effect.andThen(Console.error(`jetworker ${what}: the contract is unreadable: ${error.message}`), Effect.sync(() => {
+          process.exitCode = 2
+        })),
+        Option.none<Contract.Contract>()
+      )
+    )
+  )
+
+const contractCheck = Command.make("check", { contract: contractFile, json: jsonFlag, server }, (input) =>
+  Effect.gen(function*() {
+    const contract = yield* readContract("contract check", input.contract)
+    if (Option.isNone(contract)) return
+    const findings = yield* withNats("contract check", input.server, Contract.check(contract.value))
+    if (Option.isNone(findings)) return
+    const ok = !findings.value.some((f) => f.severity === "error")
+    yield* Console.log(
+      input.json ? JSON.stringify({ ok, findings: findings.value }, null, 2) : Contracts.formatFindings(contract.value, findings.value)
+    )
+    if (!ok) process.exitCode = 1
+  })).pipe(Command.withDescription("Check the live stream and consumers against the contract: settings, timeouts, attempts, capacity"))
+
+const contractDiff = Command.make("diff", { contract: contractFile, json: jsonFlag, server }, (input) =>
+  Effect.gen(function*() {
+    const contract = yield* readContract("contract diff", input.contract)
+    if (Option.isNone(contract)) return
+    const changes = yield* withNats("contract diff", input.server, Contract.plan(contract.value))
+    if (Option.isNone(changes)) return
+    yield* Console.log(input.json ? JSON.stringify(changes.value, null, 2) : Contracts.formatChanges(contract.value, changes.value))
+    if (changes.value.length > 0) process.exitCode = 1
+  })).pipe(Command.withDescription("Show what contract apply would change on the server (writes nothing)"))
+
+const contractApply = Command.make("apply", {
+  contract: contractFile,
+  dryRun: Flag.Boolean("dry-run").pipe(Flag.withDefault(false), Flag.withDescription("Show the changes, write nothing")),
+  yes: Flag.Boolean("yes").pipe(Flag.withDefault(false), Flag.withDescription("Apply without asking")),
+  json: jsonFlag,
+  server
+}, (input) =>
+  Effect.gen(function*() {
+    const contract = yield* readContract("contract apply", input.contract)
+    if (Option.isNone(contract)) return
+    const planned = yield* withNats("contract apply", input.server, Contract.plan(contract.value))
+    if (Option.isNone(planned)) return
+    const changes = planned.value
+    if (!input.json) yield* Console.log(Contracts.formatChanges(contract.value, changes))
+    if (input.dryRun || changes.length === 0) {
+      if (input.json) yield* Console.log(JSON.stringify({ applied: false, changes }, null, 2))
+      return
+    }
+    if (!input.yes) {
+      if (!process.stdin.isTTY) {
+        yield* Console.error("jetworker contract apply: not applied: without a terminal to confirm, pass --yes")
+        process.exitCode = 1
+        return
+      }
+      const confirmed = yield* Prompt.Confirm({ message: `apply ${changes.length} change(s) to ${contract.value.stream.name}?` }).pipe(
+        Effect.orElseSucceed(() => false)
+      )
+      if (!confirmed) {
+        yield* Console.error("jetworker contract apply: not applied")
+        process.exitCode = 1
+        return
+      }
+    }
+    const applied = yield* withNats(
+      "contract apply",
+      input.server,
+      Effect.andThen(Contract.apply(contract.value), (done) => Effect.map(Contract.check(contract.value), (findings) => ({ done, findings }))).pipe(
+        Effect.catchTag("ContractError", (error) =>
+          Effect.as(
+            Effect.andThen(Console.error(`jetworker contract apply: not applied (${error.reason}): ${error.message}`), Effect.sync(() => {
+              process.exitCode = 1
+            })),
+            undefined
+          ))
+      )
+    )
+    if (Option.isNone(applied) || applied.value === undefined) return
+    const { done, findings } = applied.value
+    const ok = !findings.some((f) => f.severity === "error")
+    yield* Console.log(
+      input.json
+        ? JSON.stringify({ applied: true, changes: done, ok, findings }, null, 2)
+        : `applied ${done.length} change(s)\n${Contracts.formatFindings(contract.value, findings)}`
+    )
+    if (!ok) process.exitCode = 1
+  })).pipe(Command.withDescription("Create or update the stream and consumers to a service-owned contract"))
+
+const contractCommand = Command.make("contract").pipe(
+  Command.withDescription("Check, diff and apply a service's contract with its stream"),
+  Command.withSubcommands([contractCheck, contractDiff, contractApply])
+)
+
 const jetworker = Command.make("jetworker").pipe(
   Command.withDescription("Operate jetworker workers"),
-  Command.withSubcommands([config, dlq])
+  Command.withSubcommands([config, dlq, contractCommand])
 )
 
 // A failure here is a usage error (effect/cli has printed it) or an unreadable file: exit 2.

@@ -1014,6 +1014,7 @@ export const run = <A, E extends Tagged, R>(definition: Definition<A, E, R>): Ef
         prefetch: definition.prefetch,
         concurrency: definition.concurrency,
         attempts: definition.retry.attempts,
+        handlerTimeout: definition.handlerTimeout,
         ordering: definition.ordering._tag
       })
       const slots = Slots.make(definition.concurrency)

@@ -47,3 +47,23 @@ export const attemptsDdl = (quoted: string, indexName: string): ReadonlyArray<st
 )`,
   `CREATE INDEX IF NOT EXISTS "${indexName}" ON ${quoted} (updated_at)`
 ]
+
+/** The table the migrations create for the transactional outbox, and `PgOutbox` uses by default. */
+export const defaultOutboxTable = "jetworker_outbox"
+
+/** The DDL for an outbox table named `quoted` (already validated and quoted); idempotent. */
+export const outboxDdl = (quoted: string, name: string): ReadonlyArray<string> => [
+  `CREATE TABLE IF NOT EXISTS ${quoted} (
+  seq bigserial PRIMARY KEY,
+  id text NOT NULL,
+  subject text NOT NULL,
+  payload bytea NOT NULL,
+  headers jsonb,
+  traceparent text,
+  recorded_at timestamptz NOT NULL DEFAULT now(),
+  sent_at timestamptz
+)`,
+  // The relay reads pending rows in order; the clean-up finds old sent ones.
+  `CREATE INDEX IF NOT EXISTS "${name}_pending_idx" ON ${quoted} (seq) WHERE sent_at IS NULL`,
+  `CREATE INDEX IF NOT EXISTS "${name}_sent_at_idx" ON ${quoted} (sent_at) WHERE sent_at IS NOT NULL`
+]

@@ -1,0 +1,68 @@
+/**
+ * Publishing from inside a transaction (INT-NATS-007): a handler, or any service code, records an
+ * event to publish in the same database transaction as its effects and its dedup row, so the
+ * event exists exactly when the effects do; a relay publishes the recorded events afterwards,
+ * with confirmed publishes and the event's id as `Nats-Msg-Id`, so a relay that dies between the
+ * publish and marking the row sent republishes an id the stream deduplicates.
+ *
+ * This module holds the two ports only, so that no adapter imports another: {@link Outbox} is
+ * where records go (`@jetworker/sql-pg`'s `PgOutbox` writes rows and runs the relay), and
+ * {@link OutboxPublisher} is how the relay publishes (`@jetworker/nats`'s
+ * `Publisher.outboxPublisher`, wired by the application).
+ *
+ * @since 0.4.0
+ */
+import { Context, Data, Effect } from "effect"
+import * as Envelope from "./Envelope.ts"
+
+/** One event to publish. */
+export interface OutboxMessage {
+  /** The subject to publish to; the stream that captures it must store it. */
+  readonly subject: string
+  /** The stable id, sent as `Nats-Msg-Id` on every attempt: the event's id for an event. */
+  readonly id: string
+  readonly payload: Uint8Array
+  /** Extra headers (not `Nats-Msg-Id`, which is the id). */
+  readonly headers?: ReadonlyArray<readonly [string, string]> | undefined
+}
+
+/** The event could not be recorded (its transaction then fails with the rest of its effects). */
+export class OutboxError extends Data.TaggedError("OutboxError")<{
+  readonly message: string
+  readonly cause?: unknown
+}> {}
+
+/** Where recorded events go: inside the current transaction of the store that implements it. */
+export class Outbox extends Context.Service<Outbox, {
+  readonly record: (message: OutboxMessage) => Effect.Effect<void, OutboxError>
+}>()("@jetworker/core/Outbox") {}
+
+/**
+ * Records `message` to be published once the current transaction commits (run it inside the
+ * transaction: in a handler, inside `IdempotencyStore.commit`'s effect).
+ */
+export const record = (message: OutboxMessage): Effect.Effect<void, OutboxError, Outbox> =>
+  Outbox.use((outbox) => outbox.record(message))
+
+const encoder = new TextEncoder()
+
+/** Records an event envelope as JSON (`Envelope.toJson`), with its id as `Nats-Msg-Id`. */
+export const recordEnvelope = <Type extends string, A>(
+  subject: string,
+  envelope: Envelope.Envelope<Type, A>
+): Effect.Effect<void, OutboxError, Outbox> =>
+  record({ subject, id: envelope.id, payload: encoder.encode(Envelope.toJson(envelope)) })
+
+/** A publish that was not confirmed; `retryable` says whether the same publish may succeed later. */
+export class PublishFailed extends Data.TaggedError("PublishFailed")<{
+  readonly message: string
+  readonly retryable: boolean
+}> {}
+
+/**
+ * How the relay publishes one recorded event: it succeeds only once the broker has stored it
+ * (or found it a duplicate of an earlier publish with the same id).
+ */
+export class OutboxPublisher extends Context.Service<OutboxPublisher, {
+  readonly publish: (message: OutboxMessage, traceparent: string | undefined) => Effect.Effect<void, PublishFailed>
+}>()("@jetworker/core/OutboxPublisher") {}

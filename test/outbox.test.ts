@@ -1,0 +1,195 @@
+/**
+ * The transactional outbox (INT-NATS-007) against the real PostgreSQL and NATS: events recorded in
+ * a transaction are published after it commits, in order, once each, with their id as
+ * `Nats-Msg-Id`; a relay killed for real between a publish and marking its row sent leaves the
+ * row for the next round, whose republish the stream deduplicates.
+ */
+import { assert, describe, layer } from "@effect/vitest"
+import { Outbox, Telemetry } from "@jetworker/core"
+import { NatsConnection, Publisher, Topology } from "@jetworker/nats"
+import { Migrations, PgOutbox } from "@jetworker/sql-pg"
+import { ChildWorker, TestDatabase } from "@jetworker/testing"
+import { Deferred, Effect, Fiber, Layer, Redacted } from "effect"
+import { SqlClient } from "effect/sql"
+import { fileURLToPath } from "node:url"
+import { NatsLive, natsUrl } from "./support/services.ts"
+
+const relayFixture = fileURLToPath(new URL("./fixtures/outbox-relay.ts", import.meta.url))
+
+const Live = Layer.mergeAll(
+  PgOutbox.layer(),
+  Publisher.outboxPublisher()
+).pipe(
+  Layer.provideMerge(Layer.effectDiscard(Migrations.run)),
+  Layer.provideMerge(TestDatabase.layer()),
+  Layer.provideMerge(NatsLive)
+)
+
+const encoder = new TextEncoder()
+const decoder = new TextDecoder()
+
+/** A stream of this test capturing `<prefix>.>`, deleted with the scope; the outbox emptied (the tests share a schema). */
+const freshStream = Effect.gen(function*() {
+  yield* SqlClient.SqlClient.use((sql) => sql`DELETE FROM jetworker_outbox`)
+  const suffix = crypto.randomUUID().slice(0, 8)
+  const name = `OUTBOX_${suffix.toUpperCase()}`
+  const prefix = `outbox-${suffix}`
+  const { manager } = yield* NatsConnection.NatsConnection
+  yield* Topology.ensureStream({ name, subjects: [`${prefix}.>`], duplicateWindow: "2 minutes" })
+  yield* Effect.addFinalizer(() => Effect.promise(() => manager.streams.delete(name).catch(() => false)))
+  return { name, prefix }
+})
+
+/** Every message of `stream`, in stream order: its subject, `Nats-Msg-Id`, payload and traceparent. */
+const stored = (stream: string) =>
+  Effect.gen(function*() {
+    const { manager } = yield* NatsConnection.NatsConnection
+    const info = yield* Effect.promise(() => manager.streams.info(stream))
+    const messages = []
+    for (let seq = info.state.first_seq; seq <= info.state.last_seq && info.state.messages > 0; seq++) {
+      const m = yield* Effect.promise(() => manager.streams.getMessage(stream, { seq }))
+      if (m === null) continue
+      messages.push({
+        subject: m.subject,
+        msgId: m.header.get("Nats-Msg-Id"),
+        payload: decoder.decode(m.data),
+        traceparent: m.header.get(Telemetry.traceparentHeader)
+      })
+    }
+    return messages
+  })
+
+const message = (prefix: string, id: string): Outbox.OutboxMessage => ({
+  subject: `${prefix}.${id}`,
+  id,
+  payload: encoder.encode(JSON.stringify({ id }))
+})
+
+const pendingCount = SqlClient.SqlClient.use((sql) =>
+  Effect.map(sql<{ readonly n: number }>`SELECT count(*)::int AS n FROM jetworker_outbox WHERE sent_at IS NULL`, (rows) => rows[0]!.n)
+)
+
+describe("outbox", () => {
+  layer(Live, { excludeTestServices: true, timeout: 60_000 })((it) => {
+    it.effect("INT-NATS-007: events recorded in a committed transaction are published after it, in order, once each, with their id as Nats-Msg-Id; a rolled-back transaction publishes nothing", () =>
+      Effect.gen(function*() {
+        const sql = yield* SqlClient.SqlClient
+        const { name, prefix } = yield* freshStream
+        // Sequence numbers 8 to 11: their text order (10 < 8) is not their order.
+        yield* sql`ALTER SEQUENCE jetworker_outbox_seq_seq RESTART WITH 8`
+        yield* sql.withTransaction(Effect.forEach(["e1", "e2", "e3"], (id) => Outbox.record(message(prefix, id)), { discard: true }))
+        const rolledBack = yield* Effect.flip(sql.withTransaction(Effect.andThen(
+          Outbox.record(message(prefix, "never")),
+          Effect.fail("the handler failed" as const)
+        )))
+        assert.strictEqual(rolledBack, "the handler failed")
+        yield* sql.withTransaction(Outbox.record({ ...message(prefix, "e4"), headers: [["X-Tenant", "t1"]] }))
+        assert.deepStrictEqual(yield* stored(name), [], "nothing is published before the relay runs")
+
+        const round = yield* PgOutbox.relayRound()
+        assert.deepStrictEqual(round, { locked: true, published: 4, full: false })
+        const messages = yield* stored(name)
+        assert.deepStrictEqual(messages.map((m) => [m.subject, m.msgId, m.payload]), [
+          [`${prefix}.e1`, "e1", `{"id":"e1"}`],
+          [`${prefix}.e2`, "e2", `{"id":"e2"}`],
+          [`${prefix}.e3`, "e3", `{"id":"e3"}`],
+          [`${prefix}.e4`, "e4", `{"id":"e4"}`]
+        ])
+        assert.strictEqual(yield* pendingCount, 0)
+        assert.deepStrictEqual(yield* PgOutbox.relayRound(), { locked: true, published: 0, full: false })
+        assert.strictEqual((yield* stored(name)).length, 4, "a sent row is not published again")
+      }).pipe(Effect.scoped))
+
+    it.effect("INT-NATS-007: the outbox relay crashing between publish and mark: a relay process SIGKILLed after two confirmed publishes, before its commit; the next round republishes the same ids and the stream stores each once", () =>
+      Effect.gen(function*() {
+        const sql = yield* SqlClient.SqlClient
+        const schema = yield* TestDatabase.TestSchema
+        const { name, prefix } = yield* freshStream
+        const ids = ["a1", "a2", "a3", "a4", "a5"]
+        yield* sql.withTransaction(Effect.forEach(ids, (id) => Outbox.record(message(prefix, id)), { discard: true }))
+        const child = yield* ChildWorker.spawn({
+          script: relayFixture,
+          env: {
+            DATABASE_URL: Redacted.value(schema.url) as string,
+            DATABASE_SCHEMA: schema.name,
+            NATS_URL: natsUrl,
+            JW_KILL_AFTER: "2"
+          }
+        })
+        yield* child.waitForLine((line) => line === "killed after a2", "30 seconds")
+        const exit = yield* child.waitForExit("10 seconds")
+        assert.strictEqual(exit.signal, "SIGKILL")
+        // Two messages are in the stream, but their rows are still pending (the mark rolled back).
+        assert.deepStrictEqual((yield* stored(name)).map((m) => m.msgId), ["a1", "a2"])
+        assert.strictEqual(yield* pendingCount, 5)
+
+        const round = yield* PgOutbox.relayRound()
+        assert.strictEqual(round.published, 5)
+        assert.deepStrictEqual((yield* stored(name)).map((m) => m.msgId), ids, "each id stored once, in order")
+        assert.strictEqual(yield* pendingCount, 0)
+      }).pipe(Effect.scoped))
+
+    it.effect("INT-NATS-007: one relay at a time per outbox: a second relay finds the lock held and publishes nothing; a failed publish ends the round after marking the ones before it", () =>
+      Effect.gen(function*() {
+        const sql = yield* SqlClient.SqlClient
+        const { name, prefix } = yield* freshStream
+        yield* sql.withTransaction(Effect.forEach(["b1", "b2", "b3"], (id) => Outbox.record(message(prefix, id)), { discard: true }))
+        const real = yield* Outbox.OutboxPublisher
+        const holding = yield* Deferred.make<void>()
+        const release = yield* Deferred.make<void>()
+        // The first relay holds its round open after its first publish.
+        const slow = Outbox.OutboxPublisher.of({
+          publish: (m, tp) =>
+            Effect.andThen(real.publish(m, tp), m.id === "b1" ? Effect.andThen(Deferred.succeed(holding, undefined), Deferred.await(release)) : Effect.void)
+        })
+        const first = yield* Effect.forkChild(Effect.provideService(PgOutbox.relayRound(), Outbox.OutboxPublisher, slow))
+        yield* Deferred.await(holding).pipe(Effect.timeout("20 seconds"))
+        assert.deepStrictEqual(yield* PgOutbox.relayRound(), { locked: false, published: 0, full: false })
+        yield* Deferred.succeed(release, undefined)
+        assert.strictEqual((yield* Fiber.join(first)).published, 3)
+        assert.deepStrictEqual((yield* stored(name)).map((m) => m.msgId), ["b1", "b2", "b3"])
+
+        // A publish to a subject no stream captures fails: the rows before it are marked sent.
+        yield* sql.withTransaction(Effect.forEach(
+          [message(prefix, "c1"), { ...message(prefix, "c2"), subject: `nowhere-${prefix}.c2` }, message(prefix, "c3")],
+          (m) => Outbox.record(m),
+          { discard: true }
+        ))
+        const failed = yield* Effect.flip(PgOutbox.relayRound())
+        assert.strictEqual(failed._tag, "PublishFailed")
+        assert.include(failed.message, `no stream captures subject nowhere-${prefix}.c2`)
+        assert.deepStrictEqual((yield* stored(name)).map((m) => m.msgId), ["b1", "b2", "b3", "c1"])
+        assert.strictEqual(yield* pendingCount, 2)
+      }).pipe(Effect.scoped))
+
+    it.effect("INT-NATS-007: a row keeps the trace context of the transaction that wrote it: the published message continues that trace", () =>
+      Effect.gen(function*() {
+        const sql = yield* SqlClient.SqlClient
+        const { name, prefix } = yield* freshStream
+        const traceId = yield* sql.withTransaction(Effect.gen(function*() {
+          yield* Outbox.record(message(prefix, "t1"))
+          return (yield* Effect.currentSpan).traceId
+        })).pipe(Effect.withSpan("handler"))
+        yield* PgOutbox.relayRound()
+        const [published] = yield* stored(name)
+        assert.isDefined(published?.traceparent)
+        assert.strictEqual(published!.traceparent!.split("-")[1], traceId)
+      }).pipe(Effect.scoped))
+
+    it.effect("the clean-up deletes sent rows past their retention, at most a batch at a time, never a pending one", () =>
+      Effect.gen(function*() {
+        const sql = yield* SqlClient.SqlClient
+        const { prefix } = yield* freshStream
+        yield* sql.withTransaction(Effect.forEach(["d1", "d2", "d3", "d4"], (id) => Outbox.record(message(prefix, id)), { discard: true }))
+        yield* PgOutbox.relayRound()
+        yield* sql.withTransaction(Outbox.record(message(prefix, "d5")))
+        yield* sql`UPDATE jetworker_outbox SET sent_at = now() - interval '2 hours' WHERE sent_at IS NOT NULL`
+        assert.strictEqual(yield* PgOutbox.cleanup({ cleanupBatch: 3 }), 3)
+        assert.strictEqual(yield* PgOutbox.cleanup({ cleanupBatch: 3 }), 1)
+        assert.strictEqual(yield* PgOutbox.cleanup({ cleanupBatch: 3 }), 0)
+        assert.strictEqual(yield* pendingCount, 1)
+        const bad = yield* Effect.flip(PgOutbox.cleanup({ cleanupBatch: 0 }))
+        assert.include(bad.message, "cleanupBatch must be an integer from 1 to 10000")
+      }).pipe(Effect.scoped))
+  })
+})
