@@ -3,7 +3,7 @@
  * code and output.
  */
 import { assert, describe, it, layer } from "@effect/vitest"
-import { NatsConnection, Topology } from "@jetworker/nats"
+import { DeadLetter, NatsConnection, Topology } from "@jetworker/nats"
 import { ChildWorker, TestStream } from "@jetworker/testing"
 import { Effect } from "effect"
 import { readFileSync, writeFileSync } from "node:fs"
@@ -69,6 +69,9 @@ describe("jetworker CLI", () => {
           ["dlq", "list", "--help"],
           ["dlq", "replay", "--help"],
           ["dlq", "recover", "--help"],
+          ["dlq", "show", "--help"],
+          ["dlq", "purge", "--help"],
+          ["migrate", "--help"],
           ["contract", "--help"],
           ["contract", "check", "--help"],
           ["contract", "diff", "--help"],
@@ -147,6 +150,67 @@ describe("jetworker CLI", () => {
         const unreachable = yield* jetworker("contract", "check", "--contract", file, "--server", "nats://127.0.0.1:1")
         assert.strictEqual(unreachable.code, 2)
       }).pipe(Effect.scoped), 120_000)
+
+    it.effect("dlq list filters by subject, reason and time; show prints one in full; replay and purge take a selection, list it with --dry-run, refuse without a terminal or --yes, and pace the run; a retried replay's Nats-Msg-Id is stored once", () =>
+      Effect.gen(function*() {
+        const stream = yield* TestStream.make()
+        const { manager, jetstream } = yield* NatsConnection.NatsConnection
+        const server = ["--server", natsUrl]
+        const dlqStream = ["--stream", stream.deadLetterStream]
+        const seqs = [
+          yield* stream.publish("a", `{"id":"x1"}`, "x1"),
+          yield* stream.publish("a", `{"id":"x2"}`, "x2"),
+          yield* stream.publish("b", `{"id":"x3"}`, "x3")
+        ]
+        for (const sequence of seqs) yield* DeadLetter.recover({ stream: stream.stream, consumer: stream.consumer, sequence })
+        const count = (name: string) => Effect.promise(() => manager.streams.info(name).then((info) => info.state.messages))
+
+        const onlyB = yield* jetworker("dlq", "list", ...dlqStream, "--subject", stream.subject("b"), ...server)
+        assert.strictEqual(onlyB.code, 0, onlyB.stderr)
+        assert.include(onlyB.stdout, "#3 DeadLettered DeliveriesExhausted")
+        assert.notInclude(onlyB.stdout, "#1 ")
+        const wildcard = yield* jetworker("dlq", "list", ...dlqStream, "--subject", `${stream.subjectPrefix}.*`, "--reason", "DeliveriesExhausted", "--json", ...server)
+        assert.deepStrictEqual((JSON.parse(wildcard.stdout) as ReadonlyArray<{ readonly sequence: number }>).map((r) => r.sequence), [1, 2, 3])
+        const otherReason = yield* jetworker("dlq", "list", ...dlqStream, "--reason", "PermanentError", ...server)
+        assert.include(otherReason.stdout, "no dead letters in")
+        const future = yield* jetworker("dlq", "list", ...dlqStream, "--since", "2999-01-01T00:00:00Z", ...server)
+        assert.include(future.stdout, "no dead letters in")
+        const badTime = yield* jetworker("dlq", "list", ...dlqStream, "--since", "yesterday-ish", ...server)
+        assert.strictEqual(badTime.code, 2)
+
+        const shown = yield* jetworker("dlq", "show", ...dlqStream, "--sequence", "1", ...server)
+        assert.strictEqual(shown.code, 0, shown.stderr)
+        assert.include(shown.stdout, `subject:    ${stream.subject("a")}`)
+        assert.include(shown.stdout, `payload (11 bytes):\n{"id":"x1"}`)
+
+        const nothingNamed = yield* jetworker("dlq", "replay", ...dlqStream, ...server)
+        assert.strictEqual(nothingNamed.code, 2)
+        assert.include(nothingNamed.stderr, "name the dead letters")
+        const unconfirmed = yield* jetworker("dlq", "purge", ...dlqStream, "--subject", stream.subject("a"), ...server)
+        assert.strictEqual(unconfirmed.code, 1)
+        assert.include(unconfirmed.stderr, "2 dead letter(s) selected; without a terminal to confirm, pass --yes")
+        const dryRun = yield* jetworker("dlq", "purge", ...dlqStream, "--subject", stream.subject("a"), "--dry-run", ...server)
+        assert.strictEqual(dryRun.code, 0)
+        assert.include(dryRun.stdout, `would purge 2 dead letter(s) of ${stream.deadLetterStream}`)
+        assert.strictEqual(yield* count(stream.deadLetterStream), 3, "nothing changed")
+
+        const replayed = yield* jetworker("dlq", "replay", ...dlqStream, "--subject", stream.subject("b"), "--yes", ...server)
+        assert.strictEqual(replayed.code, 0, replayed.stderr)
+        assert.include(replayed.stdout, `replayed 1 of 1 dead letter(s) of ${stream.deadLetterStream}`)
+        assert.strictEqual(yield* count(stream.stream), 4, "the replay is stored in the source stream")
+        // A replay that is retried sends the same deterministic Nats-Msg-Id: stored once.
+        const retried = yield* Effect.promise(() =>
+          jetstream.publish(stream.subject("b"), new TextEncoder().encode(`{"id":"x3"}`), { msgID: `replay.${stream.deadLetterStream}.3` })
+        )
+        assert.isTrue(retried.duplicate)
+        assert.strictEqual(yield* count(stream.stream), 4)
+
+        const purged = yield* jetworker("dlq", "purge", ...dlqStream, "--all", "--yes", "--rate", "100", ...server)
+        assert.strictEqual(purged.code, 0, purged.stderr)
+        assert.include(purged.stdout, `purged 2 of 2 dead letter(s) of ${stream.deadLetterStream}`)
+        assert.include(purged.stderr, "purge: 2/2")
+        assert.strictEqual(yield* count(stream.deadLetterStream), 0)
+      }), 120_000)
 
     it.effect("dlq recover stores a message the broker gave up on, dlq list shows it with its cause, dlq replay sends it back once", () =>
       Effect.gen(function*() {

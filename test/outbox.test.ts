@@ -162,6 +162,32 @@ describe("outbox", () => {
         assert.strictEqual(yield* pendingCount, 2)
       }).pipe(Effect.scoped))
 
+    it.effect("the outboxes of two schemas (the same table name on two search paths) have relays of their own: one holding its round does not stop the other", () =>
+      Effect.gen(function*() {
+        const sql = yield* SqlClient.SqlClient
+        const { name, prefix } = yield* freshStream
+        const other = yield* Layer.build(Layer.provideMerge(Layer.effectDiscard(Migrations.run), TestDatabase.layer()))
+        const inOther = <A, E, R>(effect: Effect.Effect<A, E, R>) => Effect.provideContext(effect, other)
+        yield* inOther(SqlClient.SqlClient.use((otherSql) => otherSql.withTransaction(Outbox.record(message(prefix, "o1"))).pipe(
+          Effect.provideService(Outbox.Outbox, Outbox.Outbox.of({
+            record: (m) => Effect.orDie(otherSql`INSERT INTO jetworker_outbox (id, subject, payload) VALUES (${m.id}, ${m.subject}, ${m.payload})`)
+          }))
+        )))
+        const real = yield* Outbox.OutboxPublisher
+        const holding = yield* Deferred.make<void>()
+        const release = yield* Deferred.make<void>()
+        const slow = Outbox.OutboxPublisher.of({
+          publish: (m, tp) => Effect.andThen(real.publish(m, tp), Effect.andThen(Deferred.succeed(holding, undefined), Deferred.await(release)))
+        })
+        const otherRelay = yield* Effect.forkChild(inOther(Effect.provideService(PgOutbox.relayRound(), Outbox.OutboxPublisher, slow)))
+        yield* Deferred.await(holding).pipe(Effect.timeout("20 seconds"))
+        yield* sql.withTransaction(Outbox.record(message(prefix, "m1")))
+        assert.deepStrictEqual(yield* PgOutbox.relayRound(), { locked: true, published: 1, full: false })
+        yield* Deferred.succeed(release, undefined)
+        assert.strictEqual((yield* Fiber.join(otherRelay)).published, 1)
+        assert.deepStrictEqual((yield* stored(name)).map((m) => m.msgId), ["o1", "m1"])
+      }).pipe(Effect.scoped))
+
     it.effect("INT-NATS-007: a row keeps the trace context of the transaction that wrote it: the published message continues that trace", () =>
       Effect.gen(function*() {
         const sql = yield* SqlClient.SqlClient

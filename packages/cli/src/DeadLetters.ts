@@ -1,13 +1,19 @@
 /**
- * The operator's view of dead letters (`jetworker dlq ...`): list a dead-letter stream, replay
- * one dead letter to its original subject once its cause is fixed, and store a message the broker
- * gave up on (MaxDeliver, or a `dead-letter.stranded` line) in the dead-letter stream by its
- * sequence. Thin wrappers over `@jetworker/nats`'s `DeadLetter`, with the text an operator reads.
+ * The operator's view of dead letters (`jetworker dlq ...`): list a dead-letter stream (filtered
+ * by consumer, reason, subject and time), show one dead letter in full, replay dead letters to
+ * their original subject once their cause is fixed, purge the ones that are not wanted, and store
+ * a message the broker gave up on (MaxDeliver, or a `dead-letter.stranded` line) in the
+ * dead-letter stream by its sequence. Thin wrappers over `@jetworker/nats`'s `DeadLetter`, with
+ * the selection, pacing and text an operator needs.
+ *
+ * A replay is `DeadLetter.replay`: the original payload (so the same event id) with the
+ * deterministic `Nats-Msg-Id` `replay.<dead-letter stream>.<sequence>`, so a replay that is itself
+ * retried (or run twice) is stored once within the source stream's duplicate window.
  *
  * @since 0.3.0
  */
-import { DeadLetter, type NatsConnection, type NatsError } from "@jetworker/nats"
-import { Effect } from "effect"
+import { DeadLetter, type NatsConnection, type NatsError, Topology } from "@jetworker/nats"
+import { Duration, Effect } from "effect"
 
 const decoder = new TextDecoder()
 
@@ -34,25 +40,80 @@ const errorText = (error: unknown): string => {
   return [tag, message].filter((part) => typeof part === "string" && part !== "").join(": ")
 }
 
-/** The dead letters of `stream` from sequence `from` on, at most `limit`, as rows. */
+/** A dead letter as a row; the payload cut to `payloadChars` characters. */
+const toRow = (m: DeadLetter.DeadLetterMessage, payloadChars = 200): Row => ({
+  sequence: m.sequence,
+  failedAt: m.failedAt,
+  outcome: m.outcome,
+  reason: m.reason,
+  source: `${m.sourceStream}/${m.consumer}`,
+  sourceSequence: m.sourceSequence,
+  deliveries: m.deliveries,
+  subject: m.subject,
+  eventId: m.eventId,
+  error: errorText(m.error),
+  payload: decoder.decode(m.payload.subarray(0, payloadChars))
+})
+
+/** Which dead letters an operation takes; every field given must match. */
+export interface Filter {
+  /** The consumer that dead-lettered it. */
+  readonly consumer?: string | undefined
+  /** Its reason (`PermanentError`, `DeliveriesExhausted`, `SchemaInvalid`, ...). */
+  readonly reason?: string | undefined
+  /** Its original subject, or a NATS subject filter (`orders.*.created`, `orders.>`). */
+  readonly subject?: string | undefined
+  /** Dead-lettered at or after this time (epoch milliseconds). */
+  readonly since?: number | undefined
+  /** Dead-lettered before this time (epoch milliseconds). */
+  readonly until?: number | undefined
+}
+
+/** Whether `filter` selects `m`. */
+export const matches = (filter: Filter) => (m: DeadLetter.DeadLetterMessage): boolean => {
+  const at = Date.parse(m.failedAt)
+  return (filter.consumer === undefined || m.consumer === filter.consumer) &&
+    (filter.reason === undefined || m.reason === filter.reason) &&
+    (filter.subject === undefined || Topology.captures(filter.subject, m.subject)) &&
+    (filter.since === undefined || at >= filter.since) &&
+    (filter.until === undefined || at < filter.until)
+}
+
+/** Whether `filter` narrows anything (an empty filter selects every dead letter). */
+export const isEmpty = (filter: Filter): boolean => Object.values(filter).every((value) => value === undefined)
+
+/** How many dead letters one operation reads at most. */
+export const maxSelected = 100_000
+
+/**
+ * The dead letters of `stream` that `filter` selects, oldest first, from sequence `from` on, at
+ * most `limit` (at most {@link maxSelected}), read in pages of 1000.
+ */
+export const select = (
+  stream: string,
+  filter: Filter,
+  options: { readonly from?: number | undefined; readonly limit?: number | undefined } = {}
+): Effect.Effect<ReadonlyArray<DeadLetter.DeadLetterMessage>, NatsError.NatsError, NatsConnection.NatsConnection> =>
+  Effect.gen(function*() {
+    const limit = Math.min(options.limit ?? maxSelected, maxSelected)
+    const selected: Array<DeadLetter.DeadLetterMessage> = []
+    let from = options.from
+    while (selected.length < limit) {
+      const page = yield* DeadLetter.list(stream, { from, limit: 1000 })
+      if (page.length === 0) break
+      for (const m of page) if (selected.length < limit && matches(filter)(m)) selected.push(m)
+      from = page[page.length - 1]!.sequence + 1
+      if (page.length < 1000) break
+    }
+    return selected
+  })
+
+/** The dead letters of `stream` that `filter` selects, as rows (see {@link select}). */
 export const list = (
   stream: string,
-  options: { readonly from?: number | undefined; readonly limit?: number | undefined } = {}
+  options: { readonly from?: number | undefined; readonly limit?: number | undefined; readonly filter?: Filter | undefined } = {}
 ): Effect.Effect<ReadonlyArray<Row>, NatsError.NatsError, NatsConnection.NatsConnection> =>
-  Effect.map(DeadLetter.list(stream, options), (messages) =>
-    messages.map((m): Row => ({
-      sequence: m.sequence,
-      failedAt: m.failedAt,
-      outcome: m.outcome,
-      reason: m.reason,
-      source: `${m.sourceStream}/${m.consumer}`,
-      sourceSequence: m.sourceSequence,
-      deliveries: m.deliveries,
-      subject: m.subject,
-      eventId: m.eventId,
-      error: errorText(m.error),
-      payload: decoder.decode(m.payload.subarray(0, 200))
-    })))
+  Effect.map(select(stream, options.filter ?? {}, { from: options.from, limit: options.limit ?? 100 }), (messages) => messages.map((m) => toRow(m)))
 
 /** The rows as text: one block per dead letter, or a line saying there are none. */
 export const format = (stream: string, rows: ReadonlyArray<Row>): string =>
@@ -66,3 +127,80 @@ export const format = (stream: string, rows: ReadonlyArray<Row>): string =>
         `  payload: ${row.payload}`
       ].join("\n")
     ).join("\n")
+
+/** One dead letter in full: its row (the payload up to 64 KiB), the recorded cause and the original headers. */
+export interface Detail extends Row {
+  readonly cause: unknown
+  readonly headers: ReadonlyArray<readonly [string, string]>
+  readonly payloadBytes: number
+}
+
+/** Reads one dead letter in full. */
+export const show = (stream: string, sequence: number): Effect.Effect<Detail, NatsError.NatsError, NatsConnection.NatsConnection> =>
+  Effect.map(DeadLetter.read(stream, sequence), (m) => ({
+    ...toRow(m, 65_536),
+    cause: m.error,
+    headers: m.originalHeaders,
+    payloadBytes: m.payload.byteLength
+  }))
+
+/** A dead letter in full as text. */
+export const formatDetail = (stream: string, d: Detail): string =>
+  [
+    `${stream}#${d.sequence}: ${d.outcome} ${d.reason} at ${d.failedAt}`,
+    `source:     ${d.source}#${d.sourceSequence} (${d.deliveries} deliveries)`,
+    `subject:    ${d.subject}`,
+    `event:      ${d.eventId ?? "-"}`,
+    `error:      ${d.error === "" ? "-" : d.error}`,
+    `cause:      ${JSON.stringify(d.cause)}`,
+    `headers:    ${d.headers.length === 0 ? "-" : d.headers.map(([name, value]) => `${name}: ${value}`).join("; ")}`,
+    `payload (${d.payloadBytes} bytes):`,
+    d.payload
+  ].join("\n")
+
+/** What a bulk operation did. */
+export interface BulkResult {
+  readonly action: "replay" | "purge"
+  readonly selected: number
+  readonly done: number
+  /** For a replay: where each dead letter was stored again (`duplicate`: an earlier replay of it was). */
+  readonly stored: ReadonlyArray<{ readonly sequence: number; readonly stream: string; readonly seq: number; readonly duplicate: boolean }>
+  readonly failed: ReadonlyArray<{ readonly sequence: number; readonly message: string }>
+}
+
+/**
+ * Runs `action` on each selected dead letter in turn, at most `rate` a second, reporting progress
+ * after each one; a failure is recorded and the run goes on with the next.
+ */
+export const run = (
+  action: BulkResult["action"],
+  stream: string,
+  selected: ReadonlyArray<DeadLetter.DeadLetterMessage>,
+  options: { readonly rate: number; readonly onProgress: (done: number, total: number) => Effect.Effect<void> }
+): Effect.Effect<BulkResult, never, NatsConnection.NatsConnection> =>
+  Effect.gen(function*() {
+    const pause = Duration.millis(1000 / options.rate)
+    const failed: Array<BulkResult["failed"][number]> = []
+    const stored: Array<BulkResult["stored"][number]> = []
+    let done = 0
+    for (const [i, m] of selected.entries()) {
+      if (i > 0) yield* Effect.sleep(pause)
+      const result = yield* Effect.result(
+        action === "replay"
+          ? Effect.map(DeadLetter.replay(stream, m.sequence), (ack) => {
+            stored.push({ sequence: m.sequence, stream: ack.stream, seq: ack.seq, duplicate: ack.duplicate })
+          })
+          : DeadLetter.discard(stream, m.sequence)
+      )
+      if (result._tag === "Success") done++
+      else failed.push({ sequence: m.sequence, message: result.failure.message })
+      yield* options.onProgress(i + 1, selected.length)
+    }
+    return { action, selected: selected.length, done, stored, failed }
+  })
+
+/** A progress bar for a terminal: `[#########-----------]  450/1000`. */
+export const progressBar = (done: number, total: number, width = 30): string => {
+  const filled = total === 0 ? width : Math.round((done / total) * width)
+  return `[${"#".repeat(filled)}${"-".repeat(width - filled)}] ${String(done).padStart(String(total).length)}/${total}`
+}

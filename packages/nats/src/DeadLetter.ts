@@ -472,3 +472,20 @@ export const recover = (options: RecoverOptions): Effect.Effect<PubAck, NatsErro
     }
     return yield* publish(target, { headers: stored.header, subject: stored.subject, seq: stored.seq, data: stored.data }, record)
   })
+
+/**
+ * Deletes one dead letter without replaying it (an operator's purge, once its cause is understood
+ * and the message is not wanted). A dead letter that is already gone fails with `ApiError` 10037.
+ */
+export const discard = (stream: string, sequence: number): Effect.Effect<void, NatsError.NatsError, NatsConnection> =>
+  Effect.gen(function*() {
+    const { manager } = yield* NatsConnection
+    const operation = `discard ${stream}#${sequence}`
+    const deleted = yield* Effect.tryPromise({
+      try: () => manager.streams.deleteMessage(stream, sequence, false),
+      catch: (error) => NatsError.fromUnknown(operation, error)
+    })
+    if (!deleted) {
+      return yield* new NatsError.NatsError({ reason: "ApiError", operation, message: `no message ${sequence} in ${stream}`, code: 10037 })
+    }
+  })

@@ -3,12 +3,23 @@
  * reconnects forever by default (nats.js gives up after ~20 s otherwise); its finalizer drains it
  * within `drainTimeout` (and within the worker's close share while shutting down) and then closes it, so it must be released after everything that acks
  * through it (the consumer's scope is inner to this one). Connection status changes are logged.
- * Credentials are `Redacted` and never logged.
+ * Credentials (a token, a password, an NKey seed) are `Redacted` and never logged; TLS (with a
+ * client certificate for mutual TLS) and credentials files (a user JWT and its NKey seed) are read
+ * from files named in the options. A refused credential or certificate fails the first connection
+ * at once with what to check, instead of being retried.
  *
  * @since 0.1.0
  */
 import { type JetStreamClient, type JetStreamManager, jetstream, jetstreamManager } from "@nats-io/jetstream"
-import { connect, type Msg, type NatsConnection as Connection } from "@nats-io/transport-node"
+import {
+  type Authenticator,
+  connect,
+  credsAuthenticator,
+  type Msg,
+  type NatsConnection as Connection,
+  nkeyAuthenticator
+} from "@nats-io/transport-node"
+import { readFileSync } from "node:fs"
 import { Lifecycle } from "@jetworker/core"
 import { Clock, Config, Context, Duration, Effect, Layer, Option, Redacted, Semaphore, Stream } from "effect"
 import * as Replies from "./internal/replies.ts"
@@ -26,6 +37,23 @@ export interface Options {
   readonly user?: string | undefined
   /** Password for user/password authentication. */
   readonly password?: Redacted.Redacted<string> | undefined
+  /** NKey authentication: the user's seed (`SU...`). */
+  readonly nkeySeed?: Redacted.Redacted<string> | undefined
+  /**
+   * Decentralized (operator mode) authentication: a credentials file (`.creds`) holding the user's
+   * JWT and NKey seed, as `nsc` writes it. Read when connecting.
+   */
+  readonly credentialsFile?: string | undefined
+  /**
+   * TLS. Any field turns TLS on: `caFile`, the PEM file of the CA that signed the server's
+   * certificate (default: the system's CAs); `certFile` and `keyFile`, this client's
+   * certificate and key for a server that verifies clients (mutual TLS).
+   */
+  readonly tls?: {
+    readonly caFile?: string | undefined
+    readonly certFile?: string | undefined
+    readonly keyFile?: string | undefined
+  } | undefined
   /** Reconnect attempts before giving up; -1 is forever. Default: -1. */
   readonly maxReconnectAttempts?: number | undefined
   /** Wait between reconnect attempts (plus up to 100 ms of jitter). Default: 250 millis. */
@@ -79,24 +107,65 @@ const describeServers = (servers: string | ReadonlyArray<string>): string =>
   (typeof servers === "string" ? [servers] : servers).map((server) => server.replace(/\/\/[^@/]*@/, "//")).join(", ")
 
 /** A failed first connection, with what to do about it. */
-const connectNextStep = (error: NatsError.NatsError, servers: string | ReadonlyArray<string>): NatsError.NatsError => {
-  const where = describeServers(servers)
+const connectNextStep = (error: NatsError.NatsError, options: Options): NatsError.NatsError => {
+  const where = describeServers(options.servers)
   switch (error.reason) {
     case "ConnectionRefused":
     case "Timeout":
       return new NatsError.NatsError({
         ...error,
         message: `${error.message}: could not connect to ${where}; is nats-server running there (with JetStream: ` +
-          `-js)? Set NATS_URL, or the servers option, to where it runs`
+          `-js)? Set NATS_URL, or the servers option, to where it runs` +
+          // A server that verifies clients drops one without a certificate it trusts; nats.js then only times out.
+          (error.reason === "Timeout" && options.tls !== undefined
+            ? `; or the server refused this client's certificate: a server that verifies clients needs ` +
+              `NATS_TLS_CERT and NATS_TLS_KEY signed by a CA it trusts`
+            : "")
       })
     case "NotAuthorized":
       return new NatsError.NatsError({
         ...error,
-        message: `${error.message}: ${where} refused the credentials; check the token, or the user and password`
+        message: `${error.message}: ${where} refused the credentials; check the token, the user and password, ` +
+          `the NKey seed or the credentials file (NATS_TOKEN, NATS_USER/NATS_PASSWORD, NATS_NKEY_SEED, NATS_CREDS)`
       })
     default:
-      return error
+      return /tls|ssl|certificate/i.test(error.message)
+        ? new NatsError.NatsError({
+          ...error,
+          message: `${error.message}: the TLS handshake with ${where} failed; check the CA file (NATS_TLS_CA) ` +
+            `against the server's certificate, and the client certificate and key (NATS_TLS_CERT, NATS_TLS_KEY) ` +
+            `when the server verifies clients`
+        })
+        : error
   }
+}
+
+const encoder = new TextEncoder()
+
+/** The NKey or credentials-file authenticator the options ask for (a file that cannot be read fails here). */
+const authenticatorFor = (options: Options): Effect.Effect<Authenticator | undefined, NatsError.NatsError> => {
+  if (options.credentialsFile !== undefined && options.nkeySeed !== undefined) {
+    return Effect.fail(new NatsError.NatsError({
+      reason: "ApiError",
+      operation: "connect",
+      message: "give either a credentials file or an NKey seed, not both"
+    }))
+  }
+  if (options.nkeySeed !== undefined) {
+    const seed = options.nkeySeed
+    return Effect.succeed(nkeyAuthenticator(() => encoder.encode(Redacted.value(seed))))
+  }
+  const file = options.credentialsFile
+  if (file === undefined) return Effect.succeed(undefined)
+  return Effect.try({
+    try: () => credsAuthenticator(new Uint8Array(readFileSync(file))),
+    catch: (error) =>
+      new NatsError.NatsError({
+        reason: "ApiError",
+        operation: "connect",
+        message: `cannot read the credentials file ${file}: ${(error as Error).message}`
+      })
+  })
 }
 
 /** Connects with `options`; the scope's close drains, then closes, the connection. */
@@ -111,6 +180,12 @@ export const make = (options: Options) =>
         operation: "connect",
         message: `maxPublishesInFlight must be an integer from 1 to 100000, got ${maxPublishes}`
       })
+    }
+    const authenticator = yield* authenticatorFor(options)
+    const tls = options.tls === undefined ? undefined : {
+      ...(options.tls.caFile === undefined ? {} : { caFile: options.tls.caFile }),
+      ...(options.tls.certFile === undefined ? {} : { certFile: options.tls.certFile }),
+      ...(options.tls.keyFile === undefined ? {} : { keyFile: options.tls.keyFile })
     }
     const lifecycle = yield* Lifecycle.Lifecycle
     // Under a worker that is starting, a refused connection is retried until the start-up
@@ -128,11 +203,13 @@ export const make = (options: Options) =>
             noAsyncTraces: true,
             ...(options.token === undefined ? {} : { token: Redacted.value(options.token) }),
             ...(options.user === undefined ? {} : { user: options.user }),
-            ...(options.password === undefined ? {} : { pass: Redacted.value(options.password) })
+            ...(options.password === undefined ? {} : { pass: Redacted.value(options.password) }),
+            ...(authenticator === undefined ? {} : { authenticator }),
+            ...(tls === undefined ? {} : { tls })
           }),
         catch: (error) => NatsError.fromUnknown("connect", error)
       }), { while: (error) => error.reason === "ConnectionRefused" || error.reason === "Timeout" }).pipe(
-        Effect.mapError((error) => connectNextStep(error, options.servers))
+        Effect.mapError((error) => connectNextStep(error, options))
       ),
       (connection) =>
         Effect.gen(function*() {
@@ -185,14 +262,44 @@ export const make = (options: Options) =>
 export const layer = (options: Options): Layer.Layer<NatsConnection, NatsError.NatsError> =>
   Layer.effect(NatsConnection, make(options))
 
-/** Like {@link layer}, with the servers read from `NATS_URL` (default `nats://127.0.0.1:4222`). */
+/**
+ * Like {@link layer}, configured from the environment (each variable optional): `NATS_URL` (the
+ * servers, comma-separated; default `nats://127.0.0.1:4222`), `NATS_TOKEN`, `NATS_USER` and
+ * `NATS_PASSWORD`, `NATS_NKEY_SEED`, `NATS_CREDS` (a credentials file), `NATS_TLS_CA`,
+ * `NATS_TLS_CERT` and `NATS_TLS_KEY` (PEM files). Secrets are read as `Redacted`. `options`
+ * sets the rest (and wins over the environment).
+ */
 export const layerConfig = (
   options: Omit<Options, "servers"> = {}
 ): Layer.Layer<NatsConnection, NatsError.NatsError | Config.ConfigError> =>
   Layer.effect(
     NatsConnection,
     Effect.gen(function*() {
-      const url = yield* Config.String("NATS_URL").pipe(Config.withDefault("nats://127.0.0.1:4222"))
-      return yield* make({ ...options, servers: url.split(",").map((server) => server.trim()) })
+      const env = yield* Config.all({
+        url: Config.String("NATS_URL").pipe(Config.withDefault("nats://127.0.0.1:4222")),
+        token: Config.Redacted("NATS_TOKEN").pipe(Config.option),
+        user: Config.String("NATS_USER").pipe(Config.option),
+        password: Config.Redacted("NATS_PASSWORD").pipe(Config.option),
+        nkeySeed: Config.Redacted("NATS_NKEY_SEED").pipe(Config.option),
+        credentialsFile: Config.String("NATS_CREDS").pipe(Config.option),
+        caFile: Config.String("NATS_TLS_CA").pipe(Config.option),
+        certFile: Config.String("NATS_TLS_CERT").pipe(Config.option),
+        keyFile: Config.String("NATS_TLS_KEY").pipe(Config.option)
+      })
+      const tls = {
+        ...Option.match(env.caFile, { onNone: () => ({}), onSome: (caFile) => ({ caFile }) }),
+        ...Option.match(env.certFile, { onNone: () => ({}), onSome: (certFile) => ({ certFile }) }),
+        ...Option.match(env.keyFile, { onNone: () => ({}), onSome: (keyFile) => ({ keyFile }) })
+      }
+      return yield* make({
+        token: Option.getOrUndefined(env.token),
+        user: Option.getOrUndefined(env.user),
+        password: Option.getOrUndefined(env.password),
+        nkeySeed: Option.getOrUndefined(env.nkeySeed),
+        credentialsFile: Option.getOrUndefined(env.credentialsFile),
+        tls: Object.keys(tls).length === 0 ? undefined : tls,
+        ...options,
+        servers: env.url.split(",").map((server) => server.trim())
+      })
     })
   )

@@ -127,9 +127,9 @@ export const streamConfig = (options: StreamOptions): Partial<StreamConfig> & { 
 
 /**
  * Whether subject filter `pattern` captures every subject `subject` can match (NATS wildcards:
- * `*` one token, `>` one or more trailing tokens).
+ * `*` one token, `>` one or more trailing tokens); for a concrete `subject`, whether it matches.
  */
-const captures = (pattern: string, subject: string): boolean => {
+export const captures = (pattern: string, subject: string): boolean => {
   const p = pattern.split(".")
   const s = subject.split(".")
   for (let i = 0; i < p.length; i++) {

@@ -6,7 +6,8 @@
  * imports NATS), and marks them sent.
  *
  * One relay runs at a time per outbox table: each round is one transaction that first takes a
- * transaction-scoped advisory lock (`pg_try_advisory_xact_lock`; a relay that does not get it
+ * transaction-scoped advisory lock on the table (`pg_try_advisory_xact_lock`, keyed by the table's
+ * oid, so each schema's outbox has its own; a relay that does not get it
  * waits for the next round), reads a bounded batch of pending rows in order, publishes them one
  * after the other (each confirmed before the next, so the stream stores them in that order), marks
  * the published ones sent and commits. A relay killed between a publish and the commit leaves the
@@ -126,10 +127,12 @@ export const relayRound = (
     const table = yield* quoted(options.table ?? Table.defaultOutboxTable)
     const batchSize = yield* checkCount("batchSize", options.batchSize, 100)
     const round = Effect.gen(function*() {
-      // One 64-bit lock key per outbox table, held until the transaction ends.
+      // One 64-bit lock key per outbox table, held until the transaction ends. Advisory locks are
+      // per database, so the key is the table's oid (tables of one name in two schemas are two
+      // outboxes).
       const [lock] = yield* sql.unsafe<{ readonly locked: boolean }>(
-        `SELECT pg_try_advisory_xact_lock(hashtextextended($1, 0)) AS locked`,
-        [`jetworker_outbox:${table}`]
+        `SELECT pg_try_advisory_xact_lock(hashtextextended('jetworker_outbox:' || $1::regclass::oid::text, 0)) AS locked`,
+        [table]
       )
       if (lock?.locked !== true) return { round: { locked: false, published: 0, full: false }, failure: undefined }
       const rows = yield* sql.unsafe<Row>(

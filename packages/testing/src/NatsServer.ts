@@ -44,6 +44,15 @@ export interface Options {
   readonly readyTimeout?: Duration.Input | undefined
 }
 
+/** Options of one server. */
+export interface ServerOptions extends Options {
+  /**
+   * More of nats-server's configuration file (e.g. `tls { ... }` or `authorization { ... }`),
+   * added to the listen address and the JetStream store this module sets. Default: none.
+   */
+  readonly config?: string | undefined
+}
+
 /** A free TCP port on 127.0.0.1 (the system's choice, released before the server takes it). */
 const freePort = Effect.callback<number, NatsServerError>((resume) => {
   const server = Net.createServer()
@@ -125,11 +134,16 @@ const serve = (
   })
 
 /** Starts a private server in the current scope; the scope's end kills it and removes its store. */
-export const make = (options: Options = {}): Effect.Effect<NatsServer, NatsServerError, Scope.Scope> =>
+export const make = (options: ServerOptions = {}): Effect.Effect<NatsServer, NatsServerError, Scope.Scope> =>
   Effect.gen(function*() {
     const port = yield* freePort
     const store = mkdtempSync(join(tmpdir(), "jw-nats-"))
-    return yield* serve(options, port, store, ["-js", "-a", "127.0.0.1", "-p", String(port), "-sd", store])
+    if (options.config === undefined) {
+      return yield* serve(options, port, store, ["-js", "-a", "127.0.0.1", "-p", String(port), "-sd", store])
+    }
+    const config = join(store, "server.conf")
+    writeFileSync(config, [`listen: 127.0.0.1:${port}`, `jetstream { store_dir: "${join(store, "js")}" }`, options.config].join("\n"))
+    return yield* serve(options, port, store, ["-c", config])
   })
 
 /** A node of a {@link NatsCluster}: a server with its `server_name`. */

@@ -3,30 +3,39 @@
  * The `jetworker` command.
  *
  *   jetworker config check --manifest <file> [--container <name>] [--ack-wait <duration> | --ack-wait-env <VAR>] [--json]
- *   jetworker dlq list --stream <dead-letter stream> [--from <seq>] [--limit <n>] [--json] [--server <url>]
- *   jetworker dlq replay --stream <dead-letter stream> --sequence <seq> [--server <url>]
+ *   jetworker dlq list --stream <dead-letter stream> [--from <seq>] [--limit <n>] [filters] [--json] [--server <url>]
+ *   jetworker dlq show --stream <dead-letter stream> --sequence <seq> [--json] [--server <url>]
+ *   jetworker dlq replay --stream <dead-letter stream> (--sequence <seq> | filters | --all) [--dry-run] [--yes] [--rate <n/s>] [--max <n>] [--json]
+ *   jetworker dlq purge --stream <dead-letter stream> (--sequence <seq> | filters | --all) [--dry-run] [--yes] [--rate <n/s>] [--max <n>] [--json]
  *   jetworker dlq recover --stream <source stream> --consumer <name> --sequence <seq> [--server <url>]
  *   jetworker contract check --contract <file> [--json] [--server <url>]
  *   jetworker contract diff --contract <file> [--json] [--server <url>]
  *   jetworker contract apply --contract <file> [--dry-run] [--yes] [--json] [--server <url>]
+ *   jetworker migrate [--sql]
  *
  * Exit codes: `config check`: 0 the settings agree with the manifest (warnings allowed); 1 they
  * disagree (the report says where); 2 the check could not run (unreadable manifest, no such
  * container, bad arguments). `dlq`: 0 done; 1 the server refused (no such stream or message, not
- * stored); 2 bad arguments or no connection. `contract check`: 0 the server fits the contract
+ * stored), a dead letter of a bulk run failed, or a replay or purge was not confirmed; 2 bad
+ * arguments or no connection. Filters: `--consumer`, `--reason`, `--subject` (a NATS subject
+ * filter), `--since`, `--until` (ISO 8601). A `purge`, and a `replay` of more than one named
+ * sequence, asks on a terminal and refuses without one unless `--yes`. `contract check`: 0 the server fits the contract
  * (warnings allowed), 1 it does not (the report says where and what to do). `contract diff`: 0
  * nothing to change, 1 changes pending. `contract apply`: 0 applied (or nothing to change) and
  * the server then fits, 1 refused (platform-owned, a contract that contradicts itself, a change the
  * server cannot make in place, or not confirmed) or errors remain. Every `contract` command exits
  * 2 when it cannot run (an unreadable contract, no connection). The server is `--server`, else
- * `NATS_URL`, else `nats://127.0.0.1:4222`.
+ * `NATS_URL`, else `nats://127.0.0.1:4222`. `migrate` (the database at `DATABASE_URL`): 0 applied
+ * or up to date, 1 failed (nothing of the failed run is applied), 130 interrupted (rolled back).
+ * A usage error exits 2.
  */
 import { NodeRuntime, NodeServices } from "@effect/platform-node"
 import { Contract, DeadLetter, NatsConnection, type NatsError } from "@jetworker/nats"
-import { Console, Duration, Effect, Exit, Option } from "effect"
+import { Cause, Console, Duration, Effect, Exit, Option } from "effect"
 import { Command, Flag, Prompt } from "effect/cli"
 import * as ConfigCheck from "../ConfigCheck.ts"
 import * as Contracts from "../Contracts.ts"
+import * as Migrate from "../Migrate.ts"
 import * as DeadLetters from "../DeadLetters.ts"
 
 const check = Command.make("check", {
@@ -98,33 +107,179 @@ const withNats = <A>(
     return Option.none()
   })
 
+const filterFlags = {
+  consumer: Flag.String("consumer").pipe(Flag.optional, Flag.withDescription("Only dead letters of this consumer")),
+  reason: Flag.String("reason").pipe(Flag.optional, Flag.withDescription("Only this reason, e.g. PermanentError, DeliveriesExhausted")),
+  subject: Flag.String("subject").pipe(Flag.optional, Flag.withDescription("Only this original subject, or a NATS subject filter (orders.>)")),
+  since: Flag.String("since").pipe(Flag.optional, Flag.withDescription("Only dead-lettered at or after this time (ISO 8601)")),
+  until: Flag.String("until").pipe(Flag.optional, Flag.withDescription("Only dead-lettered before this time (ISO 8601)"))
+}
+
+type FilterInput = { readonly [K in keyof typeof filterFlags]: Option.Option<string> }
+
+/** The filter the flags give; a time that does not parse is reported (exit 2). */
+const filterFrom = (what: string, input: FilterInput) =>
+  Effect.gen(function*() {
+    const time = (value: Option.Option<string>) => {
+      if (Option.isNone(value)) return Option.some(undefined)
+      const ms = Date.parse(value.value)
+      return Number.isNaN(ms) ? Option.none() : Option.some(ms)
+    }
+    const since = time(input.since)
+    const until = time(input.until)
+    if (Option.isNone(since) || Option.isNone(until)) {
+      yield* Console.error(`jetworker ${what}: --since and --until take an ISO 8601 time, e.g. 2026-12-01T10:00:00Z`)
+      process.exitCode = 2
+      return Option.none<DeadLetters.Filter>()
+    }
+    return Option.some<DeadLetters.Filter>({
+      consumer: Option.getOrUndefined(input.consumer),
+      reason: Option.getOrUndefined(input.reason),
+      subject: Option.getOrUndefined(input.subject),
+      since: since.value,
+      until: until.value
+    })
+  })
+
 const dlqList = Command.make("list", {
   stream: Flag.String("stream").pipe(Flag.withDescription("The dead-letter stream, e.g. LEDGER_DLQ")),
   from: Flag.Int("from").pipe(Flag.optional, Flag.withDescription("The first sequence to show (default: the oldest)")),
-  limit: Flag.Int("limit").pipe(Flag.withDefault(100), Flag.withDescription("The most dead letters to show (at most 1000)")),
+  limit: Flag.Int("limit").pipe(Flag.withDefault(100), Flag.withDescription("The most dead letters to show")),
+  ...filterFlags,
   json: Flag.Boolean("json").pipe(Flag.withDefault(false), Flag.withDescription("Print them as JSON")),
   server
 }, (input) =>
   Effect.gen(function*() {
+    const filter = yield* filterFrom("dlq list", input)
+    if (Option.isNone(filter)) return
     const rows = yield* withNats(
       "dlq list",
       input.server,
-      DeadLetters.list(input.stream, { from: Option.getOrUndefined(input.from), limit: input.limit })
+      DeadLetters.list(input.stream, { from: Option.getOrUndefined(input.from), limit: input.limit, filter: filter.value })
     )
     if (Option.isNone(rows)) return
     yield* Console.log(input.json ? JSON.stringify(rows.value, null, 2) : DeadLetters.format(input.stream, rows.value))
   })).pipe(Command.withDescription("List the dead letters of a dead-letter stream, with their cause"))
 
-const dlqReplay = Command.make("replay", {
+const dlqShow = Command.make("show", {
   stream: Flag.String("stream").pipe(Flag.withDescription("The dead-letter stream")),
   sequence: Flag.Int("sequence").pipe(Flag.withDescription("The dead letter's sequence (from dlq list)")),
+  json: Flag.Boolean("json").pipe(Flag.withDefault(false), Flag.withDescription("Print it as JSON")),
   server
 }, (input) =>
   Effect.gen(function*() {
-    const ack = yield* withNats("dlq replay", input.server, DeadLetter.replay(input.stream, input.sequence))
-    if (Option.isNone(ack)) return
-    yield* Console.log(`replayed ${input.stream}#${input.sequence}: stored as ${ack.value.stream}#${ack.value.seq}${ack.value.duplicate ? " (a duplicate of an earlier replay)" : ""}; the dead letter is removed`)
-  })).pipe(Command.withDescription("Publish a dead letter again to its original subject (its cause fixed), then remove it"))
+    const detail = yield* withNats("dlq show", input.server, DeadLetters.show(input.stream, input.sequence))
+    if (Option.isNone(detail)) return
+    yield* Console.log(input.json ? JSON.stringify(detail.value, null, 2) : DeadLetters.formatDetail(input.stream, detail.value))
+  })).pipe(Command.withDescription("Show one dead letter in full: cause, headers and payload"))
+
+/**
+ * `dlq replay` and `dlq purge` over a selection: one `--sequence`, or the filters, or `--all`;
+ * `--dry-run` lists the selection; otherwise, unless `--yes`, a terminal confirms (without one the
+ * command refuses), and the run is paced at `--rate` a second with a progress bar on stderr.
+ */
+const bulk = (action: DeadLetters.BulkResult["action"], description: string, confirmSingle: boolean) =>
+  Command.make(action, {
+    stream: Flag.String("stream").pipe(Flag.withDescription("The dead-letter stream")),
+    sequence: Flag.Int("sequence").pipe(Flag.optional, Flag.withDescription("One dead letter's sequence (from dlq list)")),
+    ...filterFlags,
+    all: Flag.Boolean("all").pipe(Flag.withDefault(false), Flag.withDescription("Every dead letter of the stream (when no filter is given)")),
+    dryRun: Flag.Boolean("dry-run").pipe(Flag.withDefault(false), Flag.withDescription("List what would be done, change nothing")),
+    yes: Flag.Boolean("yes").pipe(Flag.withDefault(false), Flag.withDescription("Do it without asking")),
+    rate: Flag.Int("rate").pipe(Flag.withDefault(50), Flag.withDescription("At most this many a second (1 to 10000)")),
+    max: Flag.Int("max").pipe(Flag.withDefault(10_000), Flag.withDescription(`At most this many in one run (at most ${DeadLetters.maxSelected})`)),
+    json: Flag.Boolean("json").pipe(Flag.withDefault(false), Flag.withDescription("Print the result as JSON")),
+    server
+  }, (input) =>
+    Effect.gen(function*() {
+      const what = `dlq ${action}`
+      const filter = yield* filterFrom(what, input)
+      if (Option.isNone(filter)) return
+      const single = Option.isSome(input.sequence)
+      if (!single && DeadLetters.isEmpty(filter.value) && !input.all) {
+        yield* Console.error(`jetworker ${what}: name the dead letters: --sequence N, a filter (--consumer, --reason, --subject, --since, --until), or --all`)
+        process.exitCode = 2
+        return
+      }
+      if (!(input.rate >= 1 && input.rate <= 10_000) || !(input.max >= 1 && input.max <= DeadLetters.maxSelected)) {
+        yield* Console.error(`jetworker ${what}: --rate takes 1 to 10000, --max 1 to ${DeadLetters.maxSelected}`)
+        process.exitCode = 2
+        return
+      }
+      const selected = yield* withNats(
+        what,
+        input.server,
+        single
+          ? Effect.map(DeadLetter.read(input.stream, input.sequence.value), (m) => [m])
+          : DeadLetters.select(input.stream, filter.value, { limit: input.max })
+      )
+      if (Option.isNone(selected)) return
+      const messages = selected.value
+      if (input.dryRun || messages.length === 0) {
+        const rows = messages.map((m) => ({ sequence: m.sequence, reason: m.reason, subject: m.subject, eventId: m.eventId }))
+        yield* Console.log(
+          input.json
+            ? JSON.stringify({ action, dryRun: true, selected: rows }, null, 2)
+            : messages.length === 0
+            ? `no dead letters in ${input.stream} match`
+            : [`would ${action} ${messages.length} dead letter(s) of ${input.stream}:`, ...rows.map((r) => `  #${r.sequence} ${r.reason} ${r.subject} (event ${r.eventId ?? "-"})`)].join("\n")
+        )
+        return
+      }
+      if (!input.yes && (confirmSingle || !single)) {
+        if (!process.stdin.isTTY) {
+          yield* Console.error(`jetworker ${what}: not done: ${messages.length} dead letter(s) selected; without a terminal to confirm, pass --yes (or --dry-run to see them)`)
+          process.exitCode = 1
+          return
+        }
+        const confirmed = yield* Prompt.Confirm({ message: `${action} ${messages.length} dead letter(s) of ${input.stream}?` }).pipe(
+          Effect.orElseSucceed(() => false)
+        )
+        if (!confirmed) {
+          yield* Console.error(`jetworker ${what}: not done`)
+          process.exitCode = 1
+          return
+        }
+      }
+      const tty = process.stderr.isTTY === true
+      const result = yield* withNats(what, input.server, DeadLetters.run(action, input.stream, messages, {
+        rate: input.rate,
+        onProgress: (done, total) =>
+          total < 2
+            ? Effect.void
+            : tty
+            ? Effect.sync(() => process.stderr.write(`\r${DeadLetters.progressBar(done, total)}${done === total ? "\n" : ""}`))
+            : done % 100 === 0 || done === total
+            ? Console.error(`${action}: ${done}/${total}`)
+            : Effect.void
+      }))
+      if (Option.isNone(result)) return
+      const r = result.value
+      if (input.json) {
+        yield* Console.log(JSON.stringify(r, null, 2))
+      } else {
+        const verb = action === "replay" ? "replayed" : "purged"
+        yield* Console.log(
+          single && r.stored.length === 1
+            ? `replayed ${input.stream}#${r.stored[0]!.sequence}: stored as ${r.stored[0]!.stream}#${r.stored[0]!.seq}` +
+              `${r.stored[0]!.duplicate ? " (a duplicate of an earlier replay)" : ""}; the dead letter is removed`
+            : `${verb} ${r.done} of ${r.selected} dead letter(s) of ${input.stream}` +
+              (r.failed.length === 0 ? "" : `; ${r.failed.length} failed:\n${r.failed.map((f) => `  #${f.sequence}: ${f.message}`).join("\n")}`)
+        )
+      }
+      if (r.failed.length > 0) {
+        if (single) yield* Console.error(`jetworker ${what}: ${r.failed[0]!.message}`)
+        process.exitCode = 1
+      }
+    })).pipe(Command.withDescription(description))
+
+const dlqReplay = bulk(
+  "replay",
+  "Publish dead letters again to their original subject (their cause fixed), then remove them",
+  false
+)
+
+const dlqPurge = bulk("purge", "Delete dead letters without replaying them", true)
 
 const dlqRecover = Command.make("recover", {
   stream: Flag.String("stream").pipe(Flag.withDescription("The source stream that still holds the message")),
@@ -143,8 +298,8 @@ const dlqRecover = Command.make("recover", {
   })).pipe(Command.withDescription("Store a message the broker stopped delivering in the consumer's dead-letter stream"))
 
 const dlq = Command.make("dlq").pipe(
-  Command.withDescription("Inspect and replay dead letters"),
-  Command.withSubcommands([dlqList, dlqReplay, dlqRecover])
+  Command.withDescription("Inspect, replay and purge dead letters"),
+  Command.withSubcommands([dlqList, dlqShow, dlqReplay, dlqPurge, dlqRecover])
 )
 
 const contractFile = Flag.FileText("contract").pipe(
@@ -251,16 +406,30 @@ const contractCommand = Command.make("contract").pipe(
   Command.withSubcommands([contractCheck, contractDiff, contractApply])
 )
 
+const migrate = Command.make("migrate", {
+  sql: Flag.Boolean("sql").pipe(Flag.withDefault(false), Flag.withDescription("Print the migrations' SQL (for psql) instead of applying them"))
+}, (input) =>
+  input.sql
+    ? Console.log(Migrate.script)
+    : Migrate.migrate.pipe(
+      Effect.asVoid,
+      Effect.catch(() => Effect.sync(() => {
+        process.exitCode = 1
+      }))
+    )).pipe(Command.withDescription("Apply jetworker's PostgreSQL migrations to DATABASE_URL"))
+
 const jetworker = Command.make("jetworker").pipe(
   Command.withDescription("Operate jetworker workers"),
-  Command.withSubcommands([config, dlq, contractCommand])
+  Command.withSubcommands([config, dlq, contractCommand, migrate])
 )
 
-// A failure here is a usage error (effect/cli has printed it) or an unreadable file: exit 2.
-Command.run(jetworker, { version: "0.1.0" }).pipe(
+// A failure here is a usage error (effect/cli has printed it) or an unreadable file: exit 2; an
+// interruption (SIGINT, SIGTERM) exits 130.
+Command.run(jetworker, { version: "0.4.0" }).pipe(
   Effect.provide(NodeServices.layer),
   NodeRuntime.runMain({
     disableErrorReporting: true,
-    teardown: (exit, onExit) => onExit(Exit.isSuccess(exit) ? Number(process.exitCode ?? 0) : 2)
+    teardown: (exit, onExit) =>
+      onExit(Exit.isSuccess(exit) ? Number(process.exitCode ?? 0) : Cause.hasInterruptsOnly(exit.cause) ? 130 : 2)
   })
 )

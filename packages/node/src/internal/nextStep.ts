@@ -23,7 +23,7 @@ const forSqlError = (error: Tagged): string | undefined => {
     case "AuthenticationError":
       return "the database refused the credentials: check the user and password in DATABASE_URL"
     case "AuthorizationError":
-      return "the database user lacks a privilege the worker needs (see the error): grant it, or run the migrations as the owner ahead of time (packages/sql-pg/src/bin/migrate.ts, or psql with its --sql output)"
+      return "the database user lacks a privilege the worker needs (see the error): grant it, or run the migrations as the owner ahead of time (jetworker migrate, or psql with the output of jetworker migrate --sql)"
     default:
       return undefined
   }

@@ -1,25 +1,21 @@
-#!/usr/bin/env node
 /**
- * A command that applies `@jetworker/sql-pg`'s migrations to the database at `DATABASE_URL`
+ * `jetworker migrate`: applies `@jetworker/sql-pg`'s migrations to the database at `DATABASE_URL`
  * (default `postgres://postgres@127.0.0.1:5432/test`) and prints the ones it applied; with
- * `--sql` it prints their SQL instead, for `psql`, without connecting. Exit code 0 on success;
- * 1 on failure, with a one-line reason and a one-line next step on stderr; 130 when interrupted
- * (SIGINT/SIGTERM roll back the open migration transaction); 2 on a usage error.
+ * `--sql` it prints their SQL instead, for `psql`, without connecting. A failure prints a
+ * one-line reason and a one-line next step on stderr; an interruption (SIGINT/SIGTERM) rolls back
+ * the open migration transaction.
  *
  * It deliberately does not print the URL (it is read as a `Redacted`), take flags for connection
  * settings (everything is in the URL, e.g. `?options=-csearch_path%3Dmy_schema`), or roll back
- * migrations. It uses only `effect` (no `@effect/platform-node`), which this package does not
- * depend on.
+ * migrations.
  *
- * Run it with `node packages/sql-pg/src/bin/migrate.ts [--sql]`.
- *
- * @since 0.1.0
+ * @since 0.4.0
  */
 import { PgClient } from "@effect/sql-pg"
-import { Cause, Config, Console, Effect, Redacted, Runtime } from "effect"
+import { Migrations } from "@jetworker/sql-pg"
+import { Cause, Config, Console, Effect, Redacted } from "effect"
 import type { Migrator } from "effect/sql"
 import type { SqlError } from "effect/sql/SqlError"
-import * as Migrations from "../Migrations.ts"
 
 /** The database the command migrates when `DATABASE_URL` is not set. */
 const defaultUrl = "postgres://postgres@127.0.0.1:5432/test"
@@ -83,7 +79,11 @@ const nextStep = (error: Migrator.MigrationError | SqlError | Config.ConfigError
   }
 }
 
-const migrate = Migrations.run.pipe(
+/**
+ * Applies the migrations to `DATABASE_URL` and prints the ones it applied ("up to date" when
+ * none); a failure is printed as one readable line and a next step on stderr (the URL never).
+ */
+export const migrate = Migrations.run.pipe(
   Effect.provide(Database),
   Effect.tap((applied) =>
     applied.length === 0
@@ -102,26 +102,6 @@ const migrate = Migrations.run.pipe(
       ))
 )
 
-const usage = "usage: migrate.ts [--sql]\n  applies the jetworker migrations to DATABASE_URL; --sql prints their SQL instead"
 
-const main = (args: ReadonlyArray<string>): Effect.Effect<void, unknown> => {
-  if (args.length === 0) return Effect.asVoid(migrate)
-  if (args.length === 1 && args[0] === "--sql") return Console.log(Migrations.script)
-  return Effect.andThen(Console.error(usage), Effect.sync(() => (process.exitCode = 2)))
-}
-
-/** Runs like `NodeRuntime.runMain` (signals interrupt, exit code from the exit) but sets `process.exitCode`. */
-const runMain = Runtime.makeRunMain(({ fiber, teardown }) => {
-  const onSignal = () => fiber.interruptUnsafe(fiber.id)
-  process.once("SIGINT", onSignal)
-  process.once("SIGTERM", onSignal)
-  fiber.addObserver((exit) => {
-    process.removeListener("SIGINT", onSignal)
-    process.removeListener("SIGTERM", onSignal)
-    teardown(exit, (code) => {
-      if (code !== 0) process.exitCode = code
-    })
-  })
-})
-
-runMain(main(process.argv.slice(2)), { disableErrorReporting: true })
+/** The migrations' SQL, as one script for `psql -f`. */
+export const script: string = Migrations.script

@@ -1,0 +1,144 @@
+/**
+ * NATS security against a private nats-server on loopback that requires TLS with client
+ * certificates (mutual TLS) and authenticates users by password or NKey: the connection's TLS
+ * files and credentials come from its options or the environment, secrets are `Redacted` and
+ * never printed, and a refused credential or certificate is a clear start-up error, not a retry
+ * loop. The certificates are made for the test with openssl.
+ */
+import { assert, describe, it } from "@effect/vitest"
+import { NatsConnection, Publisher, Topology } from "@jetworker/nats"
+import { ChildWorker, NatsServer } from "@jetworker/testing"
+import { createUser } from "@nats-io/nkeys"
+import { ConfigProvider, Effect, Layer, Redacted } from "effect"
+import { execFileSync } from "node:child_process"
+import { mkdtempSync, rmSync, writeFileSync } from "node:fs"
+import { tmpdir } from "node:os"
+import { join } from "node:path"
+import { fileURLToPath } from "node:url"
+
+const workerFixture = fileURLToPath(new URL("./fixtures/ledger-worker.ts", import.meta.url))
+const password = "pw-never-printed-7c1d"
+
+/** A CA, a server certificate for 127.0.0.1 and a client certificate, in a directory removed with the scope. */
+const certificates = Effect.acquireRelease(
+  Effect.sync(() => {
+    const dir = mkdtempSync(join(tmpdir(), "jw-tls-"))
+    const openssl = (...args: Array<string>) => execFileSync("openssl", args, { cwd: dir, stdio: "pipe" })
+    const ec = ["-newkey", "ec", "-pkeyopt", "ec_paramgen_curve:prime256v1", "-nodes"]
+    openssl("req", "-x509", ...ec, "-keyout", "ca.key", "-out", "ca.pem", "-days", "2", "-subj", "/CN=jetworker test CA")
+    const sign = (name: string, extensions: string) => {
+      openssl("req", ...ec, "-keyout", `${name}.key`, "-out", `${name}.csr`, "-subj", `/CN=${name}`)
+      writeFileSync(join(dir, `${name}.ext`), extensions)
+      openssl("x509", "-req", "-in", `${name}.csr`, "-CA", "ca.pem", "-CAkey", "ca.key", "-CAcreateserial", "-out", `${name}.pem`, "-days", "2", "-extfile", `${name}.ext`)
+    }
+    sign("server", "subjectAltName=IP:127.0.0.1,DNS:localhost\nextendedKeyUsage=serverAuth\n")
+    sign("client", "extendedKeyUsage=clientAuth\n")
+    const file = (name: string) => join(dir, name)
+    return { dir, ca: file("ca.pem"), serverCert: file("server.pem"), serverKey: file("server.key"), clientCert: file("client.pem"), clientKey: file("client.key") }
+  }),
+  (certs) => Effect.sync(() => rmSync(certs.dir, { recursive: true, force: true }))
+)
+
+/** The secured server: mutual TLS, and users `svc` (password) and one NKey user. */
+const securedServer = Effect.gen(function*() {
+  const certs = yield* certificates
+  const nkeyUser = createUser()
+  const server = yield* NatsServer.make({
+    config: [
+      `tls { cert_file: "${certs.serverCert}", key_file: "${certs.serverKey}", ca_file: "${certs.ca}", verify: true, timeout: 2 }`,
+      `authorization { users: [ { user: "svc", password: "${password}" }, { nkey: "${nkeyUser.getPublicKey()}" } ] }`
+    ].join("\n")
+  })
+  const seed = new TextDecoder().decode(nkeyUser.getSeed())
+  return { certs, server, seed }
+})
+
+/** The environment a worker reads to connect to `server` with the TLS files, as user `svc` with `pw`. */
+const natsEnv = (server: NatsServer.NatsServer, certs: { readonly ca: string; readonly clientCert: string; readonly clientKey: string }, pw: string) => ({
+  NATS_URL: server.url,
+  NATS_TLS_CA: certs.ca,
+  NATS_TLS_CERT: certs.clientCert,
+  NATS_TLS_KEY: certs.clientKey,
+  NATS_USER: "svc",
+  NATS_PASSWORD: pw
+})
+
+/** Connects with `options` and round-trips a confirmed publish through a stream. */
+const roundTrip = (options: NatsConnection.Options) =>
+  Effect.gen(function*() {
+    const stream = `SEC_${crypto.randomUUID().slice(0, 8).toUpperCase()}`
+    yield* Topology.ensureStream({ name: stream, subjects: [`${stream.toLowerCase()}.>`] })
+    const ack = yield* Publisher.publish(`${stream.toLowerCase()}.hello`, new TextEncoder().encode("{}"), { msgId: "m1", stream })
+    return ack.seq
+  }).pipe(Effect.provide(NatsConnection.layer(options)))
+
+describe("NATS security", () => {
+  it.effect("TLS with a client certificate and a password, or an NKey seed: the connection is made, and a publish is stored", () =>
+    Effect.gen(function*() {
+      const { certs, server, seed } = yield* securedServer
+      const tls = { caFile: certs.ca, certFile: certs.clientCert, keyFile: certs.clientKey }
+      assert.strictEqual(yield* roundTrip({ servers: server.url, tls, user: "svc", password: Redacted.make(password) }), 1)
+      assert.strictEqual(yield* roundTrip({ servers: server.url, tls, nkeySeed: Redacted.make(seed) }), 1)
+
+      // The same from the environment (NATS_TLS_*, NATS_USER, NATS_PASSWORD), as a worker reads it.
+      const fromEnv = yield* Effect.gen(function*() {
+        const { connection } = yield* NatsConnection.NatsConnection
+        return connection.info?.tls_required === true
+      }).pipe(
+        Effect.provide(NatsConnection.layerConfig().pipe(Layer.provide(Layer.succeed(
+          ConfigProvider.ConfigProvider,
+          ConfigProvider.fromEnv({ env: natsEnv(server, certs, password) })
+        ))))
+      )
+      assert.isTrue(fromEnv)
+    }).pipe(Effect.scoped), 60_000)
+
+  it.effect("a wrong password, an unknown NKey and an unreadable credentials file fail at once, a missing client certificate at the connect timeout; each says what to check and prints no secret", () =>
+    Effect.gen(function*() {
+      const { certs, server } = yield* securedServer
+      const tls = { caFile: certs.ca, certFile: certs.clientCert, keyFile: certs.clientKey }
+      const refused = (options: NatsConnection.Options) =>
+        Effect.flip(Effect.scoped(Layer.build(NatsConnection.layer({ connectTimeout: "3 seconds", ...options }))))
+
+      const wrongPassword = yield* refused({ servers: server.url, tls, user: "svc", password: Redacted.make("not-the-password") })
+      assert.strictEqual(wrongPassword.reason, "NotAuthorized")
+      assert.include(wrongPassword.message, "refused the credentials")
+      assert.notInclude(wrongPassword.message, "not-the-password")
+
+      const stranger = new TextDecoder().decode(createUser().getSeed())
+      const unknownKey = yield* refused({ servers: server.url, tls, nkeySeed: Redacted.make(stranger) })
+      assert.strictEqual(unknownKey.reason, "NotAuthorized")
+      assert.notInclude(unknownKey.message, stranger)
+
+      const noClientCert = yield* refused({ servers: server.url, tls: { caFile: certs.ca }, user: "svc", password: Redacted.make(password) })
+      assert.notStrictEqual(noClientCert.reason, "ConnectionRefused")
+      assert.include(noClientCert.message, "NATS_TLS_CERT")
+
+      const noCreds = yield* refused({ servers: server.url, tls, credentialsFile: join(certs.dir, "missing.creds") })
+      assert.include(noCreds.message, `cannot read the credentials file ${join(certs.dir, "missing.creds")}`)
+    }).pipe(Effect.scoped), 60_000)
+
+  it.effect("a worker whose password is wrong stops at start-up with worker.failed naming what to check, long before its start-up timeout, and never prints the password", () =>
+    Effect.gen(function*() {
+      const { certs, server } = yield* securedServer
+      const wrong = "wrong-pw-never-printed-91ab"
+      const started = Date.now()
+      const child = yield* ChildWorker.spawn({
+        script: workerFixture,
+        env: {
+          ...natsEnv(server, certs, wrong),
+          STARTUP_TIMEOUT: "60 seconds",
+          HEALTH_PORT: "0",
+          HEALTH_HOST: "127.0.0.1"
+        }
+      })
+      const exit = yield* child.waitForExit("30 seconds")
+      const elapsed = Date.now() - started
+      assert.notStrictEqual(exit.code, 0)
+      assert.isBelow(elapsed, 30_000, "not retried until the start-up timeout")
+      const output = [...(yield* child.lines), ...(yield* child.stderr)].join("\n")
+      assert.match(output, /worker\.failed/)
+      assert.include(output, "refused the credentials")
+      assert.notInclude(output, wrong)
+    }).pipe(Effect.scoped), 60_000)
+})
