@@ -1,6 +1,7 @@
 /**
  * NATS security against a private nats-server on loopback that requires TLS with client
- * certificates (mutual TLS) and authenticates users by password or NKey: the connection's TLS
+ * certificates (mutual TLS) and authenticates users by password or NKey, and one in operator mode
+ * that authenticates a credentials file (user JWT and seed): the connection's TLS
  * files and credentials come from its options or the environment, secrets are `Redacted` and
  * never printed, and a refused credential or certificate is a clear start-up error, not a retry
  * loop. The certificates are made for the test with openssl.
@@ -8,7 +9,7 @@
 import { assert, describe, it } from "@effect/vitest"
 import { NatsConnection, Publisher, Topology } from "@jetworker/nats"
 import { ChildWorker, NatsServer } from "@jetworker/testing"
-import { createUser } from "@nats-io/nkeys"
+import { createAccount, createOperator, createUser, type KeyPair } from "@nats-io/nkeys"
 import { ConfigProvider, Effect, Layer, Redacted } from "effect"
 import { execFileSync } from "node:child_process"
 import { mkdtempSync, rmSync, writeFileSync } from "node:fs"
@@ -51,6 +52,59 @@ const securedServer = Effect.gen(function*() {
   })
   const seed = new TextDecoder().decode(nkeyUser.getSeed())
   return { certs, server, seed }
+})
+
+const b64url = (data: Uint8Array | string) => Buffer.from(data).toString("base64url")
+
+/** A NATS JWT (v2) with `nats` claims about `subject`, signed by `issuer`. */
+const natsJwt = (issuer: KeyPair, subject: string, name: string, nats: Record<string, unknown>): string => {
+  const header = b64url(JSON.stringify({ typ: "JWT", alg: "ed25519-nkey" }))
+  const claims = b64url(JSON.stringify({
+    jti: crypto.randomUUID().replaceAll("-", "").toUpperCase(),
+    iat: Math.floor(Date.now() / 1000),
+    iss: issuer.getPublicKey(),
+    name,
+    sub: subject,
+    nats: { ...nats, version: 2 }
+  }))
+  return `${header}.${claims}.${b64url(issuer.sign(new TextEncoder().encode(`${header}.${claims}`)))}`
+}
+
+/** A `.creds` file's text for a user JWT and the user's seed, as `nsc` writes it. */
+const credsFile = (userJwt: string, user: KeyPair): string =>
+  `-----BEGIN NATS USER JWT-----\n${userJwt}\n------END NATS USER JWT------\n\n` +
+  `-----BEGIN USER NKEY SEED-----\n${new TextDecoder().decode(user.getSeed())}\n------END USER NKEY SEED------\n`
+
+/**
+ * A server in operator mode (decentralized auth): an operator, a system account and an application
+ * account with JetStream, preloaded in a memory resolver; and a user of the application account.
+ */
+const operatorServer = Effect.gen(function*() {
+  const [operator, system, account, user] = [createOperator(), createAccount(), createAccount(), createUser()]
+  const limits = { subs: -1, data: -1, payload: -1, imports: -1, exports: -1, wildcards: true, conn: -1, leaf: -1 }
+  const server = yield* NatsServer.make({
+    config: [
+      `operator: ${natsJwt(operator, operator.getPublicKey(), "jetworker-test", { type: "operator", system_account: system.getPublicKey() })}`,
+      `system_account: ${system.getPublicKey()}`,
+      `resolver: MEMORY`,
+      `resolver_preload: {`,
+      `  ${system.getPublicKey()}: ${natsJwt(operator, system.getPublicKey(), "SYS", { type: "account", limits })}`,
+      `  ${account.getPublicKey()}: ${natsJwt(operator, account.getPublicKey(), "app", { type: "account", limits: { ...limits, mem_storage: -1, disk_storage: -1, streams: -1, consumer: -1 } })}`,
+      `}`
+    ].join("\n")
+  })
+  const userClaims = { type: "user", pub: {}, sub: {}, subs: -1, data: -1, payload: -1 }
+  const dir = yield* Effect.acquireRelease(
+    Effect.sync(() => mkdtempSync(join(tmpdir(), "jw-creds-"))),
+    (dir) => Effect.sync(() => rmSync(dir, { recursive: true, force: true }))
+  )
+  const good = join(dir, "svc.creds")
+  writeFileSync(good, credsFile(natsJwt(account, user.getPublicKey(), "svc", userClaims), user))
+  // A user signed by an account the server does not know.
+  const strangerUser = createUser()
+  const stranger = join(dir, "stranger.creds")
+  writeFileSync(stranger, credsFile(natsJwt(createAccount(), strangerUser.getPublicKey(), "stranger", userClaims), strangerUser))
+  return { server, good, stranger }
 })
 
 /** The environment a worker reads to connect to `server` with the TLS files, as user `svc` with `pw`. */
@@ -116,6 +170,15 @@ describe("NATS security", () => {
 
       const noCreds = yield* refused({ servers: server.url, tls, credentialsFile: join(certs.dir, "missing.creds") })
       assert.include(noCreds.message, `cannot read the credentials file ${join(certs.dir, "missing.creds")}`)
+    }).pipe(Effect.scoped), 60_000)
+
+  it.effect("a credentials file (user JWT and NKey seed) authenticates against a server in operator mode; one signed by an account the server does not know is refused at once", () =>
+    Effect.gen(function*() {
+      const { server, good, stranger } = yield* operatorServer
+      assert.strictEqual(yield* roundTrip({ servers: server.url, credentialsFile: good }), 1)
+      const refused = yield* Effect.flip(Effect.scoped(Layer.build(NatsConnection.layer({ servers: server.url, credentialsFile: stranger }))))
+      assert.strictEqual(refused.reason, "NotAuthorized")
+      assert.include(refused.message, "refused the credentials")
     }).pipe(Effect.scoped), 60_000)
 
   it.effect("a worker whose password is wrong stops at start-up with worker.failed naming what to check, long before its start-up timeout, and never prints the password", () =>
