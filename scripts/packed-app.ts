@@ -1,0 +1,71 @@
+/**
+ * The packages as a user gets them: builds every package (`tsc -b tsconfig.build.json`), packs
+ * each one (`pnpm pack`, which applies `publishConfig`: `exports` and `bin` point at `dist/`),
+ * installs the tarballs into a scratch application outside the workspace (every `@jetworker/*`
+ * dependency overridden to its tarball, so nothing comes from the workspace or the registry),
+ * compiles the consumer in `test/fixtures/packed-app` there with strict TypeScript (NodeNext),
+ * runs it against the real NATS and PostgreSQL, and runs the installed `jetworker --help`.
+ *
+ *   node scripts/packed-app.ts            # NATS_URL, DATABASE_URL (schema in its options), APP_STREAM
+ *
+ * Prints one `step <name> ok (<ms> ms)` line per step and the application's output; exits 1 at
+ * the first failed step, with its output. The scratch directory is removed unless
+ * `JW_KEEP_PACKED_APP=1`.
+ */
+import { execFileSync } from "node:child_process"
+import { cpSync, mkdirSync, mkdtempSync, readdirSync, rmSync, writeFileSync } from "node:fs"
+import { tmpdir } from "node:os"
+import { join } from "node:path"
+import { fileURLToPath } from "node:url"
+
+const root = fileURLToPath(new URL("..", import.meta.url))
+const packages = ["core", "nats", "sql-pg", "node", "opentelemetry", "testing", "cli"]
+const scratch = mkdtempSync(join(tmpdir(), "jw-packed-"))
+const packs = join(scratch, "packs")
+const app = join(scratch, "app")
+
+const run = (name: string, command: string, args: ReadonlyArray<string>, cwd: string, env: NodeJS.ProcessEnv = process.env): string => {
+  const started = Date.now()
+  try {
+    const output = execFileSync(command, [...args], { cwd, env, encoding: "utf8", stdio: ["ignore", "pipe", "pipe"], timeout: 180_000 })
+    console.log(`step ${name} ok (${Date.now() - started} ms)`)
+    return output
+  } catch (error) {
+    const failed = error as { readonly stdout?: string; readonly stderr?: string; readonly message: string }
+    console.log(`step ${name} FAILED: ${failed.message}\n${failed.stdout ?? ""}\n${failed.stderr ?? ""}`)
+    process.exit(1)
+  }
+}
+
+try {
+  run("build", "pnpm", ["exec", "tsc", "-b", "tsconfig.build.json"], root)
+  mkdirSync(packs)
+  for (const name of packages) run(`pack ${name}`, "pnpm", ["pack", "--pack-destination", packs], join(root, "packages", name))
+  const tarballs = Object.fromEntries(
+    readdirSync(packs).map((file) => [`@jetworker/${file.replace(/^jetworker-/, "").replace(/-\d+\.\d+\.\d+\.tgz$/, "")}`, `file:${join(packs, file)}`])
+  )
+  cpSync(join(root, "test/fixtures/packed-app"), app, { recursive: true })
+  writeFileSync(join(app, "package.json"), JSON.stringify({
+    name: "packed-app",
+    private: true,
+    type: "module",
+    dependencies: {
+      ...tarballs,
+      "effect": "4.1.0",
+      "@effect/platform-node": "4.1.0",
+      "@effect/sql-pg": "4.0.5",
+      "@effect/opentelemetry": "4.1.0"
+    },
+    devDependencies: { "typescript": "5.9.3", "@types/node": "24.19.4" }
+  }, null, 2))
+  // The tarballs' dependencies on each other are versions (`workspace:*` packed): point them at the tarballs too.
+  writeFileSync(join(app, "pnpm-workspace.yaml"), `overrides:\n${Object.entries(tarballs).map(([name, spec]) => `  "${name}": "${spec}"`).join("\n")}\n`)
+  run("install", "pnpm", ["install", "--prefer-offline", "--reporter=silent"], app, { ...process.env, CI: "true" })
+  run("compile", "pnpm", ["exec", "tsc", "-p", "tsconfig.json"], app)
+  const output = run("run", process.execPath, ["dist/main.js"], app, { ...process.env, HEALTH_PORT: "0", HEALTH_HOST: "127.0.0.1" })
+  process.stdout.write(output)
+  const help = run("jetworker --help", join(app, "node_modules/.bin/jetworker"), ["--help"], app)
+  process.stdout.write(help)
+} finally {
+  if (process.env.JW_KEEP_PACKED_APP !== "1") rmSync(scratch, { recursive: true, force: true })
+}
