@@ -2,7 +2,7 @@
 import tseslint from "typescript-eslint"
 
 export default tseslint.config(
-  { ignores: ["**/node_modules/**", ".tools/**", ".tmp/**", "**/dist/**"] },
+  { ignores: ["**/node_modules/**", ".tools/**", ".tmp/**", "**/dist/**", "docs/api/**"] },
   ...tseslint.configs.recommended,
   {
     files: ["**/*.ts"],

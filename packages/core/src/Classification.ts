@@ -38,12 +38,21 @@ export type Entry = Disposition | "isRetryable"
 /**
  * A complete classification of the error union `E`: one entry for every tag of `E`.
  *
- * @example
- * const classify: Classification<UnknownAccount | InsufficientFunds | SqlError> = {
+ * ```ts
+ * import type { Classification } from "@jetworker/core"
+ * import { Data } from "effect"
+ * import type { SqlError } from "effect/sql"
+ *
+ * class UnknownAccount extends Data.TaggedError("UnknownAccount")<{ readonly account: string }> {}
+ * class InsufficientFunds extends Data.TaggedError("InsufficientFunds")<{ readonly missing: number }> {}
+ *
+ * // A missing tag, or one the handler cannot fail with, is a compile error.
+ * const classify: Classification.Classification<UnknownAccount | InsufficientFunds | SqlError.SqlError> = {
  *   UnknownAccount: "permanent",
  *   InsufficientFunds: "permanent",
  *   SqlError: "isRetryable"
  * }
+ * ```
  */
 export type Classification<E extends Tagged> = [Tags<E>] extends [never]
   // A handler that cannot fail: `{}` only (a mapped type over no keys would accept any entry).

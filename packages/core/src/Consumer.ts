@@ -225,7 +225,37 @@ const payloadDecoder = <A>(schema: Schema.Decoder<A>) => {
   }
 }
 
-/** Checks and normalises `options` into a consumer. Never throws: problems are kept for `run`. */
+/**
+ * Checks and normalises `options` into a consumer. Never throws: problems are kept for `run`.
+ *
+ * ```ts
+ * import { Consumer, Envelope, IdempotencyStore } from "@jetworker/core"
+ * import { JetStreamSource } from "@jetworker/nats"
+ * import { Effect, Schema } from "effect"
+ * import { SqlClient } from "effect/sql"
+ *
+ * const OrderPlaced = Envelope.schema("order.placed", Schema.Struct({ orderId: Schema.String, sku: Schema.String }))
+ *
+ * const ship = (event: typeof OrderPlaced.Type) =>
+ *   Effect.gen(function*() {
+ *     const sql = yield* SqlClient.SqlClient
+ *     yield* sql`INSERT INTO shipments (order_id, sku) VALUES (${event.data.orderId}, ${event.data.sku})`
+ *   })
+ *
+ * const shipping = Consumer.make({
+ *   name: "shipping",
+ *   source: JetStreamSource.make({ stream: "ORDERS" }),
+ *   schema: OrderPlaced,
+ *   // The dedup row and the effect commit in one transaction: a redelivery ends `Duplicate`.
+ *   handle: (event) => IdempotencyStore.commit(event.id, ship(event)),
+ *   classify: { SqlError: "isRetryable", IdempotencyError: "isRetryable" },
+ *   concurrency: 16
+ * })
+ *
+ * // Runs until interrupted (then drains): under `Worker.runMain`, until SIGTERM.
+ * const program = Consumer.run(shipping)
+ * ```
+ */
 export const make = <A, E extends Tagged, R, RS = never>(
   options: Options<A, E, R, RS>
 ): Consumer<A, E, Exclude<R, CurrentDelivery> | RS> => {

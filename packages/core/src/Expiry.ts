@@ -29,6 +29,17 @@ export class WorkExpired extends Data.TaggedError("WorkExpired")<{
 /**
  * Fails with {@link WorkExpired} when the current delivery's event is past its deadline; succeeds
  * otherwise, and outside a delivery or for an event without a deadline.
+ *
+ * ```ts
+ * import { Expiry } from "@jetworker/core"
+ * import { Effect } from "effect"
+ *
+ * declare const waitForSlot: Effect.Effect<void>
+ * declare const sendOffer: Effect.Effect<void>
+ *
+ * // A wait that may outlast the offer's deadline, then the check, then the effect.
+ * const handle = Effect.andThen(waitForSlot, Effect.andThen(Expiry.ensure, sendOffer))
+ * ```
  */
 export const ensure: Effect.Effect<void, WorkExpired> = Effect.flatMap(
   Effect.serviceOption(CurrentDelivery),

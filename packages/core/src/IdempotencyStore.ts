@@ -137,6 +137,23 @@ const currentScope = (scope: string | undefined, caller: string): Effect.Effect<
  * together. The scope is the current delivery's consumer name unless `scope` is given.
  * Returns the effect's value, or {@link AlreadyCommitted} when this event was already committed;
  * either way the engine learns it from the store's report, so the handler may discard the result.
+ *
+ * ```ts
+ * import { IdempotencyStore } from "@jetworker/core"
+ * import { Effect } from "effect"
+ * import { SqlClient } from "effect/sql"
+ *
+ * // In a handler: the transfer's two statements and the dedup row of `transfer.id` commit together.
+ * const apply = (transfer: { readonly id: string; readonly from: string; readonly to: string; readonly amount: number }) =>
+ *   Effect.gen(function*() {
+ *     const sql = yield* SqlClient.SqlClient
+ *     const result = yield* IdempotencyStore.commit(transfer.id, Effect.gen(function*() {
+ *       yield* sql`UPDATE accounts SET balance = balance - ${transfer.amount} WHERE id = ${transfer.from}`
+ *       yield* sql`UPDATE accounts SET balance = balance + ${transfer.amount} WHERE id = ${transfer.to}`
+ *     }))
+ *     if (IdempotencyStore.isAlreadyCommitted(result)) yield* Effect.logDebug(`transfer ${transfer.id} was applied before`)
+ *   })
+ * ```
  */
 export const commit = <A, E, R>(
   id: string,

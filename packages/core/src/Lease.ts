@@ -38,7 +38,26 @@ export interface FencingToken {
   readonly deliveryCount: number
 }
 
-/** Fails with {@link LeaseExpired} past the local lease deadline; succeeds otherwise (and outside a delivery). */
+/**
+ * Fails with {@link LeaseExpired} past the local lease deadline; succeeds otherwise (and outside a
+ * delivery). The engine ends the delivery `Released` (LeaseLost) without an ack.
+ *
+ * ```ts
+ * import { Lease } from "@jetworker/core"
+ * import { Effect } from "effect"
+ *
+ * declare const chargeCard: (key: string, amountCents: number) => Effect.Effect<void>
+ *
+ * // Just before an effect that cannot be undone: still the owner? Then charge, with the
+ * // idempotency key (scope and event id) for the payment provider to deduplicate on.
+ * const charge = (amountCents: number) =>
+ *   Effect.gen(function*() {
+ *     yield* Lease.ensure
+ *     const token = yield* Lease.fencingToken
+ *     yield* chargeCard(`${token.scope}:${token.eventId}`, amountCents)
+ *   })
+ * ```
+ */
 export const ensure: Effect.Effect<void, LeaseExpired> = Effect.flatMap(
   Effect.serviceOption(CurrentDelivery),
   (current) => {

@@ -34,12 +34,32 @@ export class OutboxError extends Data.TaggedError("OutboxError")<{
 
 /** Where recorded events go: inside the current transaction of the store that implements it. */
 export class Outbox extends Context.Service<Outbox, {
+  /** Records `message` in the current transaction (see {@link record}). */
   readonly record: (message: OutboxMessage) => Effect.Effect<void, OutboxError>
 }>()("@jetworker/core/Outbox") {}
 
 /**
  * Records `message` to be published once the current transaction commits (run it inside the
  * transaction: in a handler, inside `IdempotencyStore.commit`'s effect).
+ *
+ * ```ts
+ * import { IdempotencyStore, Outbox } from "@jetworker/core"
+ * import { Effect } from "effect"
+ * import { SqlClient } from "effect/sql"
+ *
+ * // The shipment, its dedup row and the event announcing it commit together; the relay publishes
+ * // the event afterwards, with `Nats-Msg-Id` equal to `id`.
+ * const ship = (order: { readonly id: string; readonly sku: string }) =>
+ *   IdempotencyStore.commit(order.id, Effect.gen(function*() {
+ *     const sql = yield* SqlClient.SqlClient
+ *     yield* sql`INSERT INTO shipments (order_id, sku) VALUES (${order.id}, ${order.sku})`
+ *     yield* Outbox.record({
+ *       subject: `shipments.created.${order.id}`,
+ *       id: `shipment-${order.id}`,
+ *       payload: new TextEncoder().encode(JSON.stringify({ orderId: order.id }))
+ *     })
+ *   }))
+ * ```
  */
 export const record = (message: OutboxMessage): Effect.Effect<void, OutboxError, Outbox> =>
   Outbox.use((outbox) => outbox.record(message))
@@ -64,5 +84,6 @@ export class PublishFailed extends Data.TaggedError("PublishFailed")<{
  * (or found it a duplicate of an earlier publish with the same id).
  */
 export class OutboxPublisher extends Context.Service<OutboxPublisher, {
+  /** Publishes one recorded event, with the trace context of the transaction that recorded it. */
   readonly publish: (message: OutboxMessage, traceparent: string | undefined) => Effect.Effect<void, PublishFailed>
 }>()("@jetworker/core/OutboxPublisher") {}

@@ -134,9 +134,24 @@ export type Outcome = Data.TaggedEnum<{
   }
 }>
 
-/** Constructors, guards (`$is`) and exhaustive matching (`$match`) for {@link Outcome}. */
-export const { Committed, DeadLettered, Duplicate, Expired, Rejected, Released, $is, $match } = Data
-  .taggedEnum<Outcome>()
+const constructors = Data.taggedEnum<Outcome>()
+
+/** Builds a `Committed` outcome: the handler's effect committed (acked unless `ackWithheld`). */
+export const Committed = constructors.Committed
+/** Builds a `Duplicate` outcome: the event was committed before; acked, no second effect. */
+export const Duplicate = constructors.Duplicate
+/** Builds an `Expired` outcome: past its deadline, no effect; acked or dead-lettered per contract. */
+export const Expired = constructors.Expired
+/** Builds a `DeadLettered` outcome: stored in the dead-letter stream, then terminated. */
+export const DeadLettered = constructors.DeadLettered
+/** Builds a `Rejected` outcome: the payload failed its decoding or checks; dead-lettered. */
+export const Rejected = constructors.Rejected
+/** Builds a `Released` outcome: left for redelivery (naked, or left to the lease). */
+export const Released = constructors.Released
+/** A guard for one outcome tag: `Outcome.$is("Committed")(outcome)`. */
+export const $is = constructors.$is
+/** Exhaustive matching on the outcome's tag: a case for every tag, checked by the compiler. */
+export const $match = constructors.$match
 
 type DistributiveOmit<T, K extends PropertyKey> = T extends unknown ? Omit<T, K> : never
 

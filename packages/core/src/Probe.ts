@@ -29,6 +29,7 @@ export interface Hit {
 
 /** What a probe does at each point. */
 export interface ProbeShape {
+  /** Called at each probe point the engine passes (a test may crash the process there). */
   readonly hit: (hit: Hit) => Effect.Effect<void>
 }
 

@@ -72,6 +72,14 @@ export const defaultPolicy: RetryPolicy = {
 /**
  * An exponential, jittered, capped policy with a finite number of attempts. Out-of-range options
  * are kept as given and reported by {@link validate} (the consumer refuses to start with them).
+ *
+ * ```ts
+ * import { Retry } from "@jetworker/core"
+ *
+ * // 8 attempts in all: 500 ms, 1 s, 2 s ... at most 1 minute apart, jittered; the first two
+ * // retries in the same process (short delays), the rest through a delayed redelivery.
+ * const retry = Retry.exponential({ attempts: 8, base: "500 millis", cap: "1 minute", inProcessRetries: 2, inProcessMaxDelay: "2 seconds" })
+ * ```
  */
 export const exponential = (options: ExponentialOptions = {}): RetryPolicy => ({
   attempts: options.attempts ?? defaultPolicy.attempts,

@@ -132,7 +132,7 @@ const copyOriginalHeaders = (from: MsgHdrs | undefined, to: MsgHdrs): void => {
 }
 
 /** The parts of an original message a dead letter keeps. */
-interface Original {
+export interface Original {
   readonly headers: MsgHdrs | undefined
   readonly subject: string
   readonly seq: number

@@ -241,7 +241,23 @@ export const publish = (
 
 const encoder = new TextEncoder()
 
-/** Publishes an event envelope as JSON, with `Nats-Msg-Id` equal to its id. */
+/**
+ * Publishes an event envelope as JSON, with `Nats-Msg-Id` equal to its id.
+ *
+ * ```ts
+ * import { Envelope } from "@jetworker/core"
+ * import { Publisher } from "@jetworker/nats"
+ * import { Effect } from "effect"
+ *
+ * // The id is fixed before the first attempt: every retry sends the same `Nats-Msg-Id`, and the
+ * // stream stores the event once within its duplicate window.
+ * const announce = Effect.gen(function*() {
+ *   const event = yield* Envelope.make({ type: "order.placed", data: { orderId: "o-1", sku: "book" } })
+ *   const ack = yield* Publisher.publishEnvelope("orders.placed", event, { stream: "ORDERS" })
+ *   yield* Effect.logInfo(`stored as ${ack.seq}${ack.duplicate ? " (a duplicate)" : ""}`)
+ * })
+ * ```
+ */
 export const publishEnvelope = <Type extends string, A>(
   subject: string,
   envelope: Envelope.Envelope<Type, A>,

@@ -389,6 +389,26 @@ const runWith = <E, ROut, LE, TE>(
 /**
  * Runs `program` as the process's worker (see the module's description) and exits the process
  * with the shutdown's exit code. Call it once, at the top of the process's entry file.
+ *
+ * ```ts
+ * import { PgClient } from "@effect/sql-pg"
+ * import { Consumer, type IdempotencyStore } from "@jetworker/core"
+ * import { NatsConnection } from "@jetworker/nats"
+ * import { Worker } from "@jetworker/node"
+ * import { PgIdempotencyStore } from "@jetworker/sql-pg"
+ * import { Config, Layer } from "effect"
+ *
+ * declare const shipping: Consumer.Consumer<{ readonly id: string }, never, NatsConnection.NatsConnection | IdempotencyStore.IdempotencyStore>
+ *
+ * // NATS from NATS_URL (and its credentials), PostgreSQL from DATABASE_URL; both close in order on
+ * // SIGTERM, after the consumer has drained; the exit code says how the shutdown went.
+ * Worker.runMain(Consumer.run(shipping), {
+ *   layer: Layer.mergeAll(
+ *     NatsConnection.layerConfig({ name: "shipping" }),
+ *     PgIdempotencyStore.layer().pipe(Layer.provideMerge(PgClient.layerConfig({ url: Config.Redacted("DATABASE_URL") })))
+ *   )
+ * })
+ * ```
  */
 export const runMain = <E, ROut = never, LE = never, TE = never>(
   program: Effect.Effect<unknown, E, ROut>,

@@ -217,8 +217,16 @@ export const layer = (options?: Options): Layer.Layer<IdempotencyStore, Idempote
  * and must be guarded by `fresh`, a condition true only when this call recorded `key`:
  *
  * ```ts
- * PgIdempotencyStore.commitStatement({ scope: "shipper", id: event.id }, (fresh) =>
- *   sql`INSERT INTO shipments (order_id, sku) SELECT ${event.data.orderId}, ${event.data.sku} WHERE ${fresh}`)
+ * import { PgIdempotencyStore } from "@jetworker/sql-pg"
+ * import { Effect } from "effect"
+ * import { SqlClient } from "effect/sql"
+ *
+ * const ship = (event: { readonly id: string; readonly data: { readonly orderId: string; readonly sku: string } }) =>
+ *   Effect.gen(function*() {
+ *     const sql = yield* SqlClient.SqlClient
+ *     return yield* PgIdempotencyStore.commitStatement({ scope: "shipper", id: event.id }, (fresh) =>
+ *       sql`INSERT INTO shipments (order_id, sku) SELECT ${event.data.orderId}, ${event.data.sku} WHERE ${fresh}`)
+ *   })
  * ```
  *
  * It runs as `WITH fresh AS (INSERT <row> ON CONFLICT DO NOTHING RETURNING 1), effect AS

@@ -69,7 +69,10 @@ export interface Options {
   /** The random source for faults (seed it to replay a run). Default: `Math.random`. */
   readonly random?: (() => number) | undefined
   /** A global counter shared with other recorders (e.g. a store), so events of both are ordered. */
-  readonly clock?: { next: () => number } | undefined
+  readonly clock?: {
+    /** The next number of the shared order, greater than every one before. */
+    readonly next: () => number
+  } | undefined
 }
 
 /** An in-memory broker. */

@@ -37,7 +37,10 @@ export interface InMemoryIdempotencyStore {
 /** Options of {@link make}. */
 export interface Options {
   /** A global counter shared with other recorders (e.g. a broker), so their events are ordered. */
-  readonly clock?: { next: () => number } | undefined
+  readonly clock?: {
+    /** The next number of the shared order, greater than every one before. */
+    readonly next: () => number
+  } | undefined
   /** Whether the next commit of `key` fails (`IdempotencyError` `Unavailable`, nothing recorded). Default: never. */
   readonly failCommit?: ((key: IdempotencyStore.Key) => boolean) | undefined
 }
