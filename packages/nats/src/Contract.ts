@@ -84,6 +84,7 @@ export type Check =
   | "backoff"
   | "ordering"
   | "processing_time"
+  | "server_version"
 
 /** One incompatibility (`error`: the consumer must not run so) or risk (`warning`). */
 export interface Finding {
@@ -281,8 +282,9 @@ export const streamFindings = (
  */
 export const check = (contract: Contract): Effect.Effect<ReadonlyArray<Finding>, NatsError.NatsError, NatsConnection> =>
   Effect.gen(function*() {
-    const { manager } = yield* NatsConnection
+    const { connection, manager } = yield* NatsConnection
     const name = contract.stream.name
+    const serverVersion = connection.info?.version
     const missing = (reason: NatsError.NatsError["reason"]) => (error: NatsError.NatsError) => error.reason === reason
     const stream = yield* NatsError.tryPromise(`stream info ${name}`, () => manager.streams.info(name)).pipe(
       Effect.catchIf(missing("StreamNotFound"), () => Effect.succeed(undefined))
@@ -298,6 +300,10 @@ export const check = (contract: Contract): Effect.Effect<ReadonlyArray<Finding>,
     const findings: Array<Finding> = [...streamFindings(contract.stream, stream.config, contract.publishHorizon)]
     for (const consumer of contract.consumers) {
       const target = `consumer ${name}/${consumer.name}`
+      // A feature newer than the server: the declaration cannot be applied here, whatever is live.
+      for (const change of Topology.unsupported({ ...consumer, stream: name }, serverVersion)) {
+        findings.push({ severity: "error", target, check: "server_version", message: change.message })
+      }
       const info = yield* NatsError.tryPromise(`consumer info ${name}/${consumer.name}`, () => manager.consumers.info(name, consumer.name)).pipe(
         Effect.catchIf(missing("ConsumerNotFound"), () => Effect.succeed(undefined))
       )
@@ -325,6 +331,16 @@ export const check = (contract: Contract): Effect.Effect<ReadonlyArray<Finding>,
  */
 export const validate = (contract: Contract): ReadonlyArray<Finding> => [
   ...streamFindings(contract.stream, Topology.streamConfig(contract.stream), contract.publishHorizon),
+  ...contract.consumers.flatMap((consumer): ReadonlyArray<Finding> =>
+    consumer.filterSubject !== undefined && consumer.filterSubjects !== undefined
+      ? [{
+        severity: "error",
+        target: `consumer ${contract.stream.name}/${consumer.name}`,
+        check: "filter_subject",
+        message: `consumer ${contract.stream.name}/${consumer.name} gives both filterSubject and filterSubjects: keep one`
+      }]
+      : []
+  ),
   ...contract.consumers.flatMap((consumer) =>
     consumerFindings(
       `consumer ${contract.stream.name}/${consumer.name}`,
@@ -340,12 +356,15 @@ export const validate = (contract: Contract): ReadonlyArray<Finding> => [
  */
 export const plan = (contract: Contract): Effect.Effect<ReadonlyArray<Topology.Change>, NatsError.NatsError, NatsConnection> =>
   Effect.gen(function*() {
-    const { manager } = yield* NatsConnection
+    const { connection, manager } = yield* NatsConnection
     const name = contract.stream.name
     const stream = yield* NatsError.tryPromise(`stream info ${name}`, () => manager.streams.info(name)).pipe(
       Effect.catchIf((error) => error.reason === "StreamNotFound", () => Effect.succeed(undefined))
     )
-    const changes: Array<Topology.Change> = [...Topology.streamChanges(contract.stream, stream?.config)]
+    const changes: Array<Topology.Change> = [
+      ...Topology.streamChanges(contract.stream, stream?.config),
+      ...contract.consumers.flatMap((consumer) => Topology.unsupported({ ...consumer, stream: name }, connection.info?.version))
+    ]
     for (const consumer of contract.consumers) {
       const options = { ...consumer, stream: name }
       const info = stream === undefined ? undefined : yield* NatsError.tryPromise(
@@ -439,6 +458,7 @@ const ConsumerFile = Schema.Struct({
   maxDeliver: Schema.optional(Schema.Int),
   maxAckPending: Schema.optional(Schema.Int),
   filterSubject: Schema.optional(Schema.String),
+  filterSubjects: Schema.optional(Schema.Array(Schema.String)),
   deliverPolicy: Schema.optional(Schema.Literals(["all", "new"])),
   backoff: Schema.optional(Schema.Array(DurationInput)),
   expect: ExpectationsFile

@@ -68,6 +68,12 @@ export interface ConsumerOptions {
   readonly maxAckPending?: number | undefined
   /** Only messages on this subject (a subset of the stream's). */
   readonly filterSubject?: string | undefined
+  /**
+   * Only messages on these subjects (instead of `filterSubject`). Several subjects need NATS 2.10
+   * or later: on an older server the declaration is refused before anything is sent (one
+   * subject is declared as `filterSubject`, which every server has).
+   */
+  readonly filterSubjects?: ReadonlyArray<string> | undefined
   /** Where a new consumer starts. Default: `"all"`. */
   readonly deliverPolicy?: "all" | "new" | undefined
   /**
@@ -225,9 +231,55 @@ export const consumerConfig = (options: ConsumerOptions): Partial<ConsumerConfig
     max_deliver: options.maxDeliver ?? -1,
     max_ack_pending: options.maxAckPending ?? 1000,
     deliver_policy: options.deliverPolicy === "new" ? DeliverPolicy.New : DeliverPolicy.All,
-    ...(options.filterSubject === undefined ? {} : { filter_subject: options.filterSubject }),
+    ...filters(options),
     ...(backoff.length === 0 ? {} : { backoff })
   }
+}
+
+/** The filter fields of a declaration: one subject as `filter_subject` (every server has it). */
+const filters = (options: ConsumerOptions): Pick<ConsumerConfig, "filter_subject" | "filter_subjects"> => {
+  const subjects = options.filterSubjects ?? (options.filterSubject === undefined ? [] : [options.filterSubject])
+  if (subjects.length === 0) return {}
+  return subjects.length === 1 ? { filter_subject: subjects[0]! } : { filter_subjects: [...subjects] }
+}
+
+/** Whether the dotted server `version` (`2.9.10`) is `wanted` or later. */
+export const versionAtLeast = (version: string, wanted: string): boolean => {
+  const parse = (text: string) => text.replace(/^v/, "").split(/[.-]/).slice(0, 3).map((part) => Number.parseInt(part, 10) || 0)
+  const have = parse(version)
+  const need = parse(wanted)
+  for (let i = 0; i < 3; i++) {
+    if ((have[i] ?? 0) !== (need[i] ?? 0)) return (have[i] ?? 0) > (need[i] ?? 0)
+  }
+  return true
+}
+
+/**
+ * The features of a consumer declaration that need a server newer than NATS 2.9, each with the
+ * first version that has it (empty: any supported server takes the declaration).
+ */
+export const consumerFeatures = (options: ConsumerOptions): ReadonlyArray<{ readonly feature: string; readonly since: string }> =>
+  (options.filterSubjects?.length ?? 0) > 1 ? [{ feature: `filterSubjects (${options.filterSubjects!.length} subjects)`, since: "2.10.0" }] : []
+
+/**
+ * The refusals of a declaration that this server cannot take (`serverVersion`, as the server
+ * reports it): features newer than the server are found before anything is sent, instead of
+ * being silently ignored by an older server.
+ */
+export const unsupported = (options: ConsumerOptions, serverVersion: string | undefined): ReadonlyArray<Change> => {
+  const target = `consumer ${options.stream}/${options.name}`
+  const version = serverVersion ?? "unknown"
+  return consumerFeatures(options)
+    .filter(({ since }) => serverVersion === undefined || !versionAtLeast(serverVersion, since))
+    .map(({ feature, since }) => ({
+      target,
+      action: "refuse" as const,
+      setting: "server_version",
+      live: version,
+      wanted: `>= ${since}`,
+      message: `${target} declares ${feature}, which needs NATS ${since} or later; the server is ${version}: ` +
+        `upgrade the server, or declare one filterSubject (a consumer per subject)`
+    }))
 }
 
 const formatBackoff = (backoff: ReadonlyArray<number> | undefined): string =>
@@ -259,9 +311,9 @@ export const consumerChanges = (options: ConsumerOptions, live: ConsumerConfig |
   if (live.ack_wait !== wanted.ack_wait) update("ack_wait", formatNanos(live.ack_wait), formatNanos(wanted.ack_wait))
   if ((live.max_deliver ?? -1) !== wanted.max_deliver) update("max_deliver", `${live.max_deliver ?? -1}`, `${wanted.max_deliver}`)
   if (live.max_ack_pending !== wanted.max_ack_pending) update("max_ack_pending", `${live.max_ack_pending}`, `${wanted.max_ack_pending}`)
-  if ((live.filter_subject || undefined) !== wanted.filter_subject) {
-    update("filter_subject", live.filter_subject || "none", wanted.filter_subject ?? "none")
-  }
+  const liveFilters = [...(live.filter_subjects ?? []), ...(live.filter_subject ? [live.filter_subject] : [])].sort().join(", ")
+  const wantedFilters = [...(wanted.filter_subjects ?? []), ...(wanted.filter_subject === undefined ? [] : [wanted.filter_subject])].sort().join(", ")
+  if (liveFilters !== wantedFilters) update("filter_subject", liveFilters || "none", wantedFilters || "none")
   if (formatBackoff(live.backoff) !== formatBackoff(wanted.backoff)) update("backoff", formatBackoff(live.backoff), formatBackoff(wanted.backoff))
   return changes
 }
@@ -281,7 +333,12 @@ export const ensureConsumer = (
         `a backoff of ${delays} delays needs maxDeliver above ${delays} (the server refuses it otherwise); it is ${wanted.max_deliver}`
       )
     }
-    const { manager } = yield* NatsConnection
+    if (options.filterSubject !== undefined && options.filterSubjects !== undefined) {
+      return yield* invalid(operation, "give filterSubject or filterSubjects, not both")
+    }
+    const { connection, manager } = yield* NatsConnection
+    const tooNew = unsupported(options, connection.info?.version)
+    if (tooNew.length > 0) return yield* invalid(operation, tooNew.map((change) => change.message).join("; "))
     const existing = yield* call(operation, () => manager.consumers.info(options.stream, options.name)).pipe(
       Effect.catchIf((error) => error.reason === "ConsumerNotFound", () => Effect.succeed(undefined))
     )
@@ -297,6 +354,7 @@ export const ensureConsumer = (
         max_ack_pending: wanted.max_ack_pending!,
         // An empty list removes a live backoff (the server keeps a field left out).
         backoff: wanted.backoff ?? [],
-        ...(wanted.filter_subject === undefined ? {} : { filter_subject: wanted.filter_subject })
+        ...(wanted.filter_subject === undefined ? {} : { filter_subject: wanted.filter_subject }),
+        ...(wanted.filter_subjects === undefined ? {} : { filter_subjects: wanted.filter_subjects })
       }))
   })

@@ -191,7 +191,56 @@ describe("Contract", () => {
         assert.strictEqual(refused._tag === "ContractError" ? refused.reason : refused._tag, "Refused")
         assert.include(refused.message, "exists with ack policy none; it cannot change in place")
       }).pipe(Effect.scoped))
+
+    it.effect("INT-NATS-002: a feature newer than the server is detected, not assumed: several filter subjects on a server older than 2.10 are an error of check, refused by plan, apply and Topology before anything is sent; one filter subject works everywhere", () =>
+      Effect.gen(function*() {
+        const stream = yield* freshStream
+        const { connection, manager } = yield* NatsConnection.NatsConnection
+        const version = connection.info!.version
+        const base = contractFor(stream)
+        const subjects = [`${stream.toLowerCase()}.orders.eu`, `${stream.toLowerCase()}.orders.us`]
+        const contract: Contract.Contract = { ...base, consumers: [{ ...base.consumers[0]!, filterSubjects: subjects }] }
+        yield* Topology.ensureStream(contract.stream)
+        if (Topology.versionAtLeast(version, "2.10.0")) {
+          // A newer server takes the declaration, and the live filters then match the contract.
+          yield* Contract.apply(contract)
+          assert.deepStrictEqual(yield* Contract.check(contract), [])
+          return
+        }
+        const findings = yield* Contract.check(contract)
+        const tooNew = findings.filter((f) => f.check === "server_version")
+        assert.strictEqual(tooNew.length, 1, JSON.stringify(findings))
+        assert.strictEqual(tooNew[0]!.severity, "error")
+        assert.include(tooNew[0]!.message, `declares filterSubjects (2 subjects), which needs NATS 2.10.0 or later; the server is ${version}`)
+        assert.include(tooNew[0]!.message, "declare one filterSubject")
+        const planned = yield* Contract.plan(contract)
+        assert.isTrue(planned.some((change) => change.action === "refuse" && change.setting === "server_version"))
+        const refused = yield* Effect.flip(Contract.apply(contract))
+        assert.strictEqual(refused._tag === "ContractError" ? refused.reason : refused._tag, "Refused")
+        const direct = yield* Effect.flip(Topology.ensureConsumer({ ...contract.consumers[0]!, stream }))
+        assert.include(direct.message, "needs NATS 2.10.0 or later")
+        const live = yield* Effect.promise(() => manager.consumers.info(stream, "shipper").then(() => true, () => false))
+        assert.isFalse(live, "no consumer was created")
+
+        // One subject in the list is the 2.9 form, and a live consumer then matches the contract.
+        const one: Contract.Contract = { ...base, consumers: [{ ...base.consumers[0]!, filterSubjects: [subjects[0]!] }] }
+        yield* Contract.apply(one)
+        assert.strictEqual((yield* Effect.promise(() => manager.consumers.info(stream, "shipper"))).config.filter_subject, subjects[0])
+        assert.deepStrictEqual(yield* Contract.check(one), [])
+        // Both forms at once is a contract that contradicts itself.
+        const both = Contract.validate({ ...base, consumers: [{ ...base.consumers[0]!, filterSubject: subjects[0]!, filterSubjects: subjects }] })
+        assert.isTrue(both.some((f) => f.check === "filter_subject" && f.message.includes("keep one")))
+      }).pipe(Effect.scoped))
   })
+
+  it.effect("server versions compare by their numbers", () =>
+    Effect.sync(() => {
+      assert.isFalse(Topology.versionAtLeast("2.9.10", "2.10.0"))
+      assert.isTrue(Topology.versionAtLeast("2.10.0", "2.10.0"))
+      assert.isTrue(Topology.versionAtLeast("2.11.4", "2.10.0"))
+      assert.isTrue(Topology.versionAtLeast("v3.0.0-beta.1", "2.10.0"))
+      assert.isFalse(Topology.versionAtLeast("2.9.25", "2.10"))
+    }))
 
   it.effect("a contract file is read with durations as text; every wrong field is named", () =>
     Effect.gen(function*() {
