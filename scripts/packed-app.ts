@@ -1,6 +1,7 @@
 /**
  * The packages as a user gets them: builds every package (`tsc -b tsconfig.build.json`), packs
  * each one (`pnpm pack`, which applies `publishConfig`: `exports` and `bin` point at `dist/`),
+ * checks what each tarball holds (code, declarations, license, README, changelog; no tests),
  * installs the tarballs into a scratch application outside the workspace (every `@jetworker/*`
  * dependency overridden to its tarball, so nothing comes from the workspace or the registry),
  * compiles the consumer in `test/fixtures/packed-app` there with strict TypeScript (NodeNext),
@@ -37,10 +38,36 @@ const run = (name: string, command: string, args: ReadonlyArray<string>, cwd: st
   }
 }
 
+/**
+ * What a user gets in each tarball: the compiled code with its declarations, the license, the
+ * README and the changelog, and `exports` that point at `dist/`; no tests.
+ */
+const checkContents = (file: string, listing: string): void => {
+  const entries = new Set(listing.split("\n").filter((line) => line !== ""))
+  const missing = ["package/LICENSE", "package/README.md", "package/CHANGELOG.md", "package/dist/index.js", "package/dist/index.d.ts"]
+    .filter((entry) => !entries.has(entry))
+  const tests = [...entries].filter((entry) => entry.startsWith("package/test/"))
+  const manifest = JSON.parse(execFileSync("tar", ["xzOf", join(packs, file), "package/package.json"], { encoding: "utf8" })) as {
+    readonly exports: { readonly ".": { readonly types?: string; readonly default?: string } }
+  }
+  const exported = manifest.exports["."]
+  const problems = [
+    ...missing.map((entry) => `${entry} is missing`),
+    ...tests.map((entry) => `${entry} is shipped`),
+    ...(exported.types === "./dist/index.d.ts" && exported.default === "./dist/index.js" ? [] : [`exports "." is ${JSON.stringify(exported)}`])
+  ]
+  if (problems.length > 0) {
+    console.log(`step contents ${file} FAILED: ${problems.join("; ")}`)
+    process.exit(1)
+  }
+  console.log(`step contents ${file} ok`)
+}
+
 try {
   run("build", "pnpm", ["exec", "tsc", "-b", "tsconfig.build.json"], root)
   mkdirSync(packs)
   for (const name of packages) run(`pack ${name}`, "pnpm", ["pack", "--pack-destination", packs], join(root, "packages", name))
+  for (const file of readdirSync(packs)) checkContents(file, run(`list ${file}`, "tar", ["tzf", join(packs, file)], packs))
   const tarballs = Object.fromEntries(
     readdirSync(packs).map((file) => [`@jetworker/${file.replace(/^jetworker-/, "").replace(/-\d+\.\d+\.\d+\.tgz$/, "")}`, `file:${join(packs, file)}`])
   )

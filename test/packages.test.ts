@@ -33,7 +33,7 @@ describe("the packed packages", () => {
         const exit = yield* child.waitForExit("280 seconds")
         const output = (yield* child.lines).join("\n")
         assert.strictEqual(exit.code, 0, output)
-        for (const step of ["build", "pack core", "pack cli", "install", "compile", "run", "jetworker --help"]) {
+        for (const step of ["build", "pack core", "pack cli", "contents jetworker-core-\\S+", "contents jetworker-cli-\\S+", "install", "compile", "run", "jetworker --help"]) {
           assert.match(output, new RegExp(`^step ${step} ok`, "m"))
         }
         assert.include(output, `"message":"greeting Committed: from the tarballs"`)
