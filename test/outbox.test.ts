@@ -8,8 +8,8 @@ import { assert, describe, layer } from "@effect/vitest"
 import { Outbox, Telemetry } from "@jetworker/core"
 import { NatsConnection, Publisher, Topology } from "@jetworker/nats"
 import { Migrations, PgOutbox } from "@jetworker/sql-pg"
-import { ChildWorker, TestDatabase } from "@jetworker/testing"
-import { Deferred, Effect, Fiber, Layer, Redacted } from "effect"
+import { ChildWorker, Eventually, TestDatabase } from "@jetworker/testing"
+import { Deferred, Effect, Fiber, Layer, Logger, Redacted, References } from "effect"
 import { SqlClient } from "effect/sql"
 import { fileURLToPath } from "node:url"
 import { NatsLive, natsUrl } from "./support/services.ts"
@@ -64,6 +64,16 @@ const message = (prefix: string, id: string): Outbox.OutboxMessage => ({
   id,
   payload: encoder.encode(JSON.stringify({ id }))
 })
+
+/** A logger that keeps each line's level and text, for a relay's log lines. */
+const captureLines = () => {
+  const lines: Array<{ readonly level: string; readonly text: string }> = []
+  const logger = Logger.make(({ logLevel, message }) => {
+    const parts = Array.isArray(message) ? message : [message]
+    lines.push({ level: String(logLevel), text: String(parts[0]) })
+  })
+  return { lines, layer: Logger.layer([logger]) }
+}
 
 const pendingCount = SqlClient.SqlClient.use((sql) =>
   Effect.map(sql<{ readonly n: number }>`SELECT count(*)::int AS n FROM jetworker_outbox WHERE sent_at IS NULL`, (rows) => rows[0]!.n)
@@ -200,6 +210,121 @@ describe("outbox", () => {
         const [published] = yield* stored(name)
         assert.isDefined(published?.traceparent)
         assert.strictEqual(published!.traceparent!.split("-")[1], traceId)
+      }).pipe(Effect.scoped))
+
+    it.effect("a relay that starts before its table exists says so once (INFO, no warning), keeps trying, and publishes once the migrations have run", () =>
+      Effect.gen(function*() {
+        const { name, prefix } = yield* freshStream
+        const { lines, layer: capture } = captureLines()
+        // A schema of its own, without the migrations: the start-up of a worker whose migrations run later.
+        yield* Effect.gen(function*() {
+          const relay = yield* Effect.forkChild(
+            PgOutbox.relay({ pollInterval: "20 millis", backoff: "20 millis", maxBackoff: "50 millis" }).pipe(
+              Effect.provide(capture),
+              Effect.provideService(References.MinimumLogLevel, "Debug")
+            )
+          )
+          yield* Eventually.holds(
+            "the relay tried again after saying it waits",
+            Effect.sync(() => lines.some((line) => line.text === "outbox relay: still waiting for its table"))
+          )
+          yield* Migrations.run
+          const sql = yield* SqlClient.SqlClient
+          yield* sql.withTransaction(Outbox.record(message(prefix, "late")))
+          yield* Eventually.holds("the event is published", Effect.map(stored(name), (messages) => messages.length === 1))
+          yield* Fiber.interrupt(relay)
+        }).pipe(Effect.provide(PgOutbox.layer().pipe(Layer.provideMerge(TestDatabase.layer()))))
+        const waiting = lines.filter((line) => line.text.includes("does not exist yet; waiting for the migrations"))
+        assert.strictEqual(waiting.length, 1, JSON.stringify(lines))
+        assert.strictEqual(waiting[0]!.level, "Info")
+        assert.deepStrictEqual(lines.filter((line) => line.level === "Warn" || line.level === "Error"), [])
+        assert.deepStrictEqual((yield* stored(name)).map((m) => m.msgId), ["late"])
+      }).pipe(Effect.scoped))
+
+    it.effect("a message that could never be published is refused when recorded (its transaction rolls back), and so is a record outside a transaction", () =>
+      Effect.gen(function*() {
+        const sql = yield* SqlClient.SqlClient
+        const { prefix } = yield* freshStream
+        const refused = [
+          { ...message(prefix, "ok"), id: "order 42" },
+          { ...message(prefix, "ok"), id: "x".repeat(201) },
+          { ...message(prefix, "ok"), subject: `${prefix}.*` },
+          { ...message(prefix, "ok"), subject: `${prefix}..double` },
+          { ...message(prefix, "ok"), headers: [["X-Nats-Msg-Id-Copy", "1"]] as const },
+          { ...message(prefix, "ok"), headers: [["X-Note", "two\nlines"]] as const }
+        ]
+        for (const bad of refused) {
+          const error = yield* Effect.flip(sql.withTransaction(Effect.andThen(
+            Outbox.record(message(prefix, "before")),
+            Outbox.record(bad)
+          )))
+          assert.strictEqual(error._tag, "OutboxError")
+          assert.include(error.message, "cannot record")
+        }
+        assert.strictEqual(yield* pendingCount, 0, "each transaction rolled back, the row before the bad one too")
+        const outside = yield* Effect.flip(Outbox.record(message(prefix, "alone")))
+        assert.include(outside.message, "runs outside a transaction")
+        assert.strictEqual(yield* pendingCount, 0)
+      }).pipe(Effect.scoped))
+
+    it.effect("a round stops publishing at its budget and commits what it published; the next round goes on from there", () =>
+      Effect.gen(function*() {
+        const sql = yield* SqlClient.SqlClient
+        const { name, prefix } = yield* freshStream
+        const ids = Array.from({ length: 100 }, (_, n) => `r${n}`)
+        yield* sql.withTransaction(Effect.forEach(ids, (id) => Outbox.record(message(prefix, id)), { discard: true }))
+        // 100 confirmed publishes take far more than a millisecond: the round stops early.
+        const first = yield* PgOutbox.relayRound({ roundBudget: "1 millis" })
+        assert.isAtLeast(first.published, 1)
+        assert.isBelow(first.published, ids.length)
+        assert.isTrue(first.full, "a round cut by its budget says more may be pending")
+        assert.strictEqual(yield* pendingCount, ids.length - first.published)
+        while ((yield* pendingCount) > 0) yield* PgOutbox.relayRound()
+        assert.deepStrictEqual((yield* stored(name)).map((m) => m.msgId), ids, "in order, once each")
+        const bad = yield* Effect.flip(PgOutbox.relayRound({ roundBudget: "soon" as never }))
+        assert.include(bad.message, "roundBudget must be a duration")
+      }).pipe(Effect.scoped))
+
+    it.effect("a publish that fails for good blocks the rows after it and says so as an ERROR naming the row; the clean-up keeps up with a full batch; a defect is a failed round, not the end of the relay", () =>
+      Effect.gen(function*() {
+        const sql = yield* SqlClient.SqlClient
+        const { name, prefix } = yield* freshStream
+        // 2500 sent rows past their retention: more than two full clean-up batches.
+        yield* sql`INSERT INTO jetworker_outbox (id, subject, payload, sent_at)
+                   SELECT 'old' || n, ${`${prefix}.old`}, '\\x00'::bytea, now() - interval '2 hours' FROM generate_series(1, 2500) AS n`
+        const oldRows = SqlClient.SqlClient.use((sql) =>
+          Effect.map(sql<{ readonly n: number }>`SELECT count(*)::int AS n FROM jetworker_outbox WHERE sent_at IS NOT NULL`, (rows) => rows[0]!.n)
+        )
+        yield* sql.withTransaction(Effect.forEach(
+          [message(prefix, "g1"), { ...message(prefix, "g2"), subject: `nowhere-${prefix}.g2` }, message(prefix, "g3")],
+          (m) => Outbox.record(m),
+          { discard: true }
+        ))
+        const { lines, layer: capture } = captureLines()
+        // The real publisher, but the first call dies (a bug in a publisher): the relay goes on.
+        const real = yield* Outbox.OutboxPublisher
+        let calls = 0
+        const flaky = Outbox.OutboxPublisher.of({
+          publish: (m, traceparent) => ++calls === 1 ? Effect.die(new Error("publisher bug")) : real.publish(m, traceparent)
+        })
+        const relay = yield* Effect.forkChild(
+          PgOutbox.relay({ pollInterval: "20 millis", backoff: "20 millis", maxBackoff: "50 millis", cleanupBatch: 1000 }).pipe(
+            Effect.provideService(Outbox.OutboxPublisher, flaky),
+            Effect.provide(capture)
+          )
+        )
+        yield* Eventually.holds(
+          "the blocked row is reported",
+          Effect.sync(() => lines.some((line) => line.level === "Error" && line.text.startsWith("outbox relay blocked:")))
+        )
+        yield* Eventually.holds("the clean-up caught up", Effect.map(oldRows, (n) => n === 1))
+        yield* Fiber.interrupt(relay)
+        const blocked = lines.find((line) => line.level === "Error")!
+        assert.include(blocked.text, `(id g2, subject nowhere-${prefix}.g2)`)
+        assert.include(blocked.text, "the rows recorded after it wait")
+        assert.isTrue(lines.some((line) => line.level === "Warn" && line.text.includes("unexpected defect: publisher bug")), JSON.stringify(lines))
+        assert.deepStrictEqual((yield* stored(name)).map((m) => m.msgId), ["g1"], "g3 waits behind g2: nothing is skipped")
+        assert.strictEqual(yield* pendingCount, 2)
       }).pipe(Effect.scoped))
 
     it.effect("the clean-up deletes sent rows past their retention, at most a batch at a time, never a pending one", () =>

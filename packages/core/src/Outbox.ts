@@ -26,6 +26,42 @@ export interface OutboxMessage {
   readonly headers?: ReadonlyArray<readonly [string, string]> | undefined
 }
 
+/** Whether a header name would be taken for `Nats-Msg-Id` (NATS 2.9 finds headers by substring). */
+export const isReservedHeader = (name: string): boolean => name.toLowerCase().includes("nats-msg-id")
+
+const printable = /^[\x21-\x7e]+$/
+
+/**
+ * What makes `message` impossible to publish, checked before it is recorded: a row that can never
+ * be published would hold back every row recorded after it. Empty: it can be published. The id
+ * must be 1 to 200 printable ASCII characters without spaces (it is the `Nats-Msg-Id`); the
+ * subject a literal NATS subject (dot-separated tokens of printable characters, no wildcards); a
+ * header name printable without `:`, not containing `Nats-Msg-Id`, its value on one line.
+ */
+export const problems = (message: OutboxMessage): ReadonlyArray<string> => {
+  const found: Array<string> = []
+  if (!/^[\x21-\x7e]{1,200}$/.test(message.id)) {
+    found.push(`id ${JSON.stringify(message.id)}: must be 1 to 200 printable ASCII characters without spaces`)
+  }
+  const tokens = message.subject.split(".")
+  if (message.subject.length === 0 || message.subject.length > 1024 || tokens.some((token) => token === "" || !printable.test(token))) {
+    found.push(`subject ${JSON.stringify(message.subject)}: must be dot-separated tokens of printable ASCII characters`)
+  } else if (tokens.some((token) => token === "*" || token === ">")) {
+    found.push(`subject ${JSON.stringify(message.subject)}: a wildcard cannot be published to`)
+  }
+  for (const [name, value] of message.headers ?? []) {
+    if (isReservedHeader(name)) {
+      found.push(`header ${JSON.stringify(name)}: not allowed, the id goes in Nats-Msg-Id (a second header containing ` +
+        `"Nats-Msg-Id" would make NATS 2.9 skip deduplication)`)
+    } else if (!printable.test(name) || name.includes(":")) {
+      found.push(`header ${JSON.stringify(name)}: a name is printable ASCII without spaces or ":"`)
+    } else if (/[\r\n]/.test(value)) {
+      found.push(`header ${JSON.stringify(name)}: its value must be one line`)
+    }
+  }
+  return found
+}
+
 /** The event could not be recorded (its transaction then fails with the rest of its effects). */
 export class OutboxError extends Data.TaggedError("OutboxError")<{
   readonly message: string
@@ -40,7 +76,8 @@ export class Outbox extends Context.Service<Outbox, {
 
 /**
  * Records `message` to be published once the current transaction commits (run it inside the
- * transaction: in a handler, inside `IdempotencyStore.commit`'s effect).
+ * transaction: in a handler, inside `IdempotencyStore.commit`'s effect). A message that could
+ * never be published ({@link problems}) fails with `OutboxError`, which rolls the transaction back.
  *
  * ```ts
  * import { IdempotencyStore, Outbox } from "@jetworker/core"

@@ -122,12 +122,6 @@ export const checkHorizon = (
     return { stream, horizon, duplicateWindow, covered }
   })
 
-/**
- * Header names that may not be given: the id goes in `msgId`, and on NATS 2.9 another header whose
- * name contains `Nats-Msg-Id` makes the server ignore the real one (no deduplication at all).
- */
-const forbiddenHeader = (name: string): boolean => name.toLowerCase().includes("nats-msg-id")
-
 /** The stream capturing each subject, per connection: asked of the server once. */
 const streamsBySubject = new WeakMap<object, Map<string, string>>()
 
@@ -175,7 +169,9 @@ export const publish = (
         message: "msgId must be 1 to 200 printable ASCII characters without spaces"
       })
     }
-    const forbidden = (options.headers ?? []).find(([name]) => forbiddenHeader(name))
+    // The id goes in `msgId`; on NATS 2.9 another header whose name contains `Nats-Msg-Id` makes the
+    // server ignore the real one (no deduplication at all).
+    const forbidden = (options.headers ?? []).find(([name]) => Outbox.isReservedHeader(name))
     if (forbidden !== undefined) {
       return yield* new NatsError.NatsError({
         reason: "ApiError",

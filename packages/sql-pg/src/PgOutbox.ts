@@ -17,16 +17,26 @@
  * trace context (`traceparent`) of the transaction that wrote them, so the publish span continues
  * that trace. Sent rows are deleted after `retention` by a bounded clean-up.
  *
+ * A message that could never be published (`Outbox.problems`: its id, subject or headers) is
+ * refused when it is recorded, and so is a record outside a transaction: a row that can never be
+ * published would hold back every row after it. A publish that fails for good all the same (no
+ * stream captures the subject) is logged as `outbox.relay_blocked` (ERROR) on every try, since
+ * nothing may be skipped. A round publishes for at most `roundBudget`, so a relay killed in it
+ * republishes only rows the stream's duplicate window still remembers.
+ *
  * Order caveat: rows are published in the order of their sequence numbers, which is the order the
- * transactions inserted them, not always the order they committed; events of two transactions
- * committing at the same moment may be published in either order.
+ * transactions inserted them, not always the order they committed: of two transactions that
+ * overlap (one inserts, the other inserts and commits, then the first commits), the later row
+ * may be published first. No row is skipped. A transaction that commits before another starts
+ * is always published before it.
  *
  * @since 0.4.0
  */
-import { Outbox, Telemetry } from "@jetworker/core"
-import { Clock, Duration, Effect, Layer, Schedule } from "effect"
+import { ErrorSummary, Outbox, Telemetry } from "@jetworker/core"
+import { Clock, Duration, Effect, Layer, Predicate, Schedule } from "effect"
 import { SqlClient } from "effect/sql"
 import type { SqlError } from "effect/sql/SqlError"
+import { sqlState } from "./internal/errors.ts"
 import * as Table from "./internal/table.ts"
 
 /** Where the outbox lives. */
@@ -53,6 +63,17 @@ export const make = (options: Options = {}): Effect.Effect<Outbox.Outbox["Servic
     return {
       record: (message) =>
         Effect.gen(function*() {
+          const invalid = Outbox.problems(message)
+          if (invalid.length > 0) {
+            return yield* new Outbox.OutboxError({ message: `cannot record ${JSON.stringify(message.id)} in the outbox: ${invalid.join("; ")}` })
+          }
+          // Outside a transaction the row would commit on its own, whatever happens to the effects.
+          if ((yield* Effect.serviceOption(sql.transactionService))._tag === "None") {
+            return yield* new Outbox.OutboxError({
+              message: `Outbox.record(${JSON.stringify(message.id)}) runs outside a transaction: record inside ` +
+                `IdempotencyStore.commit's effect or sql.withTransaction, so the event commits with the effects`
+            })
+          }
           const span = yield* Effect.option(Effect.currentSpan)
           const traceparent = span._tag === "Some" ? Telemetry.formatTraceparent(span.value) : null
           const headers = message.headers === undefined || message.headers.length === 0 ? null : JSON.stringify(message.headers)
@@ -61,7 +82,8 @@ export const make = (options: Options = {}): Effect.Effect<Outbox.Outbox["Servic
             [message.id, message.subject, message.payload, headers, traceparent]
           )
         }).pipe(
-          Effect.mapError((cause) => new Outbox.OutboxError({ message: `could not record ${message.id} in the outbox: ${cause.message}`, cause }))
+          Effect.catchTag("SqlError", (cause) =>
+            Effect.fail(new Outbox.OutboxError({ message: `could not record ${message.id} in the outbox: ${cause.message}`, cause })))
         )
     }
   })
@@ -82,8 +104,17 @@ export interface RelayOptions extends Options {
   readonly maxBackoff?: Duration.Input | undefined
   /** How long sent rows are kept before the clean-up deletes them. Default: 1 hour. */
   readonly retention?: Duration.Input | undefined
-  /** Rows the clean-up deletes at most per run (it runs at most once a minute). Default: 1000. */
+  /**
+   * Rows the clean-up deletes at most per run. It runs once a minute, and again after each round
+   * while it still finds a full batch, so it keeps up with any rate. Default: 1000.
+   */
   readonly cleanupBatch?: number | undefined
+  /**
+   * The longest a round goes on publishing before it marks what it published and commits. A
+   * relay killed in a round republishes the round's rows, which the stream deduplicates only
+   * within its duplicate window: keep this well under the window. Default: 30 seconds.
+   */
+  readonly roundBudget?: Duration.Input | undefined
 }
 
 /** What one round did. */
@@ -106,6 +137,14 @@ interface Row {
 }
 
 
+/** A duration option, refused with its name when it does not parse (a cast config string may not). */
+const duration = (name: string, value: Duration.Input | undefined, fallback: Duration.Input): Effect.Effect<Duration.Duration, Outbox.OutboxError> => {
+  const parsed = Duration.fromInput(value ?? fallback)
+  return parsed._tag === "Some"
+    ? Effect.succeed(parsed.value)
+    : Effect.fail(new Outbox.OutboxError({ message: `${name} must be a duration such as "30 seconds", got ${JSON.stringify(value)}` }))
+}
+
 const checkCount = (name: string, value: number | undefined, fallback: number): Effect.Effect<number, Outbox.OutboxError> => {
   const count = value ?? fallback
   return Number.isInteger(count) && count >= 1 && count <= 10_000
@@ -126,6 +165,7 @@ export const relayRound = (
     const publisher = yield* Outbox.OutboxPublisher
     const table = yield* quoted(options.table ?? Table.defaultOutboxTable)
     const batchSize = yield* checkCount("batchSize", options.batchSize, 100)
+    const budgetMillis = Duration.toMillis(yield* duration("roundBudget", options.roundBudget, "30 seconds"))
     const round = Effect.gen(function*() {
       // One 64-bit lock key per outbox table, held until the transaction ends. Advisory locks are
       // per database, so the key is the table's oid (tables of one name in two schemas are two
@@ -141,13 +181,24 @@ export const relayRound = (
       )
       const sent: Array<string> = []
       let failure: Outbox.PublishFailed | undefined
+      const started = yield* Clock.currentTimeMillis
+      let outOfTime = false
       for (const row of rows) {
+        // Past the budget, what was published is marked now: a relay killed later in a long round
+        // would republish rows the stream no longer remembers. (A round publishes at least one.)
+        if (sent.length > 0 && (yield* Clock.currentTimeMillis) - started >= budgetMillis) {
+          outOfTime = true
+          break
+        }
         const result = yield* Effect.result(publisher.publish(
           { subject: row.subject, id: row.id, payload: row.payload, headers: row.headers ?? undefined },
           row.traceparent ?? undefined
         ))
         if (result._tag === "Failure") {
-          failure = result.failure
+          failure = new Outbox.PublishFailed({
+            message: `row ${row.position} (id ${row.id}, subject ${row.subject}): ${result.failure.message}`,
+            retryable: result.failure.retryable
+          })
           break
         }
         sent.push(row.position)
@@ -155,12 +206,16 @@ export const relayRound = (
       if (sent.length > 0) {
         yield* sql.unsafe(`UPDATE ${table} SET sent_at = now() WHERE seq = ANY(string_to_array($1, ',')::bigint[])`, [sent.join(",")])
       }
-      return { round: { locked: true, published: sent.length, full: rows.length === batchSize && failure === undefined }, failure }
+      return { round: { locked: true, published: sent.length, full: (outOfTime || rows.length === batchSize) && failure === undefined }, failure }
     })
     const { round: done, failure } = yield* sql.withTransaction(round).pipe(Effect.mapError(sqlFailure("relay")))
     if (failure !== undefined) return yield* failure
     return done
   })
+
+/** Whether the relay failed because its table does not exist (SQLSTATE 42P01, undefined_table). */
+const isMissingTable = (error: Outbox.OutboxError | Outbox.PublishFailed): boolean =>
+  error._tag === "OutboxError" && Predicate.hasProperty(error.cause, "_tag") && error.cause._tag === "SqlError" && sqlState(error.cause as SqlError) === "42P01"
 
 const sqlFailure = (what: string) => (cause: SqlError) =>
   new Outbox.OutboxError({ message: `outbox ${what}: ${cause.message}`, cause })
@@ -171,7 +226,7 @@ export const cleanup = (options: RelayOptions = {}): Effect.Effect<number, Outbo
     const sql = yield* SqlClient.SqlClient
     const table = yield* quoted(options.table ?? Table.defaultOutboxTable)
     const limit = yield* checkCount("cleanupBatch", options.cleanupBatch, 1000)
-    const retention = Duration.toMillis(Duration.fromInputUnsafe(options.retention ?? "1 hour"))
+    const retention = Duration.toMillis(yield* duration("retention", options.retention, "1 hour"))
     const deleted = yield* sql.unsafe<{ readonly n: number }>(
       `WITH old AS (SELECT seq FROM ${table} WHERE sent_at IS NOT NULL AND sent_at < now() - make_interval(secs => $1) ORDER BY sent_at LIMIT ${limit})
        , gone AS (DELETE FROM ${table} WHERE seq IN (SELECT seq FROM old) RETURNING 1)
@@ -184,42 +239,82 @@ export const cleanup = (options: RelayOptions = {}): Effect.Effect<number, Outbo
 /**
  * The relay, until interrupted: rounds back to back while batches come full, a `pollInterval`
  * pause when idle, a jittered backoff (reset by a successful round) after a failed one, and the
- * clean-up at most once a minute. Failures are logged (`outbox.relay_failed`) and retried, never
- * returned; an interruption in the middle of a round rolls it back (its rows are published again).
+ * clean-up at most once a minute. Failures are logged (`outbox.relay_failed`, with the innermost
+ * cause) and retried, never returned; an interruption in the middle of a round rolls it back (its
+ * rows are published again). A relay that starts before its table exists (its migrations run
+ * later in the start-up, or as a separate job) says so once (`outbox.relay_waiting`, INFO) and
+ * keeps trying on the same backoff.
  */
 export const relay = (
   options: RelayOptions = {}
 ): Effect.Effect<never, Outbox.OutboxError, SqlClient.SqlClient | Outbox.OutboxPublisher> =>
   Effect.gen(function*() {
     // Reject bad settings before the first round.
-    yield* checkCount("batchSize", options.batchSize, 100)
-    yield* checkCount("cleanupBatch", options.cleanupBatch, 1000)
-    yield* quoted(options.table ?? Table.defaultOutboxTable)
-    const poll = Duration.fromInputUnsafe(options.pollInterval ?? "200 millis")
-    const maxBackoff = Duration.fromInputUnsafe(options.maxBackoff ?? "10 seconds")
-    const backoff = Schedule.exponential(Duration.fromInputUnsafe(options.backoff ?? "200 millis"), 2).pipe(
+    const settings = yield* relaySettings(options)
+    const backoff = Schedule.exponential(settings.backoff, 2).pipe(
       Schedule.jittered,
-      Schedule.modifyDelay(({ duration }) => Effect.succeed(Duration.min(duration, maxBackoff)))
+      Schedule.modifyDelay(({ duration }) => Effect.succeed(Duration.min(duration, settings.maxBackoff)))
     )
     let lastCleanup = 0
+    // A full clean-up batch means more is due: the next round cleans up again.
+    let cleanupBehind = false
+    let waitingSaid = false
     const once = Effect.gen(function*() {
-      const round = yield* relayRound(options)
+      const round = yield* Effect.result(relayRound(options))
+      // The clean-up runs after a failed round too: a blocked row must not let sent rows pile up.
       const now = yield* Clock.currentTimeMillis
-      if (now - lastCleanup >= 60_000) {
+      if (cleanupBehind || now - lastCleanup >= 60_000) {
         lastCleanup = now
         const deleted = yield* cleanup(options)
+        cleanupBehind = deleted >= settings.cleanupBatch
         if (deleted > 0) yield* Effect.logDebug(`outbox clean-up deleted ${deleted} sent rows`)
       }
-      if (!round.full) yield* Effect.sleep(poll)
+      if (round._tag === "Failure") return yield* Effect.fail(round.failure)
+      waitingSaid = false
+      if (!round.success.full) yield* Effect.sleep(settings.pollInterval)
     }).pipe(
-      Effect.tapError((error) =>
-        Effect.logWarning(`outbox relay round failed; retrying with backoff: ${error.message}`).pipe(
-          Effect.annotateLogs({ event: "outbox.relay_failed" })
+      // A defect would end the relay without a word while rows pile up: it is a failed round too.
+      Effect.catchDefect((defect) =>
+        Effect.fail(new Outbox.OutboxError({ message: `outbox relay: unexpected defect: ${ErrorSummary.fromError(defect, "Defect").message}`, cause: defect }))
+      ),
+      Effect.tapError((error) => {
+        if (isMissingTable(error)) {
+          if (waitingSaid) return Effect.logDebug("outbox relay: still waiting for its table")
+          waitingSaid = true
+          return Effect.logInfo(
+            `outbox relay: table ${options.table ?? Table.defaultOutboxTable} does not exist yet; waiting for the migrations ` +
+              `(Migrations.run at start-up, or jetworker migrate)`
+          ).pipe(Effect.annotateLogs({ event: "outbox.relay_waiting" }))
+        }
+        const summary = ErrorSummary.describe(ErrorSummary.fromError(error))
+        if (error._tag === "PublishFailed" && !error.retryable) {
+          // Retrying cannot help, and nothing may be skipped: the rows behind it wait for a person.
+          return Effect.logError(
+            `outbox relay blocked: ${error.message}; the rows recorded after it wait until it is fixed or deleted`
+          ).pipe(Effect.annotateLogs({ event: "outbox.relay_blocked", error: summary }))
+        }
+        return Effect.logWarning(`outbox relay round failed; retrying with backoff: ${error.message}`).pipe(
+          Effect.annotateLogs({ event: "outbox.relay_failed", error: summary })
         )
-      )
+      })
     )
     // The backoff never ends, so no failure gets past it (`orDie` only narrows the type).
     return yield* once.pipe(Effect.retry(backoff), Effect.orDie, Effect.forever)
+  })
+
+/** The relay's settings, checked: a bad one fails with `OutboxError` naming it. */
+const relaySettings = (options: RelayOptions) =>
+  Effect.gen(function*() {
+    yield* checkCount("batchSize", options.batchSize, 100)
+    yield* quoted(options.table ?? Table.defaultOutboxTable)
+    yield* duration("retention", options.retention, "1 hour")
+    yield* duration("roundBudget", options.roundBudget, "30 seconds")
+    return {
+      cleanupBatch: yield* checkCount("cleanupBatch", options.cleanupBatch, 1000),
+      pollInterval: yield* duration("pollInterval", options.pollInterval, "200 millis"),
+      backoff: yield* duration("backoff", options.backoff, "200 millis"),
+      maxBackoff: yield* duration("maxBackoff", options.maxBackoff, "10 seconds")
+    }
   })
 
 /** Runs the relay as a scoped fiber for as long as the layer lives (its scope's end interrupts it). */
@@ -227,8 +322,6 @@ export const layerRelay = (
   options: RelayOptions = {}
 ): Layer.Layer<never, Outbox.OutboxError, SqlClient.SqlClient | Outbox.OutboxPublisher> =>
   Layer.effectDiscard(Effect.gen(function*() {
-    yield* checkCount("batchSize", options.batchSize, 100)
-    yield* checkCount("cleanupBatch", options.cleanupBatch, 1000)
-    yield* quoted(options.table ?? Table.defaultOutboxTable)
+    yield* relaySettings(options)
     yield* Effect.forkScoped(Effect.ignore(relay(options)))
   }))
