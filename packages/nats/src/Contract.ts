@@ -144,7 +144,8 @@ export const consumerFindings = (
         `by its first delay and distorts the engine's nak delays (a nak after delivery n waits backoff[n] - AckWait + ` +
         `the delay): remove it from the consumer (the retry policy sets the delays), or accept longer retry delays`
     )
-    if (maxDeliver !== -1 && maxDeliver <= backoff.length) {
+    // The server refuses a backoff without a MaxDeliver above its length (-1, no limit, included).
+    if (maxDeliver <= backoff.length) {
       add(
         "error",
         "backoff",
@@ -216,6 +217,8 @@ const declaredConsumerFindings = (
         message: `${target} has ${change.setting} ${change.live}, the contract ${change.wanted}: apply the contract ` +
           `(jetworker contract apply) or change the contract to what runs`
       }]
+      : change.action === "refuse" && change.setting === "filter_subject"
+      ? [{ severity: "error", target, check: "filter_subject", message: change.message }]
       : []
   )
 
@@ -235,8 +238,13 @@ export const streamFindings = (
   const findings: Array<Finding> = []
   const add = (check: Check, message: string) => findings.push({ severity: "error", target, check, message })
   const liveSubjects = live.subjects ?? []
-  const extra = liveSubjects.filter((subject) => !declared.subjects.includes(subject))
-  const missing = declared.subjects.filter((subject) => !liveSubjects.includes(subject))
+  // In "add" mode the stream is shared: other subjects are allowed, and a declared subject is
+  // there when a live one captures it (that is all `Topology` ensures).
+  const shared = declared.subjectsMode === "add"
+  const extra = shared ? [] : liveSubjects.filter((subject) => !declared.subjects.includes(subject))
+  const missing = declared.subjects.filter((subject) =>
+    shared ? !liveSubjects.some((pattern) => Topology.captures(pattern, subject)) : !liveSubjects.includes(subject)
+  )
   if (extra.length > 0) {
     add("subjects", `${target} captures ${extra.join(", ")}, which the contract does not list: add them to the contract, or remove them from the stream`)
   }
@@ -329,26 +337,37 @@ export const check = (contract: Contract): Effect.Effect<ReadonlyArray<Finding>,
  * would declare them, put through the same checks as the live ones (a contract whose MaxDeliver
  * does not exceed its own attempts is wrong before it reaches a server).
  */
-export const validate = (contract: Contract): ReadonlyArray<Finding> => [
-  ...streamFindings(contract.stream, Topology.streamConfig(contract.stream), contract.publishHorizon),
-  ...contract.consumers.flatMap((consumer): ReadonlyArray<Finding> =>
-    consumer.filterSubject !== undefined && consumer.filterSubjects !== undefined
-      ? [{
-        severity: "error",
-        target: `consumer ${contract.stream.name}/${consumer.name}`,
-        check: "filter_subject",
-        message: `consumer ${contract.stream.name}/${consumer.name} gives both filterSubject and filterSubjects: keep one`
-      }]
-      : []
-  ),
-  ...contract.consumers.flatMap((consumer) =>
-    consumerFindings(
-      `consumer ${contract.stream.name}/${consumer.name}`,
-      Topology.consumerConfig({ ...consumer, stream: contract.stream.name }),
-      consumer.expect
-    )
-  )
-]
+export const validate = (contract: Contract): ReadonlyArray<Finding> => {
+  const stream = contract.stream
+  const streamTarget = `stream ${stream.name}`
+  const findings: Array<Finding> = []
+  const error = (target: string, check: Check, message: string) => findings.push({ severity: "error", target, check, message })
+  // What the server would refuse, found before anything is written (an apply must not stop half way).
+  if (!Topology.isValidName(stream.name)) error(streamTarget, "exists", `${streamTarget}: a name is letters, digits, _ and -`)
+  if (stream.subjects.length === 0) error(streamTarget, "subjects", `${streamTarget} lists no subjects`)
+  const wanted = Topology.streamConfig(stream)
+  if ((wanted.max_age ?? 0) > 0 && (wanted.duplicate_window ?? 0) > wanted.max_age!) {
+    error(streamTarget, "duplicate_window", `${streamTarget} has a duplicate window longer than its max age (the server refuses it): shorten the window or keep messages longer`)
+  }
+  findings.push(...streamFindings(stream, wanted, contract.publishHorizon))
+  const names = new Set<string>()
+  for (const consumer of contract.consumers) {
+    const target = `consumer ${stream.name}/${consumer.name}`
+    if (!Topology.isValidName(consumer.name)) error(target, "exists", `${target}: a name is letters, digits, _ and -`)
+    if (names.has(consumer.name)) error(target, "exists", `${target} is declared twice`)
+    names.add(consumer.name)
+    if (consumer.filterSubject !== undefined && consumer.filterSubjects !== undefined) {
+      error(target, "filter_subject", `${target} gives both filterSubject and filterSubjects: keep one`)
+    }
+    for (const filter of consumer.filterSubjects ?? (consumer.filterSubject === undefined ? [] : [consumer.filterSubject])) {
+      if (!stream.subjects.some((subject) => Topology.captures(subject, filter))) {
+        error(target, "filter_subject", `${target} filters on ${filter}, which the stream's subjects (${stream.subjects.join(", ")}) do not capture (the server refuses it)`)
+      }
+    }
+    findings.push(...consumerFindings(target, Topology.consumerConfig({ ...consumer, stream: stream.name }), consumer.expect))
+  }
+  return findings
+}
 
 /**
  * What {@link apply} would change on the server, in order: the stream, then each consumer. An
@@ -434,13 +453,19 @@ export const apply = (
 // The file form: the same fields, durations as text ("30 seconds") or milliseconds.
 
 const DurationInput = Schema.Union([
-  Schema.String.pipe(Schema.check(Schema.makeFilter((text: string) =>
-    Option.isSome(Duration.fromInput(text as Duration.Input)) || `expected a duration such as "30 seconds", got ${JSON.stringify(text)}`
-  ))),
+  Schema.String.pipe(Schema.check(Schema.makeFilter((text: string) => {
+    const parsed = Duration.fromInput(text as Duration.Input)
+    // "-5 seconds" and "Infinity" parse, but no server setting takes them.
+    return (Option.isSome(parsed) && Duration.isFinite(parsed.value) && Duration.toMillis(parsed.value) >= 0) ||
+      `expected a finite duration such as "30 seconds", got ${JSON.stringify(text)}`
+  }))),
   Schema.Finite.pipe(Schema.check(Schema.isGreaterThanOrEqualTo(0)))
 ])
 
 const Count = Schema.Int.pipe(Schema.check(Schema.isGreaterThanOrEqualTo(1)))
+
+/** A limit: a positive count, or -1 for none. */
+const Limit = Schema.Int.pipe(Schema.check(Schema.makeFilter((n: number) => n >= 1 || n === -1 || `expected a count of at least 1, or -1 for none, got ${n}`)))
 
 const ExpectationsFile = Schema.Struct({
   attempts: Count,
@@ -455,8 +480,8 @@ const ExpectationsFile = Schema.Struct({
 const ConsumerFile = Schema.Struct({
   name: Schema.String,
   ackWait: Schema.optional(DurationInput),
-  maxDeliver: Schema.optional(Schema.Int),
-  maxAckPending: Schema.optional(Schema.Int),
+  maxDeliver: Schema.optional(Limit),
+  maxAckPending: Schema.optional(Limit),
   filterSubject: Schema.optional(Schema.String),
   filterSubjects: Schema.optional(Schema.Array(Schema.String)),
   deliverPolicy: Schema.optional(Schema.Literals(["all", "new"])),
@@ -471,8 +496,8 @@ const StreamFile = Schema.Struct({
   storage: Schema.optional(Schema.Literals(["file", "memory"])),
   duplicateWindow: Schema.optional(DurationInput),
   maxAge: Schema.optional(DurationInput),
-  maxBytes: Schema.optional(Schema.Int),
-  maxMessages: Schema.optional(Schema.Int),
+  maxBytes: Schema.optional(Limit),
+  maxMessages: Schema.optional(Limit),
   discard: Schema.optional(Schema.Literals(["old", "new"])),
   replicas: Schema.optional(Count)
 })
@@ -497,7 +522,8 @@ export const fromJson = (text: string): Effect.Effect<Contract, ContractError> =
       try: () => JSON.parse(text) as unknown,
       catch: (error) => new ContractError({ reason: "Unreadable", message: `not JSON: ${(error as Error).message}` })
     })
-    const decoded = yield* Schema.decodeUnknownEffect(ContractFile)(json, { errors: "all" }).pipe(
+    // A misspelt field ("maxDelivery") is an error, not a setting silently left at its default.
+    const decoded = yield* Schema.decodeUnknownEffect(ContractFile)(json, { errors: "all", onExcessProperty: "error" }).pipe(
       Effect.mapError((error) =>
         new ContractError({
           reason: "Unreadable",

@@ -103,6 +103,9 @@ export interface Change {
 
 const NAME = /^[A-Za-z0-9_-]{1,200}$/
 
+/** Whether `name` is a valid stream or durable consumer name: 1 to 200 letters, digits, `_` and `-`. */
+export const isValidName = (name: string): boolean => NAME.test(name)
+
 const invalid = (operation: string, message: string) =>
   new NatsError.NatsError({ reason: "ApiError", operation, message })
 
@@ -186,9 +189,11 @@ export const streamChanges = (options: StreamOptions, live: StreamConfig | undef
     update("duplicate_window", formatNanos(live.duplicate_window), formatNanos(wanted.duplicate_window))
   }
   if (live.max_age !== wanted.max_age) update("max_age", formatNanos(live.max_age), formatNanos(wanted.max_age))
-  if (live.max_bytes !== wanted.max_bytes) update("max_bytes", `${live.max_bytes}`, `${wanted.max_bytes}`)
-  if (live.max_msgs !== wanted.max_msgs) update("max_msgs", `${live.max_msgs}`, `${wanted.max_msgs}`)
-  if (live.discard !== wanted.discard) update("discard", `${live.discard}`, `${wanted.discard}`)
+  // Limits are compared only when declared: a platform's disk or count cap on a stream the
+  // declaration leaves them out of stays as it is.
+  if (options.maxBytes !== undefined && live.max_bytes !== wanted.max_bytes) update("max_bytes", `${live.max_bytes}`, `${wanted.max_bytes}`)
+  if (options.maxMessages !== undefined && live.max_msgs !== wanted.max_msgs) update("max_msgs", `${live.max_msgs}`, `${wanted.max_msgs}`)
+  if (options.discard !== undefined && live.discard !== wanted.discard) update("discard", `${live.discard}`, `${wanted.discard}`)
   if (live.num_replicas !== wanted.num_replicas) update("num_replicas", `${live.num_replicas}`, `${wanted.num_replicas}`)
   return changes
 }
@@ -213,9 +218,16 @@ export const ensureStream = (options: StreamOptions): Effect.Effect<StreamInfo, 
     const refused = changes.find((change) => change.action === "refuse")
     if (refused !== undefined) return yield* invalid(operation, refused.message)
     if (changes.length === 0) return existing
-    const { name: _name, storage: _storage, ...mutable } = wanted
+    const { name: _name, storage: _storage, max_bytes, max_msgs, discard, ...mutable } = wanted
+    // Undeclared limits keep their live values (nats.js sends the live config with these changes).
     return yield* call(operation, () =>
-      manager.streams.update(options.name, { ...mutable, subjects: wantedSubjects(options, existing.config.subjects) }))
+      manager.streams.update(options.name, {
+        ...mutable,
+        ...(options.maxBytes === undefined ? {} : { max_bytes }),
+        ...(options.maxMessages === undefined ? {} : { max_msgs }),
+        ...(options.discard === undefined ? {} : { discard }),
+        subjects: wantedSubjects(options, existing.config.subjects)
+      }))
   })
 
 /**
@@ -313,7 +325,19 @@ export const consumerChanges = (options: ConsumerOptions, live: ConsumerConfig |
   if (live.max_ack_pending !== wanted.max_ack_pending) update("max_ack_pending", `${live.max_ack_pending}`, `${wanted.max_ack_pending}`)
   const liveFilters = [...(live.filter_subjects ?? []), ...(live.filter_subject ? [live.filter_subject] : [])].sort().join(", ")
   const wantedFilters = [...(wanted.filter_subjects ?? []), ...(wanted.filter_subject === undefined ? [] : [wanted.filter_subject])].sort().join(", ")
-  if (liveFilters !== wantedFilters) update("filter_subject", liveFilters || "none", wantedFilters || "none")
+  if (liveFilters !== wantedFilters && wantedFilters === "") {
+    // An update keeps a live filter it is not given (the server merges), so removing one needs a new consumer.
+    changes.push({
+      target,
+      action: "refuse",
+      setting: "filter_subject",
+      live: liveFilters,
+      wanted: "none",
+      message: `${target} filters on ${liveFilters}; a filter cannot be removed in place: delete the consumer ` +
+        `(\`nats consumer rm ${options.stream} ${options.name}\`; its delivery state goes with it) and apply the declaration again, ` +
+        `or declare the filter`
+    })
+  } else if (liveFilters !== wantedFilters) update("filter_subject", liveFilters || "none", wantedFilters || "none")
   if (formatBackoff(live.backoff) !== formatBackoff(wanted.backoff)) update("backoff", formatBackoff(live.backoff), formatBackoff(wanted.backoff))
   return changes
 }

@@ -192,6 +192,42 @@ describe("Contract", () => {
         assert.include(refused.message, "exists with ack policy none; it cannot change in place")
       }).pipe(Effect.scoped))
 
+    it.effect("INT-NATS-002: apply leaves what the contract does not declare: a platform's stream limits stay, a shared stream's other subjects stay and check clean; a filter that would have to be removed is refused, not silently kept", () =>
+      Effect.gen(function*() {
+        const stream = yield* freshStream
+        const { manager } = yield* NatsConnection.NatsConnection
+        const contract = contractFor(stream)
+        // The platform made the stream with limits the contract leaves out.
+        yield* Effect.promise(() =>
+          manager.streams.add({ name: stream, subjects: [...contract.stream.subjects], max_bytes: 1024 * 1024, max_msgs: 5000, discard: "new" as never })
+        )
+        yield* Contract.apply(contract)
+        const config = (yield* Effect.promise(() => manager.streams.info(stream))).config
+        assert.deepStrictEqual([config.max_bytes, config.max_msgs, config.discard], [1024 * 1024, 5000, "new"])
+        assert.deepStrictEqual(yield* Contract.check(contract), [])
+
+        // Shared ("add"): a live subject that captures the declared one is enough, and others may be there.
+        const shared: Contract.Contract = {
+          ...contract,
+          stream: { ...contract.stream, subjects: [`${stream.toLowerCase()}.orders.eu`], subjectsMode: "add" },
+          consumers: []
+        }
+        yield* Effect.promise(() => manager.streams.update(stream, { subjects: [`${stream.toLowerCase()}.orders.>`, `${stream.toLowerCase()}.audit`] }))
+        assert.deepStrictEqual(yield* Contract.plan(shared), [])
+        assert.deepStrictEqual(yield* Contract.check(shared), [])
+
+        // The live consumer filters; the contract has no filter: an update would keep it.
+        yield* Effect.promise(() => manager.consumers.update(stream, "shipper", { filter_subject: `${stream.toLowerCase()}.orders.eu` }))
+        const planned = yield* Contract.plan(contract)
+        assert.isTrue(planned.some((c) => c.action === "refuse" && c.setting === "filter_subject"), JSON.stringify(planned))
+        const refused = yield* Effect.flip(Contract.apply(contract))
+        assert.strictEqual(refused._tag === "ContractError" ? refused.reason : refused._tag, "Refused")
+        assert.include(refused.message, "a filter cannot be removed in place")
+        const findings = yield* Contract.check(contract)
+        // (The exact contract also sees the subject the shared step added: its list is closed.)
+        assert.deepStrictEqual(shape(findings), [["consumer S/shipper", "filter_subject", "error"], ["stream S", "subjects", "error"]])
+      }).pipe(Effect.scoped))
+
     it.effect("INT-NATS-002: a feature newer than the server is detected, not assumed: several filter subjects on a server older than 2.10 are an error of check, refused by plan, apply and Topology before anything is sent; one filter subject works everywhere", () =>
       Effect.gen(function*() {
         const stream = yield* freshStream
@@ -264,12 +300,40 @@ describe("Contract", () => {
       assert.include(wrong.message, "stream.duplicateWindow")
       assert.include(wrong.message, "consumers.0.expect.attempts")
       assert.strictEqual((yield* Effect.flip(Contract.fromJson("{"))).reason, "Unreadable")
+      // A misspelt field is not a setting left at its default, and no server takes these values.
+      const misspelt = yield* Effect.flip(Contract.fromJson(JSON.stringify({
+        version: "7",
+        ownership: "service",
+        stream: { name: "ORDERS", subjects: ["orders.>"], replica: 3, maxAge: "Infinity" },
+        consumers: [{ name: "shipper", maxDelivery: 6, ackWait: "-5 seconds", maxAckPending: 0, expect: { attempts: 5, concurrency: 16, prefetch: 16 } }]
+      })))
+      for (const field of ["stream.replica", "stream.maxAge", "consumers.0.maxDelivery", "consumers.0.ackWait", "consumers.0.maxAckPending"]) {
+        assert.include(misspelt.message, field)
+      }
     }))
+
+  it("validate finds what the server would refuse, before anything is written: a backoff without a MaxDeliver above it, a duplicate window longer than the max age, a filter the stream does not capture, bad or repeated names", () => {
+    const base = contractFor("ORDERS")
+    const shipper = base.consumers[0]!
+    const checks = (contract: Contract.Contract) =>
+      Contract.validate(contract).filter((f) => f.severity === "error").map((f) => [f.target, f.check])
+    assert.deepStrictEqual(checks(base), [])
+    assert.deepStrictEqual(checks({ ...base, consumers: [{ ...shipper, maxDeliver: undefined, backoff: ["1 second", "5 seconds"] }] }), [
+      ["consumer ORDERS/shipper", "backoff"]
+    ])
+    assert.deepStrictEqual(checks({ ...base, stream: { ...base.stream, maxAge: "30 seconds" } }), [["stream ORDERS", "duplicate_window"]])
+    assert.deepStrictEqual(checks({ ...base, consumers: [{ ...shipper, filterSubject: "billing.>" }] }), [["consumer ORDERS/shipper", "filter_subject"]])
+    assert.deepStrictEqual(checks({ ...base, consumers: [{ ...shipper, filterSubject: "orders.orders.eu" }] }), [])
+    assert.deepStrictEqual(checks({ ...base, stream: { ...base.stream, name: "ORDERS.EU" }, consumers: [shipper, shipper] }).map(([, check]) => check), [
+      "exists",
+      "exists"
+    ])
+  })
 
   it("a consumer's own checks: explicit acks, sequential needs max_ack_pending 1, a server backoff is a warning", () => {
     const target = "consumer S/c"
     const expect = { attempts: 3, concurrency: 1, prefetch: 1, ordering: "Sequential" as const }
-    const sequential = Contract.consumerFindings(target, { ack_policy: AckPolicy.Explicit, max_ack_pending: 5, backoff: [1_000_000_000] }, expect)
+    const sequential = Contract.consumerFindings(target, { ack_policy: AckPolicy.Explicit, max_ack_pending: 5, max_deliver: 5, backoff: [1_000_000_000] }, expect)
     assert.deepStrictEqual(sequential.map((f) => [f.check, f.severity]), [["backoff", "warning"], ["ordering", "error"]])
     const noAcks = Contract.consumerFindings(target, { ack_policy: AckPolicy.None, max_ack_pending: 1 }, expect)
     assert.deepStrictEqual(noAcks.map((f) => [f.check, f.severity]), [["ack_policy", "error"]])

@@ -27,10 +27,14 @@ export interface NatsServer {
   readonly port: number
   /**
    * Stops the process and waits for its exit: `SIGKILL` is a crash (state not yet flushed to the
-   * store is lost), `SIGTERM` a clean shutdown. Does nothing when it is not running.
+   * store is lost), `SIGTERM` a clean shutdown (a server still running after `stopTimeout` is
+   * killed with `SIGKILL`). Does nothing when it is not running.
    */
   readonly stop: (signal?: "SIGKILL" | "SIGTERM") => Effect.Effect<void>
-  /** Starts the process again on the same port and store; waits until it says it is ready. */
+  /**
+   * Starts the process again (after `stop`, or when it died on its own) on the same port and
+   * store; waits until it says it is ready. Does nothing while it runs.
+   */
   readonly start: Effect.Effect<void, NatsServerError>
   /** `stop(signal)`, then `start`. */
   readonly restart: (signal?: "SIGKILL" | "SIGTERM") => Effect.Effect<void, NatsServerError>
@@ -42,6 +46,11 @@ export interface Options {
   readonly binary?: string | undefined
   /** How long a start may take until the server logs that it is ready. Default: 15 seconds. */
   readonly readyTimeout?: Duration.Input | undefined
+  /**
+   * How long `stop("SIGTERM")` waits for the exit before it kills the process with `SIGKILL`.
+   * Default: 10 seconds.
+   */
+  readonly stopTimeout?: Duration.Input | undefined
 }
 
 /** Options of one server. */
@@ -53,16 +62,83 @@ export interface ServerOptions extends Options {
   readonly config?: string | undefined
 }
 
-/** A free TCP port on 127.0.0.1 (the system's choice, released before the server takes it). */
-const freePort = Effect.callback<number, NatsServerError>((resume) => {
-  const server = Net.createServer()
-  server.once("error", (error) => resume(Effect.fail(new NatsServerError({ message: `no free port: ${error.message}` }))))
-  server.listen(0, "127.0.0.1", () => {
-    const address = server.address()
-    const port = typeof address === "object" && address !== null ? address.port : 0
-    server.close(() => resume(Effect.succeed(port)))
+/**
+ * `count` distinct free TCP ports on 127.0.0.1 (the system's choice): each is held until all are
+ * chosen, so none is handed out twice; all are released before the servers take them.
+ */
+const freePorts = (count: number) =>
+  Effect.callback<ReadonlyArray<number>, NatsServerError>((resume) => {
+    const held: Array<Net.Server> = []
+    const ports: Array<number> = []
+    let done = false
+    const releaseAll = (then: () => void) => {
+      let pending = held.length
+      if (pending === 0) return then()
+      for (const server of held.splice(0)) server.close(() => --pending === 0 && then())
+    }
+    const next = () => {
+      if (done) return
+      if (ports.length === count) {
+        done = true
+        return releaseAll(() => resume(Effect.succeed(ports)))
+      }
+      const server = Net.createServer()
+      server.once("error", (error) => {
+        if (done) return
+        done = true
+        releaseAll(() => resume(Effect.fail(new NatsServerError({ message: `no free port: ${error.message}` }))))
+      })
+      server.listen(0, "127.0.0.1", () => {
+        const address = server.address()
+        held.push(server)
+        ports.push(typeof address === "object" && address !== null ? address.port : 0)
+        next()
+      })
+    }
+    next()
+    return Effect.sync(() => {
+      done = true
+      releaseAll(() => {})
+    })
   })
-})
+
+/** A free TCP port on 127.0.0.1 (the system's choice, released before the server takes it). */
+const freePort = Effect.map(freePorts(1), (ports) => ports[0]!)
+
+/** Whether `process` was spawned and has not exited yet. */
+const isRunning = (process: ChildProcess | undefined): process is ChildProcess =>
+  process !== undefined && process.pid !== undefined && process.exitCode === null && process.signalCode === null
+
+/** Waits for the exit of `process` (at once when it is not running). */
+const exited = (process: ChildProcess) =>
+  Effect.callback<void>((resume) => {
+    if (!isRunning(process)) return resume(Effect.void)
+    const onExit = () => resume(Effect.void)
+    process.once("exit", onExit)
+    return Effect.sync(() => {
+      process.off("exit", onExit)
+    })
+  })
+
+/** How long a process killed with `SIGKILL` may take to exit. */
+const killTimeout = Duration.seconds(10)
+
+/** Sends `signal` to `process` unless it has exited; waits for the exit, at most `timeout`. */
+const signalAndWait = (
+  process: ChildProcess,
+  signal: "SIGKILL" | "SIGTERM",
+  timeout: Duration.Duration,
+  orElse: Effect.Effect<void>
+) =>
+  Effect.sync(() => {
+    if (isRunning(process)) process.kill(signal)
+  }).pipe(
+    Effect.andThen(exited(process)),
+    Effect.timeoutOrElse({ duration: timeout, orElse: () => orElse })
+  )
+
+/** Kills `process` with `SIGKILL` and waits for its exit, at most {@link killTimeout}. */
+const kill = (process: ChildProcess) => signalAndWait(process, "SIGKILL", killTimeout, Effect.void)
 
 /** One server process: its arguments, started, stopped and restarted on the same port and store. */
 const serve = (
@@ -73,10 +149,14 @@ const serve = (
 ): Effect.Effect<NatsServer, NatsServerError, Scope.Scope> =>
   Effect.gen(function*() {
     const readyTimeout = Duration.fromInputUnsafe(options.readyTimeout ?? "15 seconds")
+    const stopTimeout = Duration.fromInputUnsafe(options.stopTimeout ?? "10 seconds")
+    // The last process spawned, kept until it has exited (also when a stop's wait ran out), so the
+    // scope's SIGKILL always finds it; it runs while `isRunning(child)`.
     let child: ChildProcess | undefined
 
     const launch = Effect.callback<ChildProcess, NatsServerError>((resume) => {
       const process = spawn(options.binary ?? "nats-server", [...args], { stdio: ["ignore", "ignore", "pipe"] })
+      child = process
       let output = ""
       let settled = false
       const settle = (effect: Effect.Effect<ChildProcess, NatsServerError>) => {
@@ -93,9 +173,8 @@ const serve = (
       process.once("error", (error) => settle(Effect.fail(new NatsServerError({ message: `nats-server did not start: ${error.message}` }))))
       process.once("exit", (code) =>
         settle(Effect.fail(new NatsServerError({ message: `nats-server exited with ${code} before it was ready: ${output.trim()}` }))))
-      return Effect.sync(() => {
-        if (!settled) process.kill("SIGKILL")
-      })
+      // Interrupted (e.g. by the ready timeout): kill it and wait for its exit.
+      return Effect.suspend(() => settled ? Effect.void : kill(process))
     }).pipe(
       Effect.timeoutOrElse({
         duration: readyTimeout,
@@ -104,20 +183,17 @@ const serve = (
     )
 
     const stop = (signal: "SIGKILL" | "SIGTERM" = "SIGKILL") =>
-      Effect.callback<void>((resume) => {
+      Effect.suspend(() => {
         const running = child
-        child = undefined
-        if (running === undefined || running.exitCode !== null || running.signalCode !== null) return resume(Effect.void)
-        running.once("exit", () => resume(Effect.void))
-        running.kill(signal)
-      }).pipe(
-        // A server that ignores SIGTERM for 10 s is left to the scope's SIGKILL.
-        Effect.timeoutOrElse({ duration: "10 seconds", orElse: () => Effect.void })
-      )
+        if (!isRunning(running)) return Effect.void
+        // A server that ignores SIGTERM for `stopTimeout` is killed with SIGKILL.
+        return signal === "SIGKILL" ? kill(running) : signalAndWait(running, "SIGTERM", stopTimeout, kill(running))
+      })
 
+    // Does nothing while the process runs; starts it again when it was stopped or died on its own.
     const start = Effect.gen(function*() {
-      if (child !== undefined) return
-      child = yield* launch
+      if (isRunning(child)) return
+      yield* launch
     })
 
     yield* Effect.addFinalizer(() =>
@@ -175,8 +251,8 @@ export const cluster = (
     if (!Number.isInteger(size) || size < 1 || size > 9) {
       return yield* new NatsServerError({ message: `a cluster has 1 to 9 nodes, not ${size}` })
     }
-    const ports = []
-    for (let i = 0; i < size; i++) ports.push({ client: yield* freePort, route: yield* freePort })
+    const free = yield* freePorts(2 * size)
+    const ports = Array.from({ length: size }, (_, i) => ({ client: free[2 * i]!, route: free[2 * i + 1]! }))
     const routes = ports.map((p) => `nats-route://127.0.0.1:${p.route}`).join(", ")
     const clusterName = `jw_${Math.floor(Math.random() * 1e9).toString(36)}`
     const nodes = yield* Effect.forEach(ports, (p, i) =>
