@@ -172,6 +172,76 @@ describe("NATS security", () => {
       assert.include(noCreds.message, `cannot read the credentials file ${join(certs.dir, "missing.creds")}`)
     }).pipe(Effect.scoped), 60_000)
 
+  it.effect("a missing CA file, a certificate without its key, TLS against a server without TLS and a malformed NKey seed fail a worker at once, not retried until its start-up timeout, naming the setting and printing no secret", () =>
+    Effect.gen(function*() {
+      const { certs, server } = yield* securedServer
+      const plain = yield* NatsServer.make({})
+      const seed = new TextDecoder().decode(createUser().getSeed())
+      // One character changed: the checksum no longer matches.
+      const badSeed = `${seed.slice(0, 10)}${seed[10] === "A" ? "B" : "A"}${seed.slice(11)}`
+      const secured: Record<string, string> = natsEnv(server, certs, password)
+      const without = (env: Record<string, string>, name: string) => Object.fromEntries(Object.entries(env).filter(([key]) => key !== name))
+      /** Runs the worker with `env` (start-up timeout 60 s); its output, once it has exited. */
+      const fails = (env: Record<string, string>) =>
+        Effect.gen(function*() {
+          const started = Date.now()
+          const child = yield* ChildWorker.spawn({
+            script: workerFixture,
+            env: { ...env, STARTUP_TIMEOUT: "60 seconds", HEALTH_PORT: "0", HEALTH_HOST: "127.0.0.1" }
+          })
+          const exit = yield* child.waitForExit("30 seconds")
+          const elapsed = Date.now() - started
+          const output = [...(yield* child.lines), ...(yield* child.stderr)].join("\n")
+          assert.notStrictEqual(exit.code, 0, output)
+          assert.isBelow(elapsed, 15_000, "not retried until the start-up timeout")
+          assert.match(output, /worker\.failed/)
+          // Start-up logs each failed try; a failure that will not pass is tried once.
+          assert.notMatch(output, /"message":"startup\.waiting"[^\n]*"attempt":2/, "not retried")
+          assert.notInclude(output, password)
+          return output
+        })
+      const missing = join(certs.dir, "missing-ca.pem")
+      const [missingCa, certWithoutKey, keyWithoutCert, plainServer, malformedSeed] = yield* Effect.all([
+        fails({ ...secured, NATS_TLS_CA: missing }),
+        fails(without(secured, "NATS_TLS_KEY")),
+        fails(without(secured, "NATS_TLS_CERT")),
+        fails({ ...secured, NATS_URL: plain.url }),
+        fails({ NATS_URL: server.url, NATS_TLS_CA: certs.ca, NATS_TLS_CERT: certs.clientCert, NATS_TLS_KEY: certs.clientKey, NATS_NKEY_SEED: badSeed })
+      ], { concurrency: "unbounded" })
+      assert.include(missingCa, `cannot read the CA file (NATS_TLS_CA, tls.caFile) ${missing}`)
+      assert.include(certWithoutKey, "set NATS_TLS_CERT and NATS_TLS_KEY")
+      assert.include(certWithoutKey, `only the certificate ${certs.clientCert} is set`)
+      assert.include(keyWithoutCert, `only the key ${certs.clientKey} is set`)
+      assert.include(plainServer, "does not offer TLS")
+      assert.include(plainServer, "NATS_TLS_CA")
+      assert.include(malformedSeed, "NATS_NKEY_SEED")
+      assert.notInclude(malformedSeed, badSeed)
+      assert.notInclude(malformedSeed, seed)
+    }).pipe(Effect.scoped), 60_000)
+
+  it.effect("a worker without a client certificate for a server that verifies clients stops at its start-up timeout with the TLS next step, not a bare StartupTimeout", () =>
+    Effect.gen(function*() {
+      const { certs, server } = yield* securedServer
+      const child = yield* ChildWorker.spawn({
+        script: workerFixture,
+        env: {
+          NATS_URL: server.url,
+          NATS_TLS_CA: certs.ca,
+          NATS_USER: "svc",
+          NATS_PASSWORD: password,
+          STARTUP_TIMEOUT: "4 seconds",
+          HEALTH_PORT: "0",
+          HEALTH_HOST: "127.0.0.1"
+        }
+      })
+      const exit = yield* child.waitForExit("30 seconds")
+      const output = [...(yield* child.lines), ...(yield* child.stderr)].join("\n")
+      assert.notStrictEqual(exit.code, 0, output)
+      const failed = output.split("\n").find((line) => line.includes(`"message":"worker.failed"`)) ?? ""
+      assert.include(failed, "NATS_TLS_CERT and NATS_TLS_KEY", output)
+      assert.notInclude(output, password)
+    }).pipe(Effect.scoped), 60_000)
+
   it.effect("a credentials file (user JWT and NKey seed) authenticates against a server in operator mode; one signed by an account the server does not know is refused at once", () =>
     Effect.gen(function*() {
       const { server, good, stranger } = yield* operatorServer

@@ -5,8 +5,9 @@
  * through it (the consumer's scope is inner to this one). Connection status changes are logged.
  * Credentials (a token, a password, an NKey seed) are `Redacted` and never logged; TLS (with a
  * client certificate for mutual TLS) and credentials files (a user JWT and its NKey seed) are read
- * from files named in the options. A refused credential or certificate fails the first connection
- * at once with what to check, instead of being retried.
+ * from files named in the options, and checked (as the NKey seed is) before connecting. A refused
+ * credential or certificate, a TLS failure or a setting that cannot work fails the first
+ * connection at once with what to check, instead of being retried.
  *
  * @since 0.1.0
  */
@@ -17,7 +18,8 @@ import {
   credsAuthenticator,
   type Msg,
   type NatsConnection as Connection,
-  nkeyAuthenticator
+  nkeyAuthenticator,
+  nkeys
 } from "@nats-io/transport-node"
 import { readFileSync } from "node:fs"
 import { Lifecycle } from "@jetworker/core"
@@ -102,9 +104,38 @@ export class NatsConnection extends Context.Service<NatsConnection, Shape>()("@j
 const millis = (input: Duration.Input | undefined, fallback: number): number =>
   input === undefined ? fallback : Duration.toMillis(Duration.fromInputUnsafe(input))
 
-/** Server URLs for a message: without credentials (`user:password@`), which are never logged. */
-const describeServers = (servers: string | ReadonlyArray<string>): string =>
-  (typeof servers === "string" ? [servers] : servers).map((server) => server.replace(/\/\/[^@/]*@/, "//")).join(", ")
+/** Server URLs for a message or a log line: without credentials (`user:password@`), which are never logged. */
+export const describeServers = (servers: string | ReadonlyArray<string>): string =>
+  (typeof servers === "string" ? servers.split(",") : servers).map(withoutCredentials).join(", ")
+
+/**
+ * A server address without its user and password: everything before the last `@` of the
+ * authority, with or without a scheme (`alice:pw@host:4222`), and also when the password holds an
+ * unescaped `@`.
+ */
+const withoutCredentials = (server: string): string => {
+  const trimmed = server.trim()
+  const scheme = /^[a-z][a-z0-9+.-]*:\/\//i.exec(trimmed)?.[0] ?? ""
+  const rest = trimmed.slice(scheme.length)
+  const slash = rest.indexOf("/")
+  const authority = slash === -1 ? rest : rest.slice(0, slash)
+  const at = authority.lastIndexOf("@")
+  return at === -1 ? trimmed : scheme + rest.slice(at + 1)
+}
+
+/** Whether a failed connection failed on TLS (a handshake, a certificate, TLS the server lacks). */
+const isTlsFailure = (error: NatsError.NatsError): boolean => /tls|ssl|certificate|handshake/i.test(error.message)
+
+/**
+ * A failed connection attempt. A TLS failure reached the server and retrying cannot help, yet
+ * nats.js reports some as a `ConnectionError` (e.g. a server without TLS): it is not "refused".
+ */
+const connectError = (cause: unknown): NatsError.NatsError => {
+  const error = NatsError.fromUnknown("connect", cause)
+  return error.reason === "ConnectionRefused" && isTlsFailure(error)
+    ? new NatsError.NatsError({ reason: "Unknown", operation: error.operation, message: error.message })
+    : error
+}
 
 /** A failed first connection, with what to do about it. */
 const connectNextStep = (error: NatsError.NatsError, options: Options): NatsError.NatsError => {
@@ -129,7 +160,14 @@ const connectNextStep = (error: NatsError.NatsError, options: Options): NatsErro
           `the NKey seed or the credentials file (NATS_TOKEN, NATS_USER/NATS_PASSWORD, NATS_NKEY_SEED, NATS_CREDS)`
       })
     default:
-      return /tls|ssl|certificate/i.test(error.message)
+      if (/does not support 'tls'|tls is not available/i.test(error.message)) {
+        return new NatsError.NatsError({
+          ...error,
+          message: `${error.message}: ${where} does not offer TLS; turn TLS on in the server, or connect without ` +
+            `it (leave NATS_TLS_CA, NATS_TLS_CERT and NATS_TLS_KEY, or the tls option, unset)`
+        })
+      }
+      return isTlsFailure(error)
         ? new NatsError.NatsError({
           ...error,
           message: `${error.message}: the TLS handshake with ${where} failed; check the CA file (NATS_TLS_CA) ` +
@@ -142,29 +180,62 @@ const connectNextStep = (error: NatsError.NatsError, options: Options): NatsErro
 
 const encoder = new TextEncoder()
 
+const settingError = (message: string) => new NatsError.NatsError({ reason: "ApiError", operation: "connect", message })
+
+/** Fails, naming `what` and `file`, unless `file` can be read. */
+const readable = (what: string, file: string | undefined) =>
+  file === undefined ? Effect.void : Effect.try({
+    try: () => void readFileSync(file),
+    catch: (error) => settingError(`cannot read ${what} ${file}: ${(error as Error).message}`)
+  })
+
+/**
+ * The TLS options, each file checked readable first: nats.js reports a missing file as a refused
+ * connection (retried until the start-up deadline). The files stay named, not read, so that a
+ * reconnect reads them afresh (renewed certificates).
+ */
+const tlsFor = (options: Options) => {
+  const tls = options.tls
+  if (tls === undefined) return Effect.succeed(undefined)
+  if ((tls.certFile === undefined) !== (tls.keyFile === undefined)) {
+    return Effect.fail(settingError(
+      `a client certificate goes with its key: set NATS_TLS_CERT and NATS_TLS_KEY (tls.certFile and tls.keyFile) ` +
+        `together; only ${tls.certFile === undefined ? `the key ${tls.keyFile}` : `the certificate ${tls.certFile}`} is set`
+    ))
+  }
+  return Effect.all([
+    readable("the CA file (NATS_TLS_CA, tls.caFile)", tls.caFile),
+    readable("the client certificate (NATS_TLS_CERT, tls.certFile)", tls.certFile),
+    readable("the client key (NATS_TLS_KEY, tls.keyFile)", tls.keyFile)
+  ]).pipe(Effect.as({
+    ...(tls.caFile === undefined ? {} : { caFile: tls.caFile }),
+    ...(tls.certFile === undefined ? {} : { certFile: tls.certFile }),
+    ...(tls.keyFile === undefined ? {} : { keyFile: tls.keyFile })
+  }))
+}
+
 /** The NKey or credentials-file authenticator the options ask for (a file that cannot be read fails here). */
 const authenticatorFor = (options: Options): Effect.Effect<Authenticator | undefined, NatsError.NatsError> => {
   if (options.credentialsFile !== undefined && options.nkeySeed !== undefined) {
-    return Effect.fail(new NatsError.NatsError({
-      reason: "ApiError",
-      operation: "connect",
-      message: "give either a credentials file or an NKey seed, not both"
-    }))
+    return Effect.fail(settingError("give either a credentials file or an NKey seed, not both"))
   }
   if (options.nkeySeed !== undefined) {
     const seed = options.nkeySeed
-    return Effect.succeed(nkeyAuthenticator(() => encoder.encode(Redacted.value(seed))))
+    // Decoded first: nats.js would fail with a bare "nkeys: invalid checksum". Never prints the seed.
+    return Effect.try({
+      try: () => nkeys.fromSeed(encoder.encode(Redacted.value(seed))).clear(),
+      catch: (error) =>
+        settingError(
+          `the NKey seed (NATS_NKEY_SEED, the nkeySeed option) is not a valid seed (${(error as Error).message}); ` +
+            `give the user's seed (SU...), as nsc writes it`
+        )
+    }).pipe(Effect.as(nkeyAuthenticator(() => encoder.encode(Redacted.value(seed)))))
   }
   const file = options.credentialsFile
   if (file === undefined) return Effect.succeed(undefined)
   return Effect.try({
     try: () => credsAuthenticator(new Uint8Array(readFileSync(file))),
-    catch: (error) =>
-      new NatsError.NatsError({
-        reason: "ApiError",
-        operation: "connect",
-        message: `cannot read the credentials file ${file}: ${(error as Error).message}`
-      })
+    catch: (error) => settingError(`cannot read the credentials file ${file}: ${(error as Error).message}`)
   })
 }
 
@@ -182,16 +253,17 @@ export const make = (options: Options) =>
       })
     }
     const authenticator = yield* authenticatorFor(options)
-    const tls = options.tls === undefined ? undefined : {
-      ...(options.tls.caFile === undefined ? {} : { caFile: options.tls.caFile }),
-      ...(options.tls.certFile === undefined ? {} : { certFile: options.tls.certFile }),
-      ...(options.tls.keyFile === undefined ? {} : { keyFile: options.tls.keyFile })
-    }
+    const tls = yield* tlsFor(options)
+    const connectMillis = millis(options.connectTimeout, 5_000)
     const lifecycle = yield* Lifecycle.Lifecycle
-    // Under a worker that is starting, a refused connection is retried until the start-up
-    // deadline (the server may be restarting); otherwise it fails at once.
-    const connection = yield* Effect.acquireRelease(
-      Lifecycle.waitFor("nats", Effect.tryPromise({
+    // Under a worker that is starting, a refused or timed-out connection is retried until the
+    // start-up deadline (the server may be restarting); otherwise it fails at once. Each try
+    // carries its next step (logged by startup.waiting), and ends 100 ms before the deadline (less
+    // than the retry's shortest wait, 160 ms), so start-up fails with it, not a bare StartupTimeout.
+    const attempt = Effect.flatMap(Clock.currentTimeMillis, (now) => {
+      const deadline = lifecycle.startupDeadline()
+      const timeout = deadline === undefined ? connectMillis : Math.max(1, Math.min(connectMillis, deadline - now - 100))
+      return Effect.tryPromise({
         try: () =>
           connect({
             servers: typeof options.servers === "string" ? options.servers : [...options.servers],
@@ -199,7 +271,7 @@ export const make = (options: Options) =>
             maxReconnectAttempts: options.maxReconnectAttempts ?? -1,
             reconnectTimeWait: millis(options.reconnectTimeWait, 250),
             reconnectJitter: 100,
-            timeout: millis(options.connectTimeout, 5_000),
+            timeout,
             noAsyncTraces: true,
             ...(options.token === undefined ? {} : { token: Redacted.value(options.token) }),
             ...(options.user === undefined ? {} : { user: options.user }),
@@ -207,10 +279,13 @@ export const make = (options: Options) =>
             ...(authenticator === undefined ? {} : { authenticator }),
             ...(tls === undefined ? {} : { tls })
           }),
-        catch: (error) => NatsError.fromUnknown("connect", error)
-      }), { while: (error) => error.reason === "ConnectionRefused" || error.reason === "Timeout" }).pipe(
-        Effect.mapError((error) => connectNextStep(error, options))
-      ),
+        catch: connectError
+      })
+    }).pipe(Effect.mapError((error) => connectNextStep(error, options)))
+    const connection = yield* Effect.acquireRelease(
+      Lifecycle.waitFor("nats", attempt, {
+        while: (error) => error.reason === "ConnectionRefused" || error.reason === "Timeout"
+      }),
       (connection) =>
         Effect.gen(function*() {
           // Bounded by `drainTimeout` and, under a worker that is shutting down, by what is left

@@ -13,4 +13,12 @@ describe("NatsConnection", () => {
       assert.notInclude(error.message, "s3cret")
       assert.isTrue(error.isRetryable)
     }))
+
+  it("server addresses are shown without credentials: with or without a scheme, with an @ in the password, in a list", () => {
+    assert.strictEqual(NatsConnection.describeServers("nats://alice:s3cret@127.0.0.1:4222"), "nats://127.0.0.1:4222")
+    assert.strictEqual(NatsConnection.describeServers("alice:s3cret@127.0.0.1:4222"), "127.0.0.1:4222")
+    assert.strictEqual(NatsConnection.describeServers("nats://alice:p@ss@127.0.0.1:4222"), "nats://127.0.0.1:4222")
+    assert.strictEqual(NatsConnection.describeServers("tls://token@a:4222, b:4222"), "tls://a:4222, b:4222")
+    assert.strictEqual(NatsConnection.describeServers(["nats://127.0.0.1:4222", "u:p@[::1]:4222"]), "nats://127.0.0.1:4222, [::1]:4222")
+  })
 })
