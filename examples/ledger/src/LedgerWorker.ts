@@ -279,5 +279,7 @@ const PostgresLive = Lifecycle.resource("postgres", DatabaseLive, { check: SqlCl
 export const WorkerLive = Layer.mergeAll(
   RiskCheck.layerConfig,
   Layer.mergeAll(PgIdempotencyStore.layer(), PgAttemptStore.layer(), PgOutbox.layer()),
-  PgOutbox.layerRelay().pipe(Layer.provide(Publisher.outboxPublisher()))
+  // The applied events' stream named: every event has a subject of its own, so finding the stream
+  // by subject would ask the server once per event.
+  Layer.unwrap(Effect.map(settings, (s) => PgOutbox.layerRelay().pipe(Layer.provide(Publisher.outboxPublisher({ stream: s.appliedStream })))))
 ).pipe(Layer.provideMerge(PostgresLive), Layer.provideMerge(NatsLive))
