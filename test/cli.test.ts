@@ -3,10 +3,12 @@
  * code and output.
  */
 import { assert, describe, it, layer } from "@effect/vitest"
+import type { DeadLetters } from "@jetworker/cli"
 import { DeadLetter, NatsConnection, Topology } from "@jetworker/nats"
-import { ChildWorker, TestStream } from "@jetworker/testing"
-import { Effect } from "effect"
+import { ChildWorker, NatsServer, TestStream } from "@jetworker/testing"
+import { Duration, Effect, Redacted } from "effect"
 import { readFileSync, writeFileSync } from "node:fs"
+import * as Net from "node:net"
 import { tmpdir } from "node:os"
 import { join } from "node:path"
 import { fileURLToPath } from "node:url"
@@ -16,11 +18,45 @@ const bin = fileURLToPath(new URL("../packages/cli/src/bin/jetworker.ts", import
 const reference = fileURLToPath(new URL("../examples/ledger/deploy/deployment.yaml", import.meta.url))
 const ledgerContract = fileURLToPath(new URL("../examples/ledger/contract.json", import.meta.url))
 
-const jetworker = (...args: Array<string>) =>
+/** Runs the command with `env` laid over the test's environment. */
+const jetworkerEnv = (env: Record<string, string>, ...args: Array<string>) =>
   Effect.gen(function*() {
-    const child = yield* ChildWorker.spawn({ script: bin, args })
+    const child = yield* ChildWorker.spawn({ script: bin, args, env })
     const exit = yield* child.waitForExit("30 seconds")
     return { code: exit.code, stdout: (yield* child.lines).join("\n"), stderr: (yield* child.stderr).join("\n") }
+  })
+
+const jetworker = (...args: Array<string>) => jetworkerEnv({}, ...args)
+
+/** Polls `effect` every 100 ms until `predicate` holds, at most `timeout`. */
+const until = <A, E, R>(effect: Effect.Effect<A, E, R>, predicate: (a: A) => boolean, timeout: Duration.Input) =>
+  Effect.gen(function*() {
+    const deadline = Date.now() + Duration.toMillis(Duration.fromInputUnsafe(timeout))
+    for (;;) {
+      const value = yield* effect
+      if (predicate(value)) return value
+      if (Date.now() > deadline) return yield* Effect.die(new Error(`not within ${Duration.format(Duration.fromInputUnsafe(timeout))}: ${String(value)}`))
+      yield* Effect.sleep("100 millis")
+    }
+  })
+
+/** `count` dead letters of a fresh source stream (consumer `worker`), recovered into its dead-letter stream. */
+const deadLetters = (count: number) =>
+  Effect.gen(function*() {
+    const stream = `CLI_${crypto.randomUUID().slice(0, 8).toUpperCase()}`
+    const { jetstream, manager } = yield* NatsConnection.NatsConnection
+    const target = DeadLetter.destination(stream, "worker")
+    yield* Effect.addFinalizer(() =>
+      Effect.forEach([stream, target.stream], (name) => Effect.promise(() => manager.streams.delete(name).catch(() => false)), { discard: true })
+    )
+    yield* Topology.ensureStream({ name: stream, subjects: [`${stream.toLowerCase()}.>`] })
+    yield* Topology.ensureConsumer({ stream, name: "worker", ackWait: "30 seconds", maxDeliver: -1, maxAckPending: 100 })
+    for (let i = 1; i <= count; i++) {
+      const ack = yield* Effect.promise(() => jetstream.publish(`${stream.toLowerCase()}.e`, new TextEncoder().encode(`{"id":"e${i}"}`)))
+      yield* DeadLetter.recover({ stream, consumer: "worker", sequence: ack.seq })
+    }
+    const stored = Effect.promise(() => manager.streams.info(target.stream).then((info) => info.state.messages))
+    return { stream, deadLetterStream: target.stream, stored }
   })
 
 describe("jetworker CLI", () => {
@@ -212,13 +248,38 @@ describe("jetworker CLI", () => {
         assert.strictEqual(yield* count(stream.deadLetterStream), 0)
       }), 120_000)
 
-    it.effect("dlq recover stores a message the broker gave up on, dlq list shows it with its cause, dlq replay sends it back once", () =>
+    it.effect("dlq recover stores a message the broker gave up on in the dead-letter stream as it is (never created, limits kept; an unknown stream or consumer is reported), dlq list shows it with its cause, dlq replay sends it back once", () =>
       Effect.gen(function*() {
         const stream = yield* TestStream.make()
+        const { manager } = yield* NatsConnection.NatsConnection
         const seq = yield* stream.publish("a", `{"id":"o1"}`, "o1")
-        const recover = yield* jetworker("dlq", "recover", "--stream", stream.stream, "--consumer", stream.consumer, "--sequence", String(seq), "--server", natsUrl)
+        const recoverArgs = (source: string, consumer: string) =>
+          ["dlq", "recover", "--stream", source, "--consumer", consumer, "--sequence", String(seq), "--server", natsUrl]
+        const exists = (name: string) => Effect.promise(() => manager.streams.info(name).then(() => true, () => false))
+
+        // No dead-letter stream yet (no worker started): recover does not create one.
+        const noDeadLetterStream = yield* jetworker(...recoverArgs(stream.stream, stream.consumer))
+        assert.strictEqual(noDeadLetterStream.code, 1, noDeadLetterStream.stderr)
+        assert.include(noDeadLetterStream.stderr, `dead-letter stream ${stream.deadLetterStream}: does not exist, and dlq recover does not create it`)
+        assert.isFalse(yield* exists(stream.deadLetterStream))
+        // A mistyped stream leaves no stray <NAME>_DLQ and names the stream.
+        const typo = `${stream.stream}X`
+        yield* Effect.addFinalizer(() => Effect.promise(() => manager.streams.delete(`${typo}_DLQ`).catch(() => false)))
+        const mistyped = yield* jetworker(...recoverArgs(typo, stream.consumer))
+        assert.strictEqual(mistyped.code, 1, mistyped.stderr)
+        assert.include(mistyped.stderr, `recover ${typo}#${seq}: stream not found`)
+        assert.isFalse(yield* exists(`${typo}_DLQ`))
+        // The dead-letter stream as the operator set it up (7 days, 10 MiB); a misspelt consumer stores nothing.
+        yield* DeadLetter.ensure(DeadLetter.destination(stream.stream, stream.consumer), { maxAge: "7 days", maxBytes: 10 * 1024 * 1024 })
+        const misspelt = yield* jetworker(...recoverArgs(stream.stream, "wroker"))
+        assert.strictEqual(misspelt.code, 1, misspelt.stderr)
+        assert.include(misspelt.stderr, `consumer ${stream.stream}/wroker: consumer not found`)
+
+        const recover = yield* jetworker(...recoverArgs(stream.stream, stream.consumer))
         assert.strictEqual(recover.code, 0, recover.stderr)
         assert.include(recover.stdout, `stored ${stream.stream}#${seq} as dead letter ${stream.deadLetterStream}#1`)
+        const limits = (yield* Effect.promise(() => manager.streams.info(stream.deadLetterStream))).config
+        assert.deepStrictEqual([limits.max_age, limits.max_bytes], [7 * 24 * 3600 * 1e9, 10 * 1024 * 1024], "its limits are kept")
 
         const list = yield* jetworker("dlq", "list", "--stream", stream.deadLetterStream, "--server", natsUrl)
         assert.strictEqual(list.code, 0, list.stderr)
@@ -232,7 +293,6 @@ describe("jetworker CLI", () => {
         const replay = yield* jetworker("dlq", "replay", "--stream", stream.deadLetterStream, "--sequence", "1", "--server", natsUrl)
         assert.strictEqual(replay.code, 0, replay.stderr)
         assert.include(replay.stdout, `stored as ${stream.stream}#${seq + 1}`)
-        const { manager } = yield* NatsConnection.NatsConnection
         const messages = (name: string) => Effect.promise(() => manager.streams.info(name).then((info) => info.state.messages))
         assert.deepStrictEqual([yield* messages(stream.stream), yield* messages(stream.deadLetterStream)], [2, 0])
         const empty = yield* jetworker("dlq", "list", "--stream", stream.deadLetterStream, "--server", natsUrl)
@@ -246,5 +306,142 @@ describe("jetworker CLI", () => {
         assert.strictEqual(unreachable.code, 2)
         assert.include(unreachable.stderr, "jetworker dlq list:")
       }), 120_000)
+
+    it.effect("dlq purge and replay take only a dead-letter stream: a source stream is refused (exit 2, naming its dead-letter stream) and a message without dead-letter headers is never selected; --sequence takes no filter; an empty --json run is no dry run; list says when more match; a missing stream is named", () =>
+      Effect.gen(function*() {
+        const { stream, deadLetterStream, stored } = yield* deadLetters(3)
+        const { manager, jetstream } = yield* NatsConnection.NatsConnection
+        const server = ["--server", natsUrl]
+        const count = (name: string) => Effect.promise(() => manager.streams.info(name).then((info) => info.state.messages))
+
+        for (const args of [["purge", "--sequence", "2", "--yes"], ["purge", "--all", "--yes"], ["replay", "--sequence", "2"], ["replay", "--all", "--yes"]]) {
+          const refused = yield* jetworker("dlq", ...args, "--stream", stream, ...server)
+          assert.strictEqual(refused.code, 2, `${args.join(" ")}: ${refused.stdout}${refused.stderr}`)
+          assert.include(refused.stderr, `${stream} is not a dead-letter stream`)
+          assert.include(refused.stderr, `the dead letters of ${stream}'s consumers are in ${deadLetterStream}`)
+        }
+        assert.strictEqual(yield* count(stream), 3, "no message of the source stream is deleted or replayed")
+
+        const filtered = yield* jetworker("dlq", "purge", "--stream", deadLetterStream, "--sequence", "1", "--consumer", "other", "--yes", ...server)
+        assert.strictEqual(filtered.code, 2)
+        assert.include(filtered.stderr, "--sequence names one dead letter; it takes no filter")
+        const withAll = yield* jetworker("dlq", "replay", "--stream", deadLetterStream, "--sequence", "1", "--all", ...server)
+        assert.strictEqual(withAll.code, 2)
+        assert.strictEqual(yield* stored, 3)
+
+        const limited = yield* jetworker("dlq", "list", "--stream", deadLetterStream, "--limit", "2", ...server)
+        assert.strictEqual(limited.code, 0, limited.stderr)
+        assert.include(limited.stdout, "more dead letters match than --limit 2; the next from --from 3")
+        const limitedJson = yield* jetworker("dlq", "list", "--stream", deadLetterStream, "--limit", "2", "--json", ...server)
+        assert.strictEqual((JSON.parse(limitedJson.stdout) as ReadonlyArray<unknown>).length, 2)
+        assert.include(limitedJson.stderr, "more dead letters match than --limit 2")
+        const all = yield* jetworker("dlq", "list", "--stream", deadLetterStream, "--limit", "3", ...server)
+        assert.notInclude(all.stdout, "more dead letters match")
+
+        const none = yield* jetworker("dlq", "purge", "--stream", deadLetterStream, "--reason", "PermanentError", "--yes", "--json", ...server)
+        assert.strictEqual(none.code, 0, none.stderr)
+        assert.deepStrictEqual(JSON.parse(none.stdout), { action: "purge", selected: 0, done: 0, stored: [], failed: [] })
+        const missing = `${deadLetterStream}_MISSING`
+        const notFound = yield* jetworker("dlq", "list", "--stream", missing, ...server)
+        assert.strictEqual(notFound.code, 1)
+        assert.include(notFound.stderr, `list ${missing}: stream not found`)
+
+        // A message an operator put in the dead-letter stream, without dead-letter headers: never purged.
+        const stray = yield* Effect.promise(() => jetstream.publish(DeadLetter.destination(stream, "worker").subject, new TextEncoder().encode("{}")))
+        const purged = yield* jetworker("dlq", "purge", "--stream", deadLetterStream, "--all", "--yes", "--rate", "1000", ...server)
+        assert.strictEqual(purged.code, 0, purged.stderr)
+        assert.include(purged.stdout, `purged 3 of 3 dead letter(s) of ${deadLetterStream}`)
+        const strayPurge = yield* jetworker("dlq", "purge", "--stream", deadLetterStream, "--sequence", String(stray.seq), "--yes", ...server)
+        assert.strictEqual(strayPurge.code, 2)
+        assert.include(strayPurge.stderr, `#${stray.seq} has no Jetworker-Stream header`)
+        assert.strictEqual(yield* stored, 1, "the message without dead-letter headers is kept")
+      }), 120_000)
+
+    it.effect("Ctrl-C in a bulk run says how many were done (exit 130)", () =>
+      Effect.gen(function*() {
+        const { deadLetterStream, stored } = yield* deadLetters(10)
+        const child = yield* ChildWorker.spawn({
+          script: bin,
+          args: ["dlq", "purge", "--stream", deadLetterStream, "--all", "--yes", "--rate", "2", "--server", natsUrl]
+        })
+        yield* until(stored, (n) => n < 10, "20 seconds")
+        yield* child.kill("SIGINT")
+        const exit = yield* child.waitForExit("20 seconds")
+        const stderr = (yield* child.stderr).join("\n")
+        assert.strictEqual(exit.code, 130, stderr)
+        const reported = /interrupted: purged (\d+) of 10 dead letter\(s\) of /.exec(stderr)
+        assert.isNotNull(reported, stderr)
+        // The delete in flight when the signal came may have been done without being counted.
+        const purged = 10 - (yield* stored)
+        assert.include([purged, purged - 1], Number(reported![1]))
+      }), 60_000)
   })
+
+  it.live("the NATS commands log in as NATS_USER/NATS_PASSWORD say, --server replacing only the servers, and an empty NATS_URL is unset; refused credentials, a server that does not answer and one without JetStream exit 2", () =>
+    Effect.gen(function*() {
+      const secret = "cli-pw-never-printed-41f"
+      const server = yield* NatsServer.make({ config: `authorization { user: "op", password: "${secret}" }` })
+      const connection = yield* NatsConnection.make({ servers: server.url, user: "op", password: Redacted.make(secret) })
+      const { deadLetterStream } = yield* deadLetters(1).pipe(Effect.provideService(NatsConnection.NatsConnection, connection))
+      const list = ["dlq", "list", "--stream", deadLetterStream]
+      const login = { NATS_USER: "op", NATS_PASSWORD: secret }
+
+      const loggedIn = yield* jetworkerEnv({ ...login, NATS_URL: "nats://127.0.0.1:1" }, ...list, "--server", server.url)
+      assert.strictEqual(loggedIn.code, 0, loggedIn.stderr)
+      assert.include(loggedIn.stdout, "#1 DeadLettered DeliveriesExhausted")
+      const fromEnv = yield* jetworkerEnv({ ...login, NATS_URL: server.url }, ...list)
+      assert.strictEqual(fromEnv.code, 0, fromEnv.stderr)
+      const refused = yield* jetworkerEnv({ NATS_USER: "op", NATS_PASSWORD: "wrong" }, ...list, "--server", server.url)
+      assert.strictEqual(refused.code, 2, refused.stderr)
+      assert.include(refused.stderr, "refused the credentials")
+      assert.notInclude(loggedIn.stdout + loggedIn.stderr + refused.stderr, secret)
+      // Unset, the default server (the shared one), which has no such stream.
+      const emptyUrl = yield* jetworkerEnv({ NATS_URL: "" }, ...list)
+      assert.strictEqual(emptyUrl.code, 1, emptyUrl.stderr)
+      assert.include(emptyUrl.stderr, `list ${deadLetterStream}: stream not found`)
+
+      // A server that accepts the connection and never answers: the connect times out.
+      const sockets: Array<Net.Socket> = []
+      const silent = yield* Effect.acquireRelease(
+        Effect.callback<Net.Server>((resume) => {
+          const listener = Net.createServer((socket) => void sockets.push(socket))
+          listener.listen(0, "127.0.0.1", () => resume(Effect.succeed(listener)))
+        }),
+        (listener) => Effect.sync(() => {
+          for (const socket of sockets) socket.destroy()
+          listener.close()
+        })
+      )
+      const noAnswer = yield* jetworker(...list, "--server", `nats://127.0.0.1:${(silent.address() as Net.AddressInfo).port}`)
+      assert.strictEqual(noAnswer.code, 2, noAnswer.stderr)
+      assert.include(noAnswer.stderr, "could not connect to")
+      const withoutJetStream = yield* NatsServer.make({ config: "jetstream: disabled" })
+      const noJetStream = yield* jetworker(...list, "--server", withoutJetStream.url)
+      assert.strictEqual(noJetStream.code, 2, noJetStream.stderr)
+      assert.include(noJetStream.stderr, "nats-server -js")
+    }), 120_000)
+
+  it.live("a connection lost in the middle of a purge stops the run at once, says how many were done and exits 2; log lines go to stderr, so --json stays one document", () =>
+    Effect.gen(function*() {
+      const server = yield* NatsServer.make()
+      const connection = yield* NatsConnection.make({ servers: server.url, maxReconnectAttempts: 0, drainTimeout: "1 second" })
+      const { deadLetterStream, stored } = yield* deadLetters(20).pipe(Effect.provideService(NatsConnection.NatsConnection, connection))
+      const child = yield* ChildWorker.spawn({
+        script: bin,
+        args: ["dlq", "purge", "--stream", deadLetterStream, "--all", "--yes", "--rate", "2", "--json", "--server", server.url]
+      })
+      yield* until(stored, (n) => n < 20, "20 seconds")
+      yield* server.stop("SIGKILL")
+      const exit = yield* child.waitForExit("20 seconds")
+      const stdout = (yield* child.lines).join("\n")
+      const stderr = (yield* child.stderr).join("\n")
+      assert.strictEqual(exit.code, 2, stdout + stderr)
+      assert.include(stderr, "nats connection disconnect", "the log line is on stderr")
+      const result = JSON.parse(stdout) as DeadLetters.BulkResult
+      assert.isAtLeast(result.done, 1)
+      assert.isAtMost(result.failed.length, 1, "it stops at the first one that failed")
+      assert.isBelow(result.done + result.failed.length, 20, "the rest are not tried")
+      assert.include(result.stopped, "lost the connection")
+      assert.include(stderr, `stopped, ${result.done} of 20 purged`)
+    }), 60_000)
 })

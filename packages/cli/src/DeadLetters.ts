@@ -12,7 +12,7 @@
  *
  * @since 0.3.0
  */
-import { DeadLetter, type NatsConnection, type NatsError, Topology } from "@jetworker/nats"
+import { DeadLetter, NatsConnection, type NatsError, Topology } from "@jetworker/nats"
 import { Duration, Effect } from "effect"
 
 const decoder = new TextDecoder()
@@ -87,7 +87,8 @@ export const maxSelected = 100_000
 
 /**
  * The dead letters of `stream` that `filter` selects, oldest first, from sequence `from` on, at
- * most `limit` (at most {@link maxSelected}), read in pages of 1000.
+ * most `limit` (at most {@link maxSelected}), read in pages of 1000. A message that is not a dead
+ * letter (`DeadLetter.isDeadLetter`) is never selected.
  */
 export const select = (
   stream: string,
@@ -101,7 +102,7 @@ export const select = (
     while (selected.length < limit) {
       const page = yield* DeadLetter.list(stream, { from, limit: 1000 })
       if (page.length === 0) break
-      for (const m of page) if (selected.length < limit && matches(filter)(m)) selected.push(m)
+      for (const m of page) if (selected.length < limit && DeadLetter.isDeadLetter(m) && matches(filter)(m)) selected.push(m)
       from = page[page.length - 1]!.sequence + 1
       if (page.length < 1000) break
     }
@@ -166,23 +167,36 @@ export interface BulkResult {
   /** For a replay: where each dead letter was stored again (`duplicate`: an earlier replay of it was). */
   readonly stored: ReadonlyArray<{ readonly sequence: number; readonly stream: string; readonly seq: number; readonly duplicate: boolean }>
   readonly failed: ReadonlyArray<{ readonly sequence: number; readonly message: string }>
+  /** Why the run stopped before the end (the connection was lost); the rest were not tried. */
+  readonly stopped?: string | undefined
 }
+
+/** A failure the rest of a run would meet too: the connection is gone or the server does not answer. */
+const lostConnection = (error: NatsError.NatsError): boolean =>
+  error.reason === "ConnectionClosed" || error.reason === "ConnectionRefused" || error.reason === "Timeout"
 
 /**
  * Runs `action` on each selected dead letter in turn, at most `rate` a second, reporting progress
- * after each one; a failure is recorded and the run goes on with the next.
+ * after each one; a failure is recorded and the run goes on with the next, except a lost
+ * connection, which stops the run (`stopped`). An interruption calls `onInterrupt` with how many
+ * were done.
  */
 export const run = (
   action: BulkResult["action"],
   stream: string,
   selected: ReadonlyArray<DeadLetter.DeadLetterMessage>,
-  options: { readonly rate: number; readonly onProgress: (done: number, total: number) => Effect.Effect<void> }
-): Effect.Effect<BulkResult, never, NatsConnection.NatsConnection> =>
-  Effect.gen(function*() {
+  options: {
+    readonly rate: number
+    readonly onProgress: (done: number, total: number) => Effect.Effect<void>
+    readonly onInterrupt?: ((done: number, total: number) => Effect.Effect<void>) | undefined
+  }
+): Effect.Effect<BulkResult, never, NatsConnection.NatsConnection> => {
+  let done = 0
+  return Effect.gen(function*() {
+    const { connection } = yield* NatsConnection.NatsConnection
     const pause = Duration.millis(1000 / options.rate)
     const failed: Array<BulkResult["failed"][number]> = []
     const stored: Array<BulkResult["stored"][number]> = []
-    let done = 0
     for (const [i, m] of selected.entries()) {
       if (i > 0) yield* Effect.sleep(pause)
       const result = yield* Effect.result(
@@ -193,11 +207,18 @@ export const run = (
           : DeadLetter.discard(stream, m.sequence)
       )
       if (result._tag === "Success") done++
-      else failed.push({ sequence: m.sequence, message: result.failure.message })
+      else {
+        failed.push({ sequence: m.sequence, message: result.failure.message })
+        // Without a connection every other one would fail too (after its timeout): stop at once.
+        if (lostConnection(result.failure) || connection.isClosed()) {
+          return { action, selected: selected.length, done, stored, failed, stopped: `lost the connection: ${result.failure.message}` }
+        }
+      }
       yield* options.onProgress(i + 1, selected.length)
     }
     return { action, selected: selected.length, done, stored, failed }
-  })
+  }).pipe(Effect.onInterrupt(() => options.onInterrupt?.(done, selected.length) ?? Effect.void))
+}
 
 /** A progress bar for a terminal: `[#########-----------]  450/1000`. */
 export const progressBar = (done: number, total: number, width = 30): string => {

@@ -240,6 +240,21 @@ const fromStored = (stored: Pick<StoredMsg, "seq" | "header" | "data">): DeadLet
   }
 }
 
+/**
+ * Whether `m` is a dead letter: it carries the source stream, consumer, subject and sequence
+ * headers {@link headersFor} writes on every one, whatever the stream's name or subjects (both
+ * are options). A message of any other stream has none of them; it is never replayed or discarded.
+ */
+export const isDeadLetter = (m: DeadLetterMessage): boolean =>
+  m.sourceStream !== "" && m.consumer !== "" && m.subject !== "" && Number.isInteger(m.sourceSequence) && m.sourceSequence > 0
+
+const notADeadLetter = (operation: string, stream: string, sequence: number) =>
+  new NatsError.NatsError({
+    reason: "ApiError",
+    operation,
+    message: `${stream}#${sequence} is not a dead letter (it has no ${Header.stream} header): nothing done`
+  })
+
 // The payload is copied so it does not keep the connection's whole read chunk alive.
 const fromJsMsg = (msg: JsMsg): DeadLetterMessage =>
   fromStored({ seq: msg.seq, header: msg.headers ?? makeHeaders(), data: new Uint8Array(msg.data) })
@@ -385,6 +400,7 @@ export const replay = (
 ): Effect.Effect<PubAck, NatsError.NatsError, NatsConnection> =>
   Effect.gen(function*() {
     const message = yield* read(stream, sequence)
+    if (!isDeadLetter(message)) return yield* notADeadLetter(`replay ${stream}#${sequence}`, stream, sequence)
     const { jetstream, manager, apiTimeoutMillis } = yield* NatsConnection
     const operation = `replay ${stream}#${sequence} to ${message.subject}`
     const h = makeHeaders()
@@ -418,7 +434,11 @@ export interface RecoverOptions {
   readonly consumer: string
   /** The message's sequence in `stream` (from the `dead-letter.stranded` log line or the MaxDeliver advisory). */
   readonly sequence: number
-  /** The consumer's dead-letter settings, as its source has them. Default: the defaults. */
+  /**
+   * The consumer's dead-letter settings, as its source has them. Default: the defaults (which
+   * create the dead-letter stream, or bring its limits to the defaults; `create: false` only
+   * checks that it exists).
+   */
   readonly deadLetter?: Options | undefined
 }
 
@@ -428,14 +448,14 @@ export interface RecoverOptions {
  * the consumer's dead-letter stream, read from the source stream by its sequence, with reason
  * `DeliveriesExhausted`. It uses the same `Nats-Msg-Id` as the engine's own dead letter of that
  * sequence, so recovering twice (or after the engine did write it) stores it once within the
- * dead-letter stream's duplicate window.
+ * dead-letter stream's duplicate window. A consumer that does not exist fails with
+ * `ConsumerNotFound` (a misspelt name would store the dead letter under a consumer nobody has).
  */
 export const recover = (options: RecoverOptions): Effect.Effect<PubAck, NatsError.NatsError, NatsConnection> =>
   Effect.gen(function*() {
     const { manager } = yield* NatsConnection
     const operation = `recover ${options.stream}#${options.sequence}`
     const target = destination(options.stream, options.consumer, options.deadLetter)
-    yield* ensure(target, options.deadLetter)
     const stored = yield* Effect.tryPromise({
       try: () => manager.streams.getMessage(options.stream, { seq: options.sequence }),
       catch: (error) => NatsError.fromUnknown(operation, error)
@@ -448,10 +468,16 @@ export const recover = (options: RecoverOptions): Effect.Effect<PubAck, NatsErro
         code: 10037
       })
     }
+    // The delivery count is only informative: another failure reading it counts 0 deliveries.
     const deliveries = yield* Effect.tryPromise({
       try: () => manager.consumers.info(options.stream, options.consumer),
-      catch: (error) => NatsError.fromUnknown(operation, error)
-    }).pipe(Effect.map((info) => Math.max(0, info.config.max_deliver ?? 0)), Effect.orElseSucceed(() => 0))
+      catch: (error) => NatsError.fromUnknown(`consumer ${options.stream}/${options.consumer}`, error)
+    }).pipe(
+      Effect.map((info) => Math.max(0, info.config.max_deliver ?? 0)),
+      Effect.catchIf((error) => error.reason !== "ConsumerNotFound", () => Effect.succeed(0))
+    )
+    // Only once the message and the consumer are known, so a mistyped name changes nothing.
+    yield* ensure(target, options.deadLetter)
     const record: Outcome.DeadLetterRecord = {
       outcome: "DeadLettered",
       reason: "DeliveriesExhausted",
@@ -475,12 +501,15 @@ export const recover = (options: RecoverOptions): Effect.Effect<PubAck, NatsErro
 
 /**
  * Deletes one dead letter without replaying it (an operator's purge, once its cause is understood
- * and the message is not wanted). A dead letter that is already gone fails with `ApiError` 10037.
+ * and the message is not wanted). A dead letter that is already gone fails with `ApiError` 10037;
+ * a message that is not a dead letter ({@link isDeadLetter}) is not deleted.
  */
 export const discard = (stream: string, sequence: number): Effect.Effect<void, NatsError.NatsError, NatsConnection> =>
   Effect.gen(function*() {
     const { manager } = yield* NatsConnection
     const operation = `discard ${stream}#${sequence}`
+    // Read first: a sequence of any other stream would otherwise delete one of its messages.
+    if (!isDeadLetter(yield* read(stream, sequence))) return yield* notADeadLetter(operation, stream, sequence)
     const deleted = yield* Effect.tryPromise({
       try: () => manager.streams.deleteMessage(stream, sequence, false),
       catch: (error) => NatsError.fromUnknown(operation, error)

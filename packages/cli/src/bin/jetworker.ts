@@ -15,23 +15,28 @@
  *
  * Exit codes: `config check`: 0 the settings agree with the manifest (warnings allowed); 1 they
  * disagree (the report says where); 2 the check could not run (unreadable manifest, no such
- * container, bad arguments). `dlq`: 0 done; 1 the server refused (no such stream or message, not
- * stored), a dead letter of a bulk run failed, or a replay or purge was not confirmed; 2 bad
- * arguments or no connection. Filters: `--consumer`, `--reason`, `--subject` (a NATS subject
- * filter), `--since`, `--until` (ISO 8601). A `purge`, and a `replay` of more than one named
- * sequence, asks on a terminal and refuses without one unless `--yes`. `contract check`: 0 the server fits the contract
- * (warnings allowed), 1 it does not (the report says where and what to do). `contract diff`: 0
- * nothing to change, 1 changes pending. `contract apply`: 0 applied (or nothing to change) and
+ * container, bad arguments). `dlq`: 0 done; 1 the server refused (no such stream, consumer or
+ * message, not stored), a dead letter of a bulk run failed, or a replay or purge was not confirmed;
+ * 2 bad arguments (`--sequence` with a filter or `--all`; a `replay` or `purge` of a stream that
+ * is not a dead-letter stream) or no connection (unreachable, credentials refused, no JetStream,
+ * or lost during a bulk run, which then stops and says how many were done). Filters: `--consumer`,
+ * `--reason`, `--subject` (a NATS subject filter), `--since`, `--until` (ISO 8601). A `purge`, and
+ * a `replay` of more than one named sequence, asks on a terminal and refuses without one unless
+ * `--yes`. `recover` stores into the existing dead-letter stream; it never creates or changes it.
+ * `contract check`: 0 the server fits the contract (warnings allowed), 1 it does not (the report
+ * says where and what to do). `contract diff`: 0 nothing to change, 1 changes pending. `contract apply`: 0 applied (or nothing to change) and
  * the server then fits, 1 refused (platform-owned, a contract that contradicts itself, a change the
  * server cannot make in place, or not confirmed) or errors remain. Every `contract` command exits
  * 2 when it cannot run (an unreadable contract, no connection). The server is `--server`, else
- * `NATS_URL`, else `nats://127.0.0.1:4222`. `migrate` (the database at `DATABASE_URL`): 0 applied
+ * `NATS_URL`, else `nats://127.0.0.1:4222`; the credentials and TLS files are read as a worker reads
+ * them (`NATS_TOKEN`, `NATS_USER`/`NATS_PASSWORD`, `NATS_NKEY_SEED`, `NATS_CREDS`, `NATS_TLS_*`).
+ * Log lines go to stderr. `migrate` (the database at `DATABASE_URL`): 0 applied
  * or up to date, 1 failed (nothing of the failed run is applied), 130 interrupted (rolled back).
  * A usage error exits 2.
  */
 import { NodeRuntime, NodeServices } from "@effect/platform-node"
-import { Contract, DeadLetter, NatsConnection, type NatsError } from "@jetworker/nats"
-import { Cause, Console, Duration, Effect, Exit, Option } from "effect"
+import { Contract, DeadLetter, NatsConnection, NatsError } from "@jetworker/nats"
+import { Cause, ConfigProvider, Console, Duration, Effect, Exit, Layer, Logger, Option } from "effect"
 import { Command, Flag, Prompt } from "effect/cli"
 import * as ConfigCheck from "../ConfigCheck.ts"
 import * as Contracts from "../Contracts.ts"
@@ -88,24 +93,43 @@ const server = Flag.String("server").pipe(
   Flag.withDescription("The NATS server (default: NATS_URL, else nats://127.0.0.1:4222)")
 )
 
-/** Runs `effect` on a connection to `server`; a refused connection exits 2, a refused operation 1. */
+/**
+ * Runs `effect` on a connection configured as `NatsConnection.layerConfig` reads the environment
+ * (NATS_URL, NATS_TOKEN, NATS_USER and NATS_PASSWORD, NATS_NKEY_SEED, NATS_CREDS, NATS_TLS_*; an
+ * empty variable is unset), `--server` replacing only the servers. No connection (unreachable,
+ * credentials refused, lost, no JetStream answering) exits 2, a refused operation 1.
+ */
 const withNats = <A>(
   what: string,
   serverFlag: Option.Option<string>,
   effect: Effect.Effect<A, NatsError.NatsError, NatsConnection.NatsConnection>
 ) =>
-  Effect.gen(function*() {
-    const url = Option.getOrElse(serverFlag, () => process.env.NATS_URL ?? "nats://127.0.0.1:4222")
-    const result = yield* effect.pipe(
-      Effect.provide(NatsConnection.layer({ servers: url.split(",").map((s) => s.trim()), name: "jetworker-cli", maxReconnectAttempts: 0 })),
-      Effect.result
-    )
+  Effect.scoped(Effect.gen(function*() {
+    // One attempt: a command reports a lost server instead of reconnecting forever as a worker does.
+    const nats = NatsConnection.layerConfig({ name: "jetworker-cli", maxReconnectAttempts: 0 })
+    const connected = yield* Layer.build(
+      Option.isSome(serverFlag)
+        ? Layer.provide(nats, ConfigProvider.layer(ConfigProvider.fromEnvRecord({ ...process.env, NATS_URL: serverFlag.value })))
+        : nats
+    ).pipe(Effect.result)
+    if (connected._tag === "Failure") {
+      yield* Console.error(`jetworker ${what}: ${connected.failure.message}`)
+      process.exitCode = 2
+      return Option.none<A>()
+    }
+    const result = yield* effect.pipe(Effect.provide(connected.success), Effect.result)
     if (result._tag === "Success") return Option.some(result.success)
     const error = result.failure
-    yield* Console.error(`jetworker ${what}: ${error.message}`)
-    process.exitCode = error.reason === "ConnectionRefused" || error.reason === "ConnectionClosed" ? 2 : 1
-    return Option.none()
-  })
+    // Nobody answers the JetStream API when the server runs without JetStream.
+    const noJetStream = error.reason === "NoResponders"
+    yield* Console.error(
+      `jetworker ${what}: ${error.operation}: ${error.message}${noJetStream ? "; the server must run with JetStream (nats-server -js)" : ""}`
+    )
+    process.exitCode = noJetStream || error.reason === "ConnectionRefused" || error.reason === "ConnectionClosed" || error.reason === "Timeout"
+      ? 2
+      : 1
+    return Option.none<A>()
+  }))
 
 const filterFlags = {
   consumer: Flag.String("consumer").pipe(Flag.optional, Flag.withDescription("Only dead letters of this consumer")),
@@ -152,13 +176,25 @@ const dlqList = Command.make("list", {
   Effect.gen(function*() {
     const filter = yield* filterFrom("dlq list", input)
     if (Option.isNone(filter)) return
-    const rows = yield* withNats(
+    if (!(input.limit >= 1 && input.limit <= DeadLetters.maxSelected)) {
+      yield* Console.error(`jetworker dlq list: --limit takes 1 to ${DeadLetters.maxSelected}`)
+      process.exitCode = 2
+      return
+    }
+    // One more than the limit tells whether more match.
+    const found = yield* withNats(
       "dlq list",
       input.server,
-      DeadLetters.list(input.stream, { from: Option.getOrUndefined(input.from), limit: input.limit, filter: filter.value })
+      DeadLetters.list(input.stream, { from: Option.getOrUndefined(input.from), limit: input.limit + 1, filter: filter.value })
     )
-    if (Option.isNone(rows)) return
-    yield* Console.log(input.json ? JSON.stringify(rows.value, null, 2) : DeadLetters.format(input.stream, rows.value))
+    if (Option.isNone(found)) return
+    const rows = found.value.slice(0, input.limit)
+    yield* Console.log(input.json ? JSON.stringify(rows, null, 2) : DeadLetters.format(input.stream, rows))
+    if (found.value.length > input.limit) {
+      const more = `more dead letters match than --limit ${input.limit}; the next from --from ${rows[rows.length - 1]!.sequence + 1}`
+      // On stderr under --json, which stays one JSON document.
+      yield* input.json ? Console.error(`jetworker dlq list: ${more}`) : Console.log(more)
+    }
   })).pipe(Command.withDescription("List the dead letters of a dead-letter stream, with their cause"))
 
 const dlqShow = Command.make("show", {
@@ -196,6 +232,11 @@ const bulk = (action: DeadLetters.BulkResult["action"], description: string, con
       const filter = yield* filterFrom(what, input)
       if (Option.isNone(filter)) return
       const single = Option.isSome(input.sequence)
+      if (single && (!DeadLetters.isEmpty(filter.value) || input.all)) {
+        yield* Console.error(`jetworker ${what}: --sequence names one dead letter; it takes no filter (--consumer, --reason, --subject, --since, --until) or --all`)
+        process.exitCode = 2
+        return
+      }
       if (!single && DeadLetters.isEmpty(filter.value) && !input.all) {
         yield* Console.error(`jetworker ${what}: name the dead letters: --sequence N, a filter (--consumer, --reason, --subject, --since, --until), or --all`)
         process.exitCode = 2
@@ -206,20 +247,35 @@ const bulk = (action: DeadLetters.BulkResult["action"], description: string, con
         process.exitCode = 2
         return
       }
+      const verb = action === "replay" ? "replayed" : "purged"
       const selected = yield* withNats(
         what,
         input.server,
-        single
-          ? Effect.map(DeadLetter.read(input.stream, input.sequence.value), (m) => [m])
-          : DeadLetters.select(input.stream, filter.value, { limit: input.max })
+        Effect.gen(function*() {
+          // Only a dead-letter stream: the named message, or the stream's oldest, must be a dead
+          // letter (any other stream's message has no dead-letter headers, whatever its name).
+          const probe = single ? [yield* DeadLetter.read(input.stream, input.sequence.value)] : yield* DeadLetter.list(input.stream, { limit: 1 })
+          if (!probe.every(DeadLetter.isDeadLetter)) return Option.none()
+          return Option.some(single ? probe : yield* DeadLetters.select(input.stream, filter.value, { limit: input.max }))
+        })
       )
       if (Option.isNone(selected)) return
-      const messages = selected.value
+      if (Option.isNone(selected.value)) {
+        yield* Console.error(
+          `jetworker ${what}: ${input.stream} is not a dead-letter stream (${single ? `#${input.sequence.value}` : "its first message"} has no ` +
+            `${DeadLetter.Header.stream} header), nothing ${verb}; the dead letters of ${input.stream}'s consumers are in ` +
+            DeadLetter.destination(input.stream, "-").stream
+        )
+        process.exitCode = 2
+        return
+      }
+      const messages = selected.value.value
       if (input.dryRun || messages.length === 0) {
         const rows = messages.map((m) => ({ sequence: m.sequence, reason: m.reason, subject: m.subject, eventId: m.eventId }))
+        const nothing: DeadLetters.BulkResult = { action, selected: 0, done: 0, stored: [], failed: [] }
         yield* Console.log(
           input.json
-            ? JSON.stringify({ action, dryRun: true, selected: rows }, null, 2)
+            ? JSON.stringify(input.dryRun ? { action, dryRun: true, selected: rows } : nothing, null, 2)
             : messages.length === 0
             ? `no dead letters in ${input.stream} match`
             : [`would ${action} ${messages.length} dead letter(s) of ${input.stream}:`, ...rows.map((r) => `  #${r.sequence} ${r.reason} ${r.subject} (event ${r.eventId ?? "-"})`)].join("\n")
@@ -251,14 +307,17 @@ const bulk = (action: DeadLetters.BulkResult["action"], description: string, con
             ? Effect.sync(() => process.stderr.write(`\r${DeadLetters.progressBar(done, total)}${done === total ? "\n" : ""}`))
             : done % 100 === 0 || done === total
             ? Console.error(`${action}: ${done}/${total}`)
-            : Effect.void
+            : Effect.void,
+        // Ctrl-C: what was done is done; say how much.
+        onInterrupt: (done, total) =>
+          Console.error(`${tty ? "\n" : ""}jetworker ${what}: interrupted: ${verb} ${done} of ${total} dead letter(s) of ${input.stream}`)
       }))
       if (Option.isNone(result)) return
       const r = result.value
+      if (tty && r.stopped !== undefined) process.stderr.write("\n")
       if (input.json) {
         yield* Console.log(JSON.stringify(r, null, 2))
       } else {
-        const verb = action === "replay" ? "replayed" : "purged"
         yield* Console.log(
           single && r.stored.length === 1
             ? `replayed ${input.stream}#${r.stored[0]!.sequence}: stored as ${r.stored[0]!.stream}#${r.stored[0]!.seq}` +
@@ -267,7 +326,12 @@ const bulk = (action: DeadLetters.BulkResult["action"], description: string, con
               (r.failed.length === 0 ? "" : `; ${r.failed.length} failed:\n${r.failed.map((f) => `  #${f.sequence}: ${f.message}`).join("\n")}`)
         )
       }
-      if (r.failed.length > 0) {
+      if (r.stopped !== undefined) {
+        yield* Console.error(
+          `jetworker ${what}: stopped, ${r.done} of ${r.selected} ${verb}, ${r.selected - r.done - r.failed.length} not tried: ${r.stopped}`
+        )
+        process.exitCode = 2
+      } else if (r.failed.length > 0) {
         if (single) yield* Console.error(`jetworker ${what}: ${r.failed[0]!.message}`)
         process.exitCode = 1
       }
@@ -288,10 +352,23 @@ const dlqRecover = Command.make("recover", {
   server
 }, (input) =>
   Effect.gen(function*() {
+    // The dead-letter stream as it is: never created (a mistyped --stream would leave a stray
+    // <NAME>_DLQ) nor brought to the default limits.
+    const deadLetters = DeadLetter.destination(input.stream, input.consumer).stream
     const ack = yield* withNats(
       "dlq recover",
       input.server,
-      DeadLetter.recover({ stream: input.stream, consumer: input.consumer, sequence: input.sequence })
+      DeadLetter.recover({ stream: input.stream, consumer: input.consumer, sequence: input.sequence, deadLetter: { create: false } }).pipe(
+        Effect.mapError((error) =>
+          error.reason === "StreamNotFound" && error.operation === `dead-letter stream ${deadLetters}`
+            ? new NatsError.NatsError({
+              ...error,
+              message: "does not exist, and dlq recover does not create it: check --stream and --consumer " +
+                "(a consumer's source creates its dead-letter stream when it starts)"
+            })
+            : error
+        )
+      )
     )
     if (Option.isNone(ack)) return
     yield* Console.log(`stored ${input.stream}#${input.sequence} as dead letter ${ack.value.stream}#${ack.value.seq}${ack.value.duplicate ? " (it was already there)" : ""}`)
@@ -426,6 +503,8 @@ const jetworker = Command.make("jetworker").pipe(
 // A failure here is a usage error (effect/cli has printed it) or an unreadable file: exit 2; an
 // interruption (SIGINT, SIGTERM) exits 130.
 Command.run(jetworker, { version: "0.4.0" }).pipe(
+  // Log lines (e.g. a lost connection) go to stderr: stdout is the report, or the --json document.
+  Effect.provideService(Logger.LogToStderr, true),
   Effect.provide(NodeServices.layer),
   NodeRuntime.runMain({
     disableErrorReporting: true,
