@@ -9,7 +9,7 @@ import { assert, describe, layer } from "@effect/vitest"
 import { PgClient } from "@effect/sql-pg"
 import { Consumer, type ErrorSummary, IdempotencyStore, type Outcome, Probe, Retry } from "@jetworker/core"
 import { JetStreamSource, NatsConnection } from "@jetworker/nats"
-import { PgIdempotencyStore } from "@jetworker/sql-pg"
+import { PgIdempotencyStore, PgOutbox } from "@jetworker/sql-pg"
 import { Eventually, FaultProxy, OutcomeLog, TestDatabase, TestStream } from "@jetworker/testing"
 import { Context, Data, Deferred, Duration, Effect, Fiber, Layer, Queue, Redacted, Ref } from "effect"
 import { SqlClient } from "effect/sql"
@@ -61,10 +61,6 @@ const isFor = (id: string) => (outcome: Outcome.Outcome) => outcome.message.even
 const count = (outcomes: ReadonlyArray<Outcome.Outcome>, tag: Outcome.Tag, id?: string) =>
   outcomes.filter((o) => o._tag === tag && (id === undefined || o.message.eventId === id)).length
 
-/**
- * The worker's own PostgreSQL client, connecting through `proxy` to the test database on the
- * test schema, and the idempotency store on it. A small connect timeout keeps a cut quick.
- */
 /** The worker's own NATS connection, through `proxy` (reconnecting quickly once restored). */
 const natsVia = (proxy: FaultProxy.FaultProxy) =>
   NatsConnection.layer({
@@ -73,11 +69,17 @@ const natsVia = (proxy: FaultProxy.FaultProxy) =>
     reconnectTimeWait: "100 millis"
   })
 
+/**
+ * The worker's own PostgreSQL client, connecting through `proxy` to the test database on the
+ * test schema, and the idempotency store and the outbox on it (the ledger's applied event must be
+ * recorded in the transfer's transaction, so on the same client). A small connect timeout keeps a
+ * cut quick.
+ */
 const databaseVia = (proxy: FaultProxy.FaultProxy, schema: string) => {
   const url = new URL(databaseUrl)
   url.hostname = proxy.address.host
   url.port = String(proxy.address.port)
-  return PgIdempotencyStore.layer().pipe(
+  return Layer.merge(PgIdempotencyStore.layer(), PgOutbox.layer()).pipe(
     Layer.provideMerge(PgClient.layer({
       url: Redacted.make(url.toString()),
       startupParameters: { search_path: schema },
@@ -487,7 +489,7 @@ describe("faults", () => {
           const instanceContext = (instance: Instance) =>
             Layer.build(Layer.mergeAll(
               NatsConnection.layer({ servers: natsUrl, name: names[instance] }),
-              PgIdempotencyStore.layer().pipe(
+              Layer.merge(PgIdempotencyStore.layer(), PgOutbox.layer()).pipe(
                 Layer.provideMerge(TestDatabase.client({ applicationName: names[instance], maxConnections: 5 }))
               )
             ))

@@ -70,8 +70,9 @@ export const make = (options: Options = {}): Effect.Effect<Outbox.Outbox["Servic
           // Outside a transaction the row would commit on its own, whatever happens to the effects.
           if ((yield* Effect.serviceOption(sql.transactionService))._tag === "None") {
             return yield* new Outbox.OutboxError({
-              message: `Outbox.record(${JSON.stringify(message.id)}) runs outside a transaction: record inside ` +
-                `IdempotencyStore.commit's effect or sql.withTransaction, so the event commits with the effects`
+              message: `Outbox.record(${JSON.stringify(message.id)}) runs outside a transaction of the outbox's SqlClient: ` +
+                `record inside IdempotencyStore.commit's effect or sql.withTransaction, and provide PgOutbox.layer() on the ` +
+                `same SqlClient as the idempotency store, so the event commits with the effects`
             })
           }
           const span = yield* Effect.option(Effect.currentSpan)
