@@ -11,7 +11,7 @@
  */
 import { execFileSync } from "node:child_process"
 import { mkdirSync, readdirSync, readFileSync, rmSync, statSync, writeFileSync } from "node:fs"
-import { join, relative } from "node:path"
+import { join, relative, resolve } from "node:path"
 import { fileURLToPath } from "node:url"
 
 const root = fileURLToPath(new URL("..", import.meta.url))
@@ -108,4 +108,6 @@ const main = () => {
   console.log(`doc examples: ${examples.length} examples in ${new Set(examples.map((e) => e.file)).size} files compile`)
 }
 
-if (import.meta.url === `file://${process.argv[1]}`) main()
+// Run as a script (not when a test imports `examplesOf`); compared as paths, so that a checkout
+// whose path needs URL escaping still runs the check instead of passing it silently.
+if (process.argv[1] !== undefined && fileURLToPath(import.meta.url) === resolve(process.argv[1])) main()
