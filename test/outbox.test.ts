@@ -250,6 +250,7 @@ describe("outbox", () => {
           { ...message(prefix, "ok"), id: "x".repeat(201) },
           { ...message(prefix, "ok"), subject: `${prefix}.*` },
           { ...message(prefix, "ok"), subject: `${prefix}..double` },
+          { ...message(prefix, "ok"), subject: `${prefix}.with space` },
           { ...message(prefix, "ok"), headers: [["X-Nats-Msg-Id-Copy", "1"]] as const },
           { ...message(prefix, "ok"), headers: [["X-Note", "two\nlines"]] as const }
         ]
@@ -262,6 +263,8 @@ describe("outbox", () => {
           assert.include(error.message, "cannot record")
         }
         assert.strictEqual(yield* pendingCount, 0, "each transaction rolled back, the row before the bad one too")
+        // What NATS publishes is taken: UTF-8 tokens, long subjects.
+        assert.deepStrictEqual(Outbox.problems({ ...message(prefix, "ok"), subject: `${prefix}.münchen.${"x".repeat(1100)}` }), [])
         const outside = yield* Effect.flip(Outbox.record(message(prefix, "alone")))
         assert.include(outside.message, "runs outside a transaction")
         assert.strictEqual(yield* pendingCount, 0)

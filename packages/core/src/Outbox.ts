@@ -35,7 +35,8 @@ const printable = /^[\x21-\x7e]+$/
  * What makes `message` impossible to publish, checked before it is recorded: a row that can never
  * be published would hold back every row recorded after it. Empty: it can be published. The id
  * must be 1 to 200 printable ASCII characters without spaces (it is the `Nats-Msg-Id`); the
- * subject a literal NATS subject (dot-separated tokens of printable characters, no wildcards); a
+ * subject a literal NATS subject (dot-separated tokens without spaces or control characters, no
+ * wildcards); a
  * header name printable without `:`, not containing `Nats-Msg-Id`, its value on one line.
  */
 export const problems = (message: OutboxMessage): ReadonlyArray<string> => {
@@ -44,8 +45,9 @@ export const problems = (message: OutboxMessage): ReadonlyArray<string> => {
     found.push(`id ${JSON.stringify(message.id)}: must be 1 to 200 printable ASCII characters without spaces`)
   }
   const tokens = message.subject.split(".")
-  if (message.subject.length === 0 || message.subject.length > 1024 || tokens.some((token) => token === "" || !printable.test(token))) {
-    found.push(`subject ${JSON.stringify(message.subject)}: must be dot-separated tokens of printable ASCII characters`)
+  // NATS takes any characters in a token but whitespace and control characters (UTF-8 included).
+  if (message.subject.length === 0 || tokens.some((token) => token === "" || /[\s\p{Cc}]/u.test(token))) {
+    found.push(`subject ${JSON.stringify(message.subject)}: must be dot-separated tokens without spaces or control characters`)
   } else if (tokens.some((token) => token === "*" || token === ">")) {
     found.push(`subject ${JSON.stringify(message.subject)}: a wildcard cannot be published to`)
   }

@@ -144,8 +144,8 @@ export const consumerFindings = (
         `by its first delay and distorts the engine's nak delays (a nak after delivery n waits backoff[n] - AckWait + ` +
         `the delay): remove it from the consumer (the retry policy sets the delays), or accept longer retry delays`
     )
-    // The server refuses a backoff without a MaxDeliver above its length (-1, no limit, included).
-    if (maxDeliver <= backoff.length) {
+    // The server refuses a backoff without a MaxDeliver above its length (newer servers take -1).
+    if (maxDeliver !== -1 && maxDeliver <= backoff.length) {
       add(
         "error",
         "backoff",
@@ -346,6 +346,16 @@ export const validate = (contract: Contract): ReadonlyArray<Finding> => {
   if (!Topology.isValidName(stream.name)) error(streamTarget, "exists", `${streamTarget}: a name is letters, digits, _ and -`)
   if (stream.subjects.length === 0) error(streamTarget, "subjects", `${streamTarget} lists no subjects`)
   const wanted = Topology.streamConfig(stream)
+  for (const consumer of contract.consumers) {
+    if ((consumer.backoff?.length ?? 0) > 0 && (consumer.maxDeliver ?? -1) === -1) {
+      findings.push({
+        severity: "warning",
+        target: `consumer ${stream.name}/${consumer.name}`,
+        check: "backoff",
+        message: `consumer ${stream.name}/${consumer.name} has a backoff and no MaxDeliver: NATS 2.9 refuses it (newer servers take it); declare maxDeliver above the number of delays`
+      })
+    }
+  }
   if ((wanted.max_age ?? 0) > 0 && (wanted.duplicate_window ?? 0) > wanted.max_age!) {
     error(streamTarget, "duplicate_window", `${streamTarget} has a duplicate window longer than its max age (the server refuses it): shorten the window or keep messages longer`)
   }
@@ -360,7 +370,8 @@ export const validate = (contract: Contract): ReadonlyArray<Finding> => {
       error(target, "filter_subject", `${target} gives both filterSubject and filterSubjects: keep one`)
     }
     for (const filter of consumer.filterSubjects ?? (consumer.filterSubject === undefined ? [] : [consumer.filterSubject])) {
-      if (!stream.subjects.some((subject) => Topology.captures(subject, filter))) {
+      // The server takes a filter inside a stream subject, or a wildcard one wider than a subject.
+      if (!stream.subjects.some((subject) => Topology.captures(subject, filter) || Topology.captures(filter, subject))) {
         error(target, "filter_subject", `${target} filters on ${filter}, which the stream's subjects (${stream.subjects.join(", ")}) do not capture (the server refuses it)`)
       }
     }

@@ -326,16 +326,15 @@ export const consumerChanges = (options: ConsumerOptions, live: ConsumerConfig |
   const liveFilters = [...(live.filter_subjects ?? []), ...(live.filter_subject ? [live.filter_subject] : [])].sort().join(", ")
   const wantedFilters = [...(wanted.filter_subjects ?? []), ...(wanted.filter_subject === undefined ? [] : [wanted.filter_subject])].sort().join(", ")
   if (liveFilters !== wantedFilters && wantedFilters === "") {
-    // An update keeps a live filter it is not given (the server merges), so removing one needs a new consumer.
+    // nats.js's update merges the live config, so it keeps a filter it is not given: not removed here.
     changes.push({
       target,
       action: "refuse",
       setting: "filter_subject",
       live: liveFilters,
       wanted: "none",
-      message: `${target} filters on ${liveFilters}; a filter cannot be removed in place: delete the consumer ` +
-        `(\`nats consumer rm ${options.stream} ${options.name}\`; its delivery state goes with it) and apply the declaration again, ` +
-        `or declare the filter`
+      message: `${target} filters on ${liveFilters}; jetworker does not remove a filter: remove it with the nats ` +
+        `CLI (the consumer keeps its delivery state), or declare the filter`
     })
   } else if (liveFilters !== wantedFilters) update("filter_subject", liveFilters || "none", wantedFilters || "none")
   if (formatBackoff(live.backoff) !== formatBackoff(wanted.backoff)) update("backoff", formatBackoff(live.backoff), formatBackoff(wanted.backoff))

@@ -222,7 +222,7 @@ describe("Contract", () => {
         assert.isTrue(planned.some((c) => c.action === "refuse" && c.setting === "filter_subject"), JSON.stringify(planned))
         const refused = yield* Effect.flip(Contract.apply(contract))
         assert.strictEqual(refused._tag === "ContractError" ? refused.reason : refused._tag, "Refused")
-        assert.include(refused.message, "a filter cannot be removed in place")
+        assert.include(refused.message, "jetworker does not remove a filter")
         const findings = yield* Contract.check(contract)
         // (The exact contract also sees the subject the shared step added: its list is closed.)
         assert.deepStrictEqual(shape(findings), [["consumer S/shipper", "filter_subject", "error"], ["stream S", "subjects", "error"]])
@@ -318,12 +318,18 @@ describe("Contract", () => {
     const checks = (contract: Contract.Contract) =>
       Contract.validate(contract).filter((f) => f.severity === "error").map((f) => [f.target, f.check])
     assert.deepStrictEqual(checks(base), [])
-    assert.deepStrictEqual(checks({ ...base, consumers: [{ ...shipper, maxDeliver: undefined, backoff: ["1 second", "5 seconds"] }] }), [
+    // NATS 2.9 refuses a backoff without MaxDeliver; newer servers take it: a warning.
+    const noMax = Contract.validate({ ...base, consumers: [{ ...shipper, maxDeliver: undefined, backoff: ["1 second", "5 seconds"] }] })
+    assert.isTrue(noMax.some((f) => f.check === "backoff" && f.severity === "warning" && f.message.includes("NATS 2.9 refuses it")))
+    assert.deepStrictEqual(checks({ ...base, consumers: [{ ...shipper, maxDeliver: 2, backoff: ["1 second", "5 seconds"] }] }), [
+      ["consumer ORDERS/shipper", "max_deliver"],
       ["consumer ORDERS/shipper", "backoff"]
     ])
     assert.deepStrictEqual(checks({ ...base, stream: { ...base.stream, maxAge: "30 seconds" } }), [["stream ORDERS", "duplicate_window"]])
     assert.deepStrictEqual(checks({ ...base, consumers: [{ ...shipper, filterSubject: "billing.>" }] }), [["consumer ORDERS/shipper", "filter_subject"]])
     assert.deepStrictEqual(checks({ ...base, consumers: [{ ...shipper, filterSubject: "orders.orders.eu" }] }), [])
+    // A wildcard filter wider than the stream's subjects is taken by the server too.
+    assert.deepStrictEqual(checks({ ...base, consumers: [{ ...shipper, filterSubject: ">" }] }), [])
     assert.deepStrictEqual(checks({ ...base, stream: { ...base.stream, name: "ORDERS.EU" }, consumers: [shipper, shipper] }).map(([, check]) => check), [
       "exists",
       "exists"
