@@ -109,6 +109,15 @@ const freePort = Effect.map(freePorts(1), (ports) => ports[0]!)
 const isRunning = (process: ChildProcess | undefined): process is ChildProcess =>
   process !== undefined && process.pid !== undefined && process.exitCode === null && process.signalCode === null
 
+/** Whether the system still has `process` (signal 0 reaches it). */
+const signalable = (process: ChildProcess): boolean => {
+  try {
+    return process.pid !== undefined && globalThis.process.kill(process.pid, 0)
+  } catch {
+    return false
+  }
+}
+
 /** Waits for the exit of `process` (at once when it is not running). */
 const exited = (process: ChildProcess) =>
   Effect.callback<void>((resume) => {
@@ -192,7 +201,11 @@ const serve = (
 
     // Does nothing while the process runs; starts it again when it was stopped or died on its own.
     const start = Effect.gen(function*() {
-      if (isRunning(child)) return
+      if (isRunning(child)) {
+        if (signalable(child)) return
+        // Gone (killed from outside) before Node reported its exit: wait for the report, bounded.
+        yield* exited(child).pipe(Effect.timeoutOption(killTimeout))
+      }
       yield* launch
     })
 

@@ -112,7 +112,6 @@ describe("NatsServer", () => {
       const [first] = fake.pids()
       process.kill(first!, "SIGKILL")
       yield* Eventually.poll("the server's exit", Effect.sync(() => alive(first!)), (a) => !a, { timeout: bound })
-      yield* Effect.sleep("50 millis") // let the exit event through
       yield* server.start.pipe(Effect.timeout(bound))
       const pids = fake.pids()
       assert.strictEqual(pids.length, 2, "start did not start the dead server again")
