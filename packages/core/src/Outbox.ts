@@ -31,6 +31,9 @@ export const isReservedHeader = (name: string): boolean => name.toLowerCase().in
 
 const printable = /^[\x21-\x7e]+$/
 
+/** Whether `id` can be a `Nats-Msg-Id`: 1 to 200 printable ASCII characters without spaces. */
+export const isValidId = (id: string): boolean => /^[\x21-\x7e]{1,200}$/.test(id)
+
 /**
  * What makes `message` impossible to publish, checked before it is recorded: a row that can never
  * be published would hold back every row recorded after it. Empty: it can be published. The id
@@ -41,7 +44,7 @@ const printable = /^[\x21-\x7e]+$/
  */
 export const problems = (message: OutboxMessage): ReadonlyArray<string> => {
   const found: Array<string> = []
-  if (!/^[\x21-\x7e]{1,200}$/.test(message.id)) {
+  if (!isValidId(message.id)) {
     found.push(`id ${JSON.stringify(message.id)}: must be 1 to 200 printable ASCII characters without spaces`)
   }
   const tokens = message.subject.split(".")

@@ -162,7 +162,7 @@ export const publish = (
     if (!Number.isInteger(attempts) || attempts < 1 || attempts > 100) {
       return yield* new NatsError.NatsError({ reason: "ApiError", operation, message: "attempts must be 1 to 100" })
     }
-    if (!/^[\x21-\x7e]{1,200}$/.test(options.msgId)) {
+    if (!Outbox.isValidId(options.msgId)) {
       return yield* new NatsError.NatsError({
         reason: "ApiError",
         operation,
