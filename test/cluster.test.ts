@@ -87,7 +87,16 @@ describe("a three-node JetStream cluster", () => {
           assert.isDefined(leader, `the stream has a leader: ${JSON.stringify(info.cluster)}`)
           const publishedBeforeKill = published
           yield* leader!.stop("SIGKILL")
-          yield* Effect.sleep("3 seconds") // the outage, during which publishes and deliveries wait for the election
+          // The outage lasts until the others have elected a new leader (publishes and deliveries wait
+          // for it); a fixed pause let the old leader, restarted too early, win again.
+          yield* Eventually.holds(
+            "another node leads the stream",
+            api(() => manager.streams.info(settings.stream)).pipe(
+              Effect.map((i) => i.cluster?.leader !== undefined && i.cluster.leader !== leader!.name),
+              Effect.orElseSucceed(() => false)
+            ),
+            "30 seconds"
+          )
           yield* leader!.start
           assert.isBelow(publishedBeforeKill, transfers.length - 100, "the failover falls among the publishes")
           const after = yield* api(() => manager.streams.info(settings.stream))
