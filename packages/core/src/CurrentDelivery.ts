@@ -74,14 +74,16 @@ export class CurrentBatch extends Context.Service<CurrentBatch, BatchInfo>()("@j
  * another key, or no delivery at all, reports nothing.
  */
 export const reportFor = (key: { readonly scope: string; readonly id: string }, report: Report): Effect.Effect<void> =>
-  Effect.flatMap(Effect.serviceOption(CurrentDelivery), (current) => {
+  // Read straight from the fiber's context: it runs on every commit.
+  Effect.withFiber((fiber) => {
+    const current = Context.getOption(fiber.context, CurrentDelivery)
     if (current._tag === "Some") {
       if (current.value.consumer === key.scope && current.value.eventId === key.id) current.value.report(report)
       return Effect.void
     }
-    return Effect.map(Effect.serviceOption(CurrentBatch), (batch) => {
-      if (batch._tag === "Some" && batch.value.consumer === key.scope) {
-        for (const element of batch.value.elements) if (element.eventId === key.id) element.report(report)
-      }
-    })
+    const batch = Context.getOption(fiber.context, CurrentBatch)
+    if (batch._tag === "Some" && batch.value.consumer === key.scope) {
+      for (const element of batch.value.elements) if (element.eventId === key.id) element.report(report)
+    }
+    return Effect.void
   })

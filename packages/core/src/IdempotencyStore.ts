@@ -120,17 +120,45 @@ export interface BatchItem<A, E, R> {
 }
 
 /** The scope of a commit: `scope` when given, else the current delivery's or batch's consumer. */
-const currentScope = (scope: string | undefined, caller: string): Effect.Effect<string, IdempotencyError> =>
-  scope !== undefined ? Effect.succeed(scope) : Effect.gen(function*() {
-    const delivery = yield* Effect.serviceOption(CurrentDelivery)
-    if (Option.isSome(delivery)) return delivery.value.consumer
-    const batch = yield* Effect.serviceOption(CurrentBatch)
-    if (Option.isSome(batch)) return batch.value.consumer
-    return yield* new IdempotencyError({
-      reason: "Misconfigured",
-      message: `IdempotencyStore.${caller} outside a delivery needs an explicit scope`
-    })
+const scopeIn = (context: Context.Context<never>, scope: string | undefined, caller: string): string | IdempotencyError => {
+  if (scope !== undefined) return scope
+  const delivery = Context.getOption(context, CurrentDelivery)
+  if (Option.isSome(delivery)) return delivery.value.consumer
+  const batch = Context.getOption(context, CurrentBatch)
+  if (Option.isSome(batch)) return batch.value.consumer
+  return new IdempotencyError({
+    reason: "Misconfigured",
+    message: `IdempotencyStore.${caller} outside a delivery needs an explicit scope`
   })
+}
+
+/** Runs `f` with the store and the commit's scope, both read from the fiber's context (once per commit). */
+const withStore = <A, E, R>(
+  scope: string | undefined,
+  caller: string,
+  f: (store: IdempotencyStore["Service"], scope: string) => Effect.Effect<A, E, R>
+): Effect.Effect<A, E | IdempotencyError, R | IdempotencyStore> =>
+  Effect.withFiber((fiber) => {
+    const store = Context.getOption(fiber.context, IdempotencyStore)
+    // Missing: fail as a missing service does (`yield* IdempotencyStore` would).
+    if (Option.isNone(store)) {
+      return Effect.gen(function*() {
+        return yield* withStoreFound(fiber.context, yield* IdempotencyStore, scope, caller, f)
+      })
+    }
+    return withStoreFound(fiber.context, store.value, scope, caller, f)
+  })
+
+const withStoreFound = <A, E, R>(
+  context: Context.Context<never>,
+  store: IdempotencyStore["Service"],
+  scope: string | undefined,
+  caller: string,
+  f: (store: IdempotencyStore["Service"], scope: string) => Effect.Effect<A, E, R>
+): Effect.Effect<A, E | IdempotencyError, R> => {
+  const found = scopeIn(context, scope, caller)
+  return typeof found === "string" ? f(store, found) : Effect.fail(found)
+}
 
 /**
  * Runs `effect` at most once per event: `effect` and the deduplication row for `id` commit
@@ -160,14 +188,11 @@ export const commit = <A, E, R>(
   effect: Effect.Effect<A, E, R>,
   options?: { readonly scope?: string | undefined }
 ): Effect.Effect<A | AlreadyCommitted, E | IdempotencyError, R | IdempotencyStore> =>
-  Effect.gen(function*() {
-    const store = yield* IdempotencyStore
-    const scope = yield* currentScope(options?.scope, "commit")
+  withStore(options?.scope, "commit", (store, scope) => {
     const key = { scope, id }
-    const result = yield* store.commit(key, effect)
-    // Any store's "already committed" reaches the engine, even one that does not report it itself.
-    if (isAlreadyCommitted(result)) yield* reportFor(key, "AlreadyCommitted")
-    return result
+    return Effect.flatMap(store.commit(key, effect), (result): Effect.Effect<A | AlreadyCommitted> =>
+      // Any store's "already committed" reaches the engine, even one that does not report it itself.
+      isAlreadyCommitted(result) ? Effect.as(reportFor(key, "AlreadyCommitted"), result) : Effect.succeed(result))
   })
 
 /**
@@ -182,9 +207,7 @@ export const commitBatch = <A, E, R>(
   items: ReadonlyArray<{ readonly id: string; readonly effect: Effect.Effect<A, E, R> }>,
   options?: { readonly scope?: string | undefined }
 ): Effect.Effect<ReadonlyArray<Result.Result<A | AlreadyCommitted, E>>, IdempotencyError, R | IdempotencyStore> =>
-  Effect.gen(function*() {
-    const store = yield* IdempotencyStore
-    const scope = yield* currentScope(options?.scope, "commitBatch")
+  withStore(options?.scope, "commitBatch", (store, scope) => Effect.gen(function*() {
     const results = yield* store.commitBatch(items.map((item) => ({ key: { scope, id: item.id }, effect: item.effect })))
     for (const [i, result] of results.entries()) {
       if (Result.isSuccess(result) && isAlreadyCommitted(result.success)) {
@@ -192,7 +215,7 @@ export const commitBatch = <A, E, R>(
       }
     }
     return results
-  })
+  }))
 
 /**
  * Commits a batch of events as one set, all or nothing (see the store's `commitAll`): the events
@@ -208,9 +231,7 @@ export const commitAll = <A, E, R>(
   effect: (fresh: ReadonlyArray<number>) => Effect.Effect<A, E, R>,
   options?: { readonly scope?: string | undefined }
 ): Effect.Effect<ReadonlyArray<Result.Result<A | AlreadyCommitted, never>>, E | IdempotencyError, R | IdempotencyStore> =>
-  Effect.gen(function*() {
-    const store = yield* IdempotencyStore
-    const scope = yield* currentScope(options?.scope, "commitAll")
+  withStore(options?.scope, "commitAll", (store, scope) => Effect.gen(function*() {
     const values = yield* store.commitAll(ids.map((id) => ({ scope, id })), effect)
     const results: Array<Result.Result<A | AlreadyCommitted, never>> = []
     for (const [i, value] of values.entries()) {
@@ -218,4 +239,4 @@ export const commitAll = <A, E, R>(
       results.push(Result.succeed(value))
     }
     return results
-  })
+  }))

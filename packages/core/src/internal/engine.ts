@@ -19,7 +19,7 @@
  *
  * On interruption it drains. Internal: the public face is `Consumer`.
  */
-import { Cause, Clock, type Context, Data, DateTime, Deferred, Duration, Effect, Exit, FiberSet, LogLevel, Metric, Option, Result, Schedule } from "effect"
+import { Cause, Clock, Context, Data, DateTime, Deferred, Duration, Effect, Exit, Fiber, FiberSet, LogLevel, Metric, Option, Result, Schedule } from "effect"
 import { AttemptStore, type AttemptStoreShape } from "../AttemptStore.ts"
 import { type Classification, classify, type Tagged } from "../Classification.ts"
 import { CurrentBatch, CurrentDelivery } from "../CurrentDelivery.ts"
@@ -35,6 +35,7 @@ import * as Probe from "../Probe.ts"
 import * as Retry from "../Retry.ts"
 import type { Source, SourceError } from "../Source.ts"
 import * as Telemetry from "../Telemetry.ts"
+import * as Deadlines from "./deadlines.ts"
 import * as Lanes from "./lanes.ts"
 import * as LeaseKeeper from "./leaseKeeper.ts"
 import * as Slots from "./slots.ts"
@@ -184,6 +185,9 @@ interface RunEnvironment {
   readonly debugLogs: boolean
 }
 
+/** Updates one metric series. */
+type Series = (value: number) => void
+
 /** Processes one delivery into exactly one settled outcome. Never fails. */
 const makeProcess = <A, E extends Tagged, R>(
   definition: Definition<A, E, R>,
@@ -194,38 +198,43 @@ const makeProcess = <A, E extends Tagged, R>(
   maxDeliver: number | undefined,
   slots: Slots.Slots,
   lanes: Lanes.Lanes | undefined,
+  deadlines: Deadlines.Deadlines,
   env: RunEnvironment
 ) => {
   const now = () => env.clock.currentTimeMillisUnsafe()
-  const record = (metric: Metric.Metric<number, unknown>, value: number): void => metric.updateUnsafe(value, env.context)
+  // One series of `metric`, with the consumer's attributes and `attributes`: its context (the
+  // run's, with the attributes merged in) is built once, not per update as `withAttributes` does.
+  const inherited = Context.get(env.context, Metric.CurrentMetricAttributes)
+  const series = (metric: Metric.Metric<number, unknown>, attributes: Record<string, string>): Series => {
+    const context = Context.add(env.context, Metric.CurrentMetricAttributes, { ...inherited, consumer: definition.name, ...attributes })
+    return (value) => metric.updateUnsafe(value, context)
+  }
+  const record = (update: Series, value: number): void => update(value)
   const probe = env.probe
   const hit = (at: Probe.Hit): Effect.Effect<void> => (probe === undefined ? Effect.void : probe.hit(at))
   const leaseMillis = Duration.toMillis(lease)
-  const consumer = { consumer: definition.name }
-  const counters = new Map(
-    Outcome.tags.map((tag) => [tag, Metric.withAttributes(outcomesCounter, { consumer: definition.name, outcome: tag })])
-  )
-  // Metrics with the consumer's attributes, built once; those keyed by a reason or stage on first use.
-  const handlerDuration = Metric.withAttributes(Telemetry.handlerDuration, consumer)
-  const inFlightGauge = Metric.withAttributes(Telemetry.inFlight, consumer)
-  const clockSkew = Metric.withAttributes(Telemetry.producerClockSkew, consumer)
-  const stranded = Metric.withAttributes(Telemetry.stranded, consumer)
-  const redeliveries = Metric.withAttributes(Telemetry.redeliveries, consumer)
-  const retries = Metric.withAttributes(Telemetry.retries, consumer)
-  const keyed = new Map<string, Metric.Metric<number, unknown>>()
-  const keyedMetric = <M extends Metric.Metric<number, unknown>>(metric: M, key: string, attributes: Record<string, string>): M => {
+  const counters = new Map(Outcome.tags.map((tag) => [tag, series(outcomesCounter, { outcome: tag })]))
+  // Series with the consumer's attributes, built once; those keyed by a reason or stage on first use.
+  const handlerDuration = series(Telemetry.handlerDuration, {})
+  const inFlightGauge = series(Telemetry.inFlight, {})
+  const clockSkew = series(Telemetry.producerClockSkew, {})
+  const stranded = series(Telemetry.stranded, {})
+  const redeliveries = series(Telemetry.redeliveries, {})
+  const retries = series(Telemetry.retries, {})
+  const keyed = new Map<string, Series>()
+  const keyedMetric = (metric: Metric.Metric<number, unknown>, key: string, attributes: Record<string, string>): Series => {
     const id = `${metric.id}|${key}`
     let found = keyed.get(id)
     if (found === undefined) {
-      found = Metric.withAttributes(metric, { ...consumer, ...attributes })
+      found = series(metric, attributes)
       keyed.set(id, found)
     }
-    return found as M
+    return found
   }
   const settleLatency = {
-    Ack: Metric.withAttributes(Telemetry.settleLatency, { ...consumer, command: "Ack" }),
-    Nak: Metric.withAttributes(Telemetry.settleLatency, { ...consumer, command: "Nak" }),
-    DeadLetter: Metric.withAttributes(Telemetry.settleLatency, { ...consumer, command: "DeadLetter" })
+    Ack: series(Telemetry.settleLatency, { command: "Ack" }),
+    Nak: series(Telemetry.settleLatency, { command: "Nak" }),
+    DeadLetter: series(Telemetry.settleLatency, { command: "DeadLetter" })
   }
   let running = 0
   // Progress since the last summary line, and since the backlog was last drained.
@@ -243,7 +252,6 @@ const makeProcess = <A, E extends Tagged, R>(
     Schedule.while(({ duration, elapsed }) => leaseMillis <= 0 || elapsed + Duration.toMillis(duration) < leaseMillis / 2)
   )
   const timeoutMessage = `handler ran longer than ${Duration.format(definition.handlerTimeout)}`
-  const handlerTimedOut = () => Effect.fail(new HandlerTimeout({ message: timeoutMessage }))
   const isTransient = (error: E | HandlerTimeout | ExpiredBeforeRun): boolean =>
     error instanceof ExpiredBeforeRun || error instanceof WorkExpired || error instanceof LeaseExpired
       ? false
@@ -291,15 +299,45 @@ const makeProcess = <A, E extends Tagged, R>(
     }
   }
 
+  /**
+   * Runs `effect` in a fiber of its own, cut at `handlerTimeout` (`HandlerTimeout`) by the
+   * consumer's one deadline watcher instead of a timer and a race per run. The run starts at once
+   * in the caller's stack, so one that completes without waiting costs no deadline at all. An
+   * interruption of the caller (a shutdown past its drain, a lost lease) interrupts the run and
+   * waits for it to end, so its transaction has rolled back before the delivery settles.
+   */
+  const supervised = <X, Y, Z>(effect: Effect.Effect<X, Y, Z>, message: string): Effect.Effect<X, Y | HandlerTimeout, Z> =>
+    Effect.suspend(() => {
+      const startedAt = now()
+      return Effect.flatMap(Effect.forkChild(effect, { startImmediately: true }), (run) => {
+        const ended = run.pollUnsafe()
+        if (ended !== undefined) return ended
+        let timedOut = false
+        const entry = deadlines.add(startedAt, () => {
+          timedOut = true
+          run.interruptUnsafe()
+        })
+        return Effect.flatMap(
+          Effect.onInterrupt(Fiber.await(run), () => Fiber.interrupt(run)),
+          (exit): Effect.Effect<X, Y | HandlerTimeout> => {
+            deadlines.withdraw(entry)
+            return timedOut && Exit.isFailure(exit) && Cause.hasInterruptsOnly(exit.cause)
+              ? Effect.fail(new HandlerTimeout({ message }))
+              : exit
+          }
+        )
+      })
+    })
+
   /** One run of the handler: skipped once the event has expired, bounded by `handlerTimeout`. */
   const runOnce = (event: A, metadata: Metadata): Effect.Effect<unknown, E | ExpiredBeforeRun | HandlerTimeout, R | CurrentDelivery> =>
-    Effect.suspend((): Effect.Effect<unknown, E | ExpiredBeforeRun, R | CurrentDelivery> => {
+    Effect.suspend((): Effect.Effect<unknown, E | ExpiredBeforeRun | HandlerTimeout, R | CurrentDelivery> => {
       if (metadata.expiresAt !== undefined) {
         const at = now()
         if (isExpired(metadata, at, definition.skewMillis)) return Effect.fail(new ExpiredBeforeRun({ detectedAt: at }))
       }
-      return definition.handle(event)
-    }).pipe(Effect.timeoutOrElse({ duration: definition.handlerTimeout, orElse: handlerTimedOut }))
+      return supervised(definition.handle(event), timeoutMessage)
+    })
 
   /**
    * The in-process retries after a first transient failure: the same schedule and filter as a
@@ -650,8 +688,12 @@ const makeProcess = <A, E extends Tagged, R>(
       return Outcome.verdict("Released", { message, reason: "Retrying", error, retryIn })
     })
 
-  const process = (delivery: Delivery, admission: Admission | undefined): Effect.Effect<void, never, R> =>
-    Effect.uninterruptibleMask((restore) =>
+  /** Processes `delivery`; called where interruption is masked, `restore` unmasks the waits and the handler. */
+  const process = (
+    delivery: Delivery,
+    admission: Admission | undefined,
+    restore: <X, Y, Z>(effect: Effect.Effect<X, Y, Z>) => Effect.Effect<X, Y, Z>
+  ): Effect.Effect<void, never, R> =>
       Effect.withFiber((fiber) => {
         const receivedAt = now()
         record(inFlightGauge, ++running)
@@ -670,7 +712,6 @@ const makeProcess = <A, E extends Tagged, R>(
           return settle(delivery, judged, receivedAt, lease)
         })
       })
-    )
 
   /**
    * Settle and record: sends the verdict's broker command (never an ack past the lease), then
@@ -874,14 +915,10 @@ const makeProcess = <A, E extends Tagged, R>(
             }
           }))
           const exit = yield* Effect.exit(restore(
-            Effect.suspend(() => batch.handle(runnable.map((r) => r.prepared.event))).pipe(
-              Effect.timeoutOrElse({
-                duration: definition.handlerTimeout,
-                orElse: () =>
-                  Effect.fail(new HandlerTimeout({ message: `batch handler ran longer than ${Duration.format(definition.handlerTimeout)}` }))
-              }),
-              Effect.provideService(CurrentBatch, { consumer: definition.name, elements })
-            )
+            supervised(
+              Effect.suspend(() => batch.handle(runnable.map((r) => r.prepared.event))),
+              `batch handler ran longer than ${Duration.format(definition.handlerTimeout)}`
+            ).pipe(Effect.provideService(CurrentBatch, { consumer: definition.name, elements }))
           ))
           record(handlerDuration, now() - startedAt)
           if (Exit.isSuccess(exit) && Array.isArray(exit.value) && exit.value.length === runnable.length) {
@@ -931,9 +968,15 @@ const makeProcess = <A, E extends Tagged, R>(
 
   // One span per delivery, after the messaging semantic conventions; it continues the trace of
   // the `traceparent` header when the message has one, and is a root span otherwise.
-  const one = (delivery: Delivery, admission: Admission | undefined): Effect.Effect<void, never, R> => {
+  // Called where interruption is masked (a worker between its take and the delivery's outcome),
+  // so nothing can end a taken delivery before it has its outcome.
+  const one = (
+    delivery: Delivery,
+    admission: Admission | undefined,
+    restore: <X, Y, Z>(effect: Effect.Effect<X, Y, Z>) => Effect.Effect<X, Y, Z>
+  ): Effect.Effect<void, never, R> => {
     const parent = Telemetry.parseTraceparent(delivery.header(Telemetry.traceparentHeader))
-    return process(delivery, admission).pipe(
+    return process(delivery, admission, restore).pipe(
       Effect.withSpan(Telemetry.processSpanName(delivery.subject), {
         kind: "consumer",
         ...(parent === undefined ? { root: true } : { parent }),
@@ -982,7 +1025,7 @@ const makeProcess = <A, E extends Tagged, R>(
     ).pipe(Effect.annotateLogs({ event: "consumer.progress", counts, inFlight: running, pending: progress.pending ?? null }))
   })
 
-  return { one, many, summary }
+  return { one, many, summary, running: () => running }
 }
 
 /** Counts by outcome tag, in the outcome table's order (so a line reads the same way every time). */
@@ -1019,21 +1062,31 @@ export const run = <A, E extends Tagged, R>(definition: Definition<A, E, R>): Ef
       })
       const slots = Slots.make(definition.concurrency)
       const releaseSlot = Effect.sync(slots.release)
-      const inFlight = yield* FiberSet.make<void, never>()
+      // The workers (or, with per-key ordering and for batches, the deliveries and batches) running.
+      const inFlight = yield* FiberSet.make<void, SourceError>()
+      // Set once shutdown has begun: a worker whose take then fails ends quietly.
+      let closing = false
+      // The workers waiting for a delivery (without per-key ordering and batches): shutdown ends their wait.
+      const idleWorkers = new Set<Fiber.Fiber<unknown, unknown>>()
       // Created before the drain finalizer, so it keeps extending leases while handlers drain.
       const keeper = yield* LeaseKeeper.make(intake.lease)
+      const clock = yield* Clock.Clock
+      const deadlines = yield* Deadlines.make(definition.handlerTimeout, clock)
       // Runs before the FiberSet's own finalizer (which interrupts what is left) and before the
       // intake's: stop reserving, then let running handlers finish until the drain share of the
       // worker's shutdown budget ends (unmanaged: for `drainTimeout`).
       yield* Effect.addFinalizer(() =>
         Effect.gen(function*() {
+          closing = true
           yield* component.down("stopping")
           yield* lifecycle.stage("intake", definition.name, "drain", intake.close)
+          // Workers waiting for a delivery stop waiting (a source need not fail a waiting take).
+          for (const fiber of idleWorkers) fiber.interruptUnsafe()
           const drained = lifecycle.deadline("drain") === undefined
             ? Option.isSome(yield* FiberSet.awaitEmpty(inFlight).pipe(Effect.timeoutOption(definition.drainTimeout)))
             : (yield* lifecycle.stage("drain", definition.name, "drain", FiberSet.awaitEmpty(inFlight))) === "completed"
           if (!drained) {
-            yield* Effect.logWarning(`drain budget spent; interrupting ${yield* FiberSet.size(inFlight)} handlers`)
+            yield* Effect.logWarning(`drain budget spent; interrupting ${processor.running()} handlers`)
           }
         })
       )
@@ -1048,11 +1101,22 @@ export const run = <A, E extends Tagged, R>(definition: Definition<A, E, R>): Ef
       const probe = yield* Probe.Probe
       const env: RunEnvironment = {
         context: yield* Effect.context<never>(),
-        clock: yield* Clock.Clock,
+        clock,
         probe: probe === Probe.noop ? undefined : probe,
         debugLogs: yield* LogLevel.isEnabled("Debug")
       }
-      const processor = makeProcess(definition, intake.lease, keeper, attemptStore, deliveryBound, intake.maxDeliver, slots, lanes, env)
+      const processor = makeProcess(
+        definition,
+        intake.lease,
+        keeper,
+        attemptStore,
+        deliveryBound,
+        intake.maxDeliver,
+        slots,
+        lanes,
+        deadlines,
+        env
+      )
       const runFiber = FiberSet.run(inFlight)
       if (Duration.toMillis(definition.progressInterval) > 0) {
         yield* Effect.forkScoped(Effect.forever(Effect.andThen(Effect.sleep(definition.progressInterval), processor.summary)))
@@ -1073,17 +1137,23 @@ export const run = <A, E extends Tagged, R>(definition: Definition<A, E, R>): Ef
         // first for the rest. Deliveries collected when the intake stops (shutdown, a failed
         // source) still run as a batch, in the drain.
         const maxWaitMillis = Duration.toMillis(batch.maxWait)
-        const collect = (into: Array<Delivery>) =>
-          Effect.gen(function*() {
-            into.push(yield* intake.take)
-            const until = (yield* Clock.currentTimeMillis) + maxWaitMillis
-            while (into.length < batch.maxSize) {
-              const left = until - (yield* Clock.currentTimeMillis)
-              if (left <= 0) break
-              const next = yield* intake.take.pipe(Effect.timeoutOption(Duration.millis(left)))
-              if (Option.isNone(next)) break
-              into.push(next.value)
-            }
+        // The rest of a batch: one bound for all of it (a take cut by the bound takes nothing, so
+        // what was collected is all there is); what is buffered is taken without waiting.
+        const collectRest = (into: Array<Delivery>): Effect.Effect<void, SourceError> =>
+          Effect.suspend(() =>
+            into.length >= batch.maxSize
+              ? Effect.void
+              : Effect.flatMap(intake.take, (delivery) => {
+                into.push(delivery)
+                return collectRest(into)
+              })
+          )
+        const collect = (into: Array<Delivery>): Effect.Effect<void, SourceError> =>
+          Effect.flatMap(intake.take, (first) => {
+            into.push(first)
+            return into.length >= batch.maxSize || maxWaitMillis <= 0
+              ? Effect.void
+              : Effect.asVoid(Effect.timeoutOption(collectRest(into), batch.maxWait))
           })
         return yield* Effect.forever(
           Effect.uninterruptibleMask((restore) =>
@@ -1105,17 +1175,37 @@ export const run = <A, E extends Tagged, R>(definition: Definition<A, E, R>): Ef
         )
       }
       if (lanes === undefined) {
-        // A slot first, then a delivery: at most `concurrency` taken from the source at once.
-        const start = (delivery: Delivery) => runFiber(processor.one(delivery, undefined).pipe(Effect.ensuring(releaseSlot)))
-        const giveBack = () => releaseSlot
-        return yield* Effect.forever(
-          Effect.uninterruptibleMask((restore) =>
-            Effect.andThen(restore(slots.take), Effect.flatMap(restore(intake.take).pipe(Effect.onError(giveBack)), start))
-          ),
-          // No yield per delivery: the loop waits on the intake and slots anyway, and a yield
-          // is an event-loop turn per message.
-          { disableYield: true }
+        // `concurrency` long-lived workers, each taking its next delivery once the last one has its
+        // outcome: no fiber, slot or scheduler turn per message. The source's `take` must not run
+        // concurrently with itself, so the workers take in turn (`turn`, a slot of one, handed on
+        // inline). A worker's take that fails ends it: quietly once shutdown has begun, else with
+        // the source's error, which ends the run. A worker interrupted outside shutdown (the lease
+        // keeper cut its delivery) ends after settling it, and a new one takes its place.
+        const turn = Slots.make(1)
+        const releaseTurn = () => turn.release()
+        const takeInTurn = Effect.andThen(turn.take, Effect.ensuring(intake.take, Effect.sync(releaseTurn)))
+        // A worker is idle while it waits to take (shutdown interrupts it there); once shutdown has
+        // begun it takes nothing more, whatever the source would still give.
+        const worker: Effect.Effect<void, SourceError, R> = Effect.withFiber((self) =>
+          Effect.uninterruptibleMask((restore) => {
+            const loop: Effect.Effect<void, SourceError, R> = Effect.suspend(() => {
+              if (closing) return Effect.void
+              idleWorkers.add(self)
+              return Effect.flatMap(restore(takeInTurn), (delivery) => {
+                idleWorkers.delete(self)
+                return Effect.andThen(processor.one(delivery, undefined, restore), loop)
+              })
+            })
+            return loop
+          }).pipe(
+            Effect.ensuring(Effect.sync(() => idleWorkers.delete(self))),
+            Effect.catch((error) => (closing ? Effect.void : Effect.fail(error))),
+            Effect.onInterrupt(() => Effect.suspend(() => (closing ? Effect.void : Effect.asVoid(start()))))
+          )
         )
+        const start = (): Effect.Effect<Fiber.Fiber<void, SourceError>, never, R> => runFiber(worker)
+        for (let i = 0; i < definition.concurrency; i++) yield* start()
+        return yield* FiberSet.join(inFlight).pipe(Effect.andThen(Effect.never))
       }
       // Per key: room among the held deliveries first, then a delivery, whose fiber finds its
       // key's lane (waiting there, not here, for its turn and a slot). The next take waits until
@@ -1127,7 +1217,7 @@ export const run = <A, E extends Tagged, R>(definition: Definition<A, E, R>): Ef
             const delivery = yield* restore(intake.take)
             const admission: Admission = { place: undefined, slot: false, entered: Deferred.makeUnsafe<void>() }
             lanes.hold()
-            yield* runFiber(processor.one(delivery, admission).pipe(
+            yield* runFiber(Effect.uninterruptibleMask((unmask) => processor.one(delivery, admission, unmask)).pipe(
               Effect.ensuring(Effect.suspend(() => {
                 Deferred.doneUnsafe(admission.entered, Effect.void)
                 if (admission.place !== undefined) lanes.leave(admission.place)

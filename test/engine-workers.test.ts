@@ -1,0 +1,221 @@
+/**
+ * The engine's long-lived workers and its one deadline watcher, over the in-memory broker and
+ * store under `TestClock`: a handler run past `handlerTimeout` is cut (its run interrupted, not
+ * left running) and retried as a transient failure; a worker whose delivery lost its lease is
+ * replaced, so the consumer keeps its concurrency; shutdown ends idle workers even when the
+ * source would go on giving; and a source's `take` is never called concurrently with itself.
+ */
+import { assert, describe, it } from "@effect/vitest"
+import { Consumer, type Delivery, IdempotencyStore, type Outcome, Retry, type Source } from "@jetworker/core"
+import { InMemoryBroker, InMemoryIdempotencyStore } from "@jetworker/testing"
+import { Duration, Effect, Fiber, Schema } from "effect"
+import { TestClock } from "effect/testing"
+
+const Event = Schema.Struct({ id: Schema.String, time: Schema.String })
+
+/** Interrupts `fiber` (a consumer: it drains) while moving the test clock, until it has ended. */
+const stop = (fiber: Fiber.Fiber<unknown, unknown>) =>
+  Effect.gen(function*() {
+    const stopping = yield* Effect.forkChild(Fiber.interrupt(fiber))
+    for (let i = 0; i < 1000 && stopping.pollUnsafe() === undefined; i++) yield* TestClock.adjust("10 millis")
+    yield* Fiber.join(stopping)
+  })
+
+const publish = (broker: InMemoryBroker.InMemoryBroker, id: string) =>
+  broker.publish(JSON.stringify({ id, time: new Date(0).toISOString() }))
+
+describe("engine: handler timeout", () => {
+  it.effect("a run past handlerTimeout is interrupted (its finalizer runs) and fails as HandlerTimeout, a transient failure that the in-process retry runs again", () =>
+    Effect.gen(function*() {
+      const broker = InMemoryBroker.make({ lease: "30 seconds" })
+      const store = InMemoryIdempotencyStore.make()
+      const outcomes: Array<Outcome.Outcome> = []
+      const runs: Array<"started" | "cut" | "done"> = []
+      yield* publish(broker, "e1")
+      const consumer = Consumer.make({
+        name: "timeouts",
+        source: broker.source,
+        schema: Event,
+        metadata: (event) => ({ id: event.id, time: new Date(0) as never }),
+        // The first run hangs; the second commits at once.
+        handle: (event) =>
+          Effect.suspend(() => {
+            runs.push("started")
+            return runs.length === 1
+              ? Effect.never.pipe(Effect.onInterrupt(() => Effect.sync(() => runs.push("cut"))))
+              : Effect.tap(IdempotencyStore.commit(event.id, Effect.void), () => Effect.sync(() => runs.push("done")))
+          }),
+        classify: { IdempotencyError: "isRetryable" },
+        handlerTimeout: "2 seconds",
+        retry: Retry.exponential({ attempts: 3, base: "100 millis", jitter: false, inProcessRetries: 1 }),
+        onOutcome: (outcome) => Effect.sync(() => outcomes.push(outcome))
+      })
+      const fiber = yield* Effect.forkChild(Consumer.run(consumer).pipe(Effect.provide(store.layer)))
+      yield* TestClock.adjust("1900 millis")
+      assert.deepStrictEqual(runs, ["started"], "still running just before its bound")
+      yield* TestClock.adjust("200 millis")
+      assert.deepStrictEqual(runs.slice(0, 2), ["started", "cut"], "cut at its bound, not left running")
+      for (let i = 0; i < 10 && outcomes.length === 0; i++) yield* TestClock.adjust("100 millis")
+      assert.deepStrictEqual(runs, ["started", "cut", "started", "done"])
+      assert.deepStrictEqual(outcomes.map((o) => o._tag), ["Committed"])
+      assert.strictEqual(store.commits().length, 1)
+      yield* Fiber.interrupt(fiber)
+    }))
+
+  it.effect("a run that keeps timing out is released for a later redelivery with HandlerTimeout as its error", () =>
+    Effect.gen(function*() {
+      const broker = InMemoryBroker.make({ lease: "30 seconds" })
+      const store = InMemoryIdempotencyStore.make()
+      const outcomes: Array<Outcome.Outcome> = []
+      yield* publish(broker, "e1")
+      const consumer = Consumer.make({
+        name: "timeouts",
+        source: broker.source,
+        schema: Event,
+        metadata: (event) => ({ id: event.id, time: new Date(0) as never }),
+        handle: () => Effect.never,
+        classify: {},
+        handlerTimeout: "1 second",
+        retry: Retry.exponential({ attempts: 3, base: "100 millis", jitter: false, inProcessRetries: 0 }),
+        onOutcome: (outcome) => Effect.sync(() => outcomes.push(outcome))
+      })
+      const fiber = yield* Effect.forkChild(Consumer.run(consumer).pipe(Effect.provide(store.layer)))
+      for (let i = 0; i < 20 && outcomes.length === 0; i++) yield* TestClock.adjust("100 millis")
+      assert.deepStrictEqual(outcomes.map((o) => o._tag), ["Released"])
+      const [released] = outcomes
+      assert.strictEqual(released?._tag === "Released" ? released.reason : undefined, "Retrying")
+      assert.strictEqual(released?._tag === "Released" ? released.error?.tag : undefined, "HandlerTimeout")
+      yield* Fiber.interrupt(fiber)
+    }))
+})
+
+describe("engine: workers", () => {
+  it.effect("BE-JOB-006: a worker whose delivery lost its lease is replaced: with concurrency 1, the next message is still processed", () =>
+    Effect.gen(function*() {
+      // Every extension fails: the first run of "slow" (2 s) outlives its 600 ms lease and is cut;
+      // its redelivery, and "fast", commit at once, if a worker is there to take them.
+      const broker = InMemoryBroker.make({ lease: "600 millis", faults: { extendFails: 1 } })
+      const store = InMemoryIdempotencyStore.make()
+      const outcomes: Array<Outcome.Outcome> = []
+      yield* publish(broker, "slow")
+      yield* publish(broker, "fast")
+      let slowRuns = 0
+      const consumer = Consumer.make({
+        name: "workers",
+        source: broker.source,
+        schema: Event,
+        metadata: (event) => ({ id: event.id, time: new Date(0) as never }),
+        handle: (event) =>
+          Effect.andThen(
+            event.id === "slow" && slowRuns++ === 0 ? Effect.sleep("2 seconds") : Effect.void,
+            IdempotencyStore.commit(event.id, Effect.void)
+          ),
+        classify: { IdempotencyError: "isRetryable" },
+        concurrency: 1,
+        onOutcome: (outcome) => Effect.sync(() => outcomes.push(outcome))
+      })
+      const fiber = yield* Effect.forkChild(Consumer.run(consumer).pipe(Effect.provide(store.layer)))
+      for (let i = 0; i < 60 && outcomes.length < 3; i++) yield* TestClock.adjust("50 millis")
+      yield* stop(fiber)
+      const [first] = outcomes
+      assert.strictEqual(first?.message.eventId, "slow")
+      assert.strictEqual(first?._tag === "Released" ? first.reason : first?._tag, "LeaseLost")
+      assert.deepStrictEqual(
+        outcomes.slice(1).map((o) => `${o.message.eventId} ${o._tag}`).sort(),
+        ["fast Committed", "slow Committed"],
+        "the replacement worker took the next messages"
+      )
+    }))
+
+  it.effect("shutdown ends workers waiting for a delivery even when the source's take would never fail after close", () =>
+    Effect.gen(function*() {
+      let takes = 0
+      // A source that always has a message and ignores close: the workers must stop taking by themselves.
+      const source: Source.Source = {
+        name: "endless",
+        open: () =>
+          Effect.succeed({
+            lease: Duration.seconds(30),
+            maxDeliver: undefined,
+            take: Effect.suspend(() => {
+              takes++
+              return takes <= 3 ? Effect.succeed(delivery(takes)) : Effect.never
+            }),
+            close: Effect.void
+          })
+      }
+      const outcomes: Array<Outcome.Outcome> = []
+      const consumer = Consumer.make({
+        name: "endless",
+        source,
+        schema: Event,
+        metadata: (event) => ({ id: event.id, time: new Date(0) as never }),
+        handle: () => Effect.void,
+        classify: {},
+        concurrency: 4,
+        drainTimeout: "1 hour",
+        onOutcome: (outcome) => Effect.sync(() => outcomes.push(outcome))
+      })
+      const fiber = yield* Effect.forkChild(Consumer.run(consumer))
+      yield* TestClock.adjust("10 millis")
+      assert.strictEqual(outcomes.length, 3)
+      // Without the test clock moving, the drain must end on its own: no worker is left waiting.
+      const stopping = yield* Effect.forkChild(Fiber.interrupt(fiber))
+      for (let i = 0; i < 10; i++) yield* Effect.yieldNow
+      assert.isDefined(stopping.pollUnsafe(), "the drain ended with no handler running")
+      assert.strictEqual(outcomes.length, 3)
+    }))
+
+  it.effect("the workers never call the source's take concurrently with itself", () =>
+    Effect.gen(function*() {
+      let taking = 0
+      let overlapped = false
+      let sequence = 0
+      const source: Source.Source = {
+        name: "slow-take",
+        open: () =>
+          Effect.succeed({
+            lease: Duration.seconds(30),
+            maxDeliver: undefined,
+            // Each take waits 10 ms for its message.
+            take: Effect.suspend(() => {
+              if (++taking > 1) overlapped = true
+              return Effect.sleep("10 millis").pipe(
+                Effect.as(delivery(++sequence)),
+                Effect.ensuring(Effect.sync(() => taking--))
+              )
+            }),
+            close: Effect.void
+          })
+      }
+      const outcomes: Array<Outcome.Outcome> = []
+      const consumer = Consumer.make({
+        name: "slow-take",
+        source,
+        schema: Event,
+        metadata: (event) => ({ id: event.id, time: new Date(0) as never }),
+        handle: () => Effect.sleep("25 millis"),
+        classify: {},
+        concurrency: 8,
+        onOutcome: (outcome) => Effect.sync(() => outcomes.push(outcome))
+      })
+      const fiber = yield* Effect.forkChild(Consumer.run(consumer))
+      for (let i = 0; i < 100; i++) yield* TestClock.adjust("5 millis")
+      yield* stop(fiber)
+      assert.isAbove(outcomes.length, 20)
+      assert.isFalse(overlapped, "take ran concurrently with itself")
+    }))
+})
+
+/** A delivery of event `e<n>` whose commands all succeed. */
+const delivery = (n: number): Delivery.Delivery => ({
+  subject: "endless",
+  payload: new TextEncoder().encode(JSON.stringify({ id: `e${n}`, time: new Date(0).toISOString() })),
+  sequence: n,
+  deliveryCount: 1,
+  header: () => undefined,
+  ack: Effect.void,
+  nak: () => Effect.void,
+  deadLetter: () => Effect.void,
+  extend: Effect.void
+})
