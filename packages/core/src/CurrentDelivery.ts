@@ -87,3 +87,25 @@ export const reportFor = (key: { readonly scope: string; readonly id: string }, 
     }
     return Effect.void
   })
+
+/**
+ * Reports `report` for every key of `keys` that is the current delivery's or an element's of the
+ * current batch, as {@link reportFor} does for one (the batch's elements are matched once).
+ */
+export const reportAllFor = (keys: ReadonlyArray<{ readonly scope: string; readonly id: string }>, report: Report): Effect.Effect<void> =>
+  Effect.withFiber((fiber) => {
+    const current = Context.getOption(fiber.context, CurrentDelivery)
+    if (current._tag === "Some") {
+      for (const key of keys) {
+        if (current.value.consumer === key.scope && current.value.eventId === key.id) current.value.report(report)
+      }
+      return Effect.void
+    }
+    const batch = Context.getOption(fiber.context, CurrentBatch)
+    if (batch._tag === "Some") {
+      const ids = new Set<string>()
+      for (const key of keys) if (key.scope === batch.value.consumer) ids.add(key.id)
+      for (const element of batch.value.elements) if (ids.has(element.eventId)) element.report(report)
+    }
+    return Effect.void
+  })

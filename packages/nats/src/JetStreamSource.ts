@@ -175,6 +175,7 @@ export const make = (options: Options): Source.Source<NatsConnection> => {
       const pullSubject = `$JS.API.CONSUMER.MSG.NEXT.${options.stream}.${durable}`
       const inbox = `${createInbox()}.`
       const buffered: Array<Pulled> = []
+      const settling = { connection, settleTimeoutMillis, destination }
       let requested = 0
       // Open pulls, oldest first: the server fills them in order, so arrivals are counted against
       // the oldest. (Only used to end a pull; `requested` is kept exactly by the statuses.)
@@ -334,7 +335,7 @@ export const make = (options: Options): Source.Source<NatsConnection> => {
         const pulled = buffered.shift()
         if (pulled !== undefined) {
           pump()
-          return Effect.succeed(toDelivery(connection, settleTimeoutMillis, destination, pulled))
+          return Effect.succeed(toDelivery(settling, pulled))
         }
         if (failure !== undefined) return Effect.fail(failure)
         pump()
@@ -375,7 +376,7 @@ export const make = (options: Options): Source.Source<NatsConnection> => {
           const rest = buffered.splice(0)
           yield* Effect.forEach(
             rest,
-            (pulled) => toDelivery(connection, settleTimeoutMillis, destination, pulled).nak(Duration.zero).pipe(Effect.ignore),
+            (pulled) => toDelivery(settling, pulled).nak(Duration.zero).pipe(Effect.ignore),
             { concurrency: 16, discard: true }
           )
           if (rest.length > 0) yield* Effect.logInfo(`${name}: released ${rest.length} buffered messages`)

@@ -43,7 +43,7 @@ import {
   type Key
 } from "@jetworker/core/IdempotencyStore"
 import * as Probe from "@jetworker/core/Probe"
-import { Cause, Context, Duration, Effect, Exit, Layer, Option, Result } from "effect"
+import { Cause, Duration, Effect, Exit, Layer, Option, Result } from "effect"
 import { SqlClient, type Statement } from "effect/sql"
 import { box, classify, unbox, UserFailure } from "./internal/errors.ts"
 import * as Table from "./internal/table.ts"
@@ -72,22 +72,11 @@ const resolveTable = (table: string | undefined): Effect.Effect<string, Idempote
 }
 
 /**
- * Reports `Committed` for `key` once the outermost transaction of `sql` commits (`sql.afterCommit`;
- * at once outside a transaction). The callback keeps the context it was registered in; registered
- * in a context of just the transaction and the delivery (all it reads), it costs no copy of the
- * handler's whole context, which was a tenth of a commit's CPU.
+ * Reports `Committed` for `keys` once the outermost transaction of `sql` commits (at once outside
+ * a transaction): one callback for all of them (each costs a copy of the handler's context).
  */
-const reportCommitted = (sql: SqlClient.SqlClient, key: Key): Effect.Effect<void> =>
-  Effect.withFiber((fiber) => {
-    const transaction = Context.getOption(fiber.context, sql.transactionService)
-    if (Option.isNone(transaction)) return CurrentDelivery.reportFor(key, "Committed")
-    let context = Context.make(sql.transactionService, transaction.value)
-    const delivery = Context.getOption(fiber.context, CurrentDelivery.CurrentDelivery)
-    if (Option.isSome(delivery)) context = Context.add(context, CurrentDelivery.CurrentDelivery, delivery.value)
-    const batch = Context.getOption(fiber.context, CurrentDelivery.CurrentBatch)
-    if (Option.isSome(batch)) context = Context.add(context, CurrentDelivery.CurrentBatch, batch.value)
-    return Effect.provideContext(sql.afterCommit(CurrentDelivery.reportFor(key, "Committed")), context)
-  })
+const reportCommitted = (sql: SqlClient.SqlClient, keys: ReadonlyArray<Key>): Effect.Effect<void> =>
+  sql.afterCommit(CurrentDelivery.reportAllFor(keys, "Committed"))
 
 /** Builds the store on the current `SqlClient`; fails with `Misconfigured` when the table name is invalid. */
 export const make: (options?: Options) => Effect.Effect<
@@ -133,7 +122,7 @@ export const make: (options?: Options) => Effect.Effect<
             : Effect.andThen(
               // Runs after the outermost COMMIT succeeded, even if the fiber was interrupted while
               // it ran: the engine then reports the truth (committed), not a rollback.
-              reportCommitted(sql, key),
+              reportCommitted(sql, [key]),
               protectedEffect
             )
       )
@@ -156,6 +145,7 @@ export const make: (options?: Options) => Effect.Effect<
       // A key given twice runs once: the later copy shares the first one's fate.
       const first = new Map<string, number>()
       const results: Array<Result.Result<A | AlreadyCommitted, E>> = []
+      const committed: Array<Key> = []
       for (const [i, item] of items.entries()) {
         const key = keyOf(item.key)
         const earlier = first.get(key)
@@ -172,7 +162,7 @@ export const make: (options?: Options) => Effect.Effect<
         // A savepoint per element (a nested transaction): its failure undoes its own writes only.
         const exit = yield* Effect.exit(sql.withTransaction(Effect.mapError(item.effect, box)))
         if (Exit.isSuccess(exit)) {
-          yield* reportCommitted(sql, item.key)
+          committed.push(item.key)
           results.push(Result.succeed(exit.value))
           continue
         }
@@ -186,6 +176,8 @@ export const make: (options?: Options) => Effect.Effect<
         if (Option.isSome(failure) && !(failure.value instanceof UserFailure)) return yield* Effect.fail(failure.value)
         return yield* (Cause.hasInterrupts(exit.cause) ? Effect.interrupt : Effect.die(Cause.squash(exit.cause)))
       }
+      // The elements that committed their savepoint, once the batch's transaction commits.
+      if (committed.length > 0) yield* reportCommitted(sql, committed)
       yield* beforeCommit(items[0]!.key)
       return results
     })
@@ -206,7 +198,7 @@ export const make: (options?: Options) => Effect.Effect<
       }
       if (fresh.length === 0) return keys.map(alreadyCommitted)
       const value = yield* Effect.mapError(effect(fresh), box)
-      for (const i of fresh) yield* reportCommitted(sql, keys[i]!)
+      yield* reportCommitted(sql, fresh.map((i) => keys[i]!))
       yield* beforeCommit(keys[fresh[0]!]!)
       const isFresh = new Set(fresh)
       return keys.map((key, i) => (isFresh.has(i) ? value : alreadyCommitted(key)))
@@ -284,7 +276,7 @@ export const commitStatement = (
 SELECT EXISTS (SELECT 1 FROM jetworker_fresh) AS inserted`.pipe(Effect.mapError((error) => classify(error, table)))
     if (rows[0]?.inserted === true) {
       // At once, or once an enclosing transaction commits.
-      yield* reportCommitted(sql, key)
+      yield* reportCommitted(sql, [key])
       return undefined
     }
     yield* CurrentDelivery.reportFor(key, "AlreadyCommitted")

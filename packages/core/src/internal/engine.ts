@@ -134,6 +134,9 @@ interface Reports {
   alreadyCommitted: boolean
 }
 
+/** No report from the store (a batch element judged by its own result). */
+const noReports: Reports = { committed: false, alreadyCommitted: false }
+
 /** The event expired while the engine waited to run the handler again (an in-process retry). */
 class ExpiredBeforeRun extends Data.TaggedError("ExpiredBeforeRun")<{ readonly detectedAt: number }> {}
 
@@ -547,6 +550,16 @@ const makeProcess = <A, E extends Tagged, R>(
         )
       }))
 
+  /** `prepare` for a delivery that needs no I/O (no attempt store, or a first delivery), at once. */
+  const checkNow = (delivery: Delivery): Result.Result<Prepared<A>, Verdict> => {
+    try {
+      const checked = check(delivery)
+      return Result.isFailure(checked) ? checked : withinAttempts(checked.success)
+    } catch (error) {
+      return Result.fail(Outcome.verdict("DeadLettered", { message: messageRef(delivery), reason: "Defect", error: ErrorSummary.fromError(error, "Defect") }))
+    }
+  }
+
   const judge = (
     delivery: Delivery,
     restore: <X, Y, Z>(effect: Effect.Effect<X, Y, Z>) => Effect.Effect<X, Y, Z>,
@@ -888,9 +901,13 @@ const makeProcess = <A, E extends Tagged, R>(
         const runnable: Array<{ readonly index: number; readonly prepared: Prepared<A>; readonly reports: Reports }> = []
         for (const [index, delivery] of deliveries.entries()) {
           if (delivery.deliveryCount > 1) record(redeliveries, 1)
-          const prepared = yield* prepare(delivery).pipe(
-            Effect.catchCause((cause) => Effect.map(defectVerdict(messageRef(delivery))(cause), Result.fail))
-          )
+          // Without I/O (no count to read from the attempt store) and without a generator step,
+          // as most elements are; a defect in the checks dead-letters the element alone.
+          const prepared = attemptStore === undefined || delivery.deliveryCount === 1
+            ? checkNow(delivery)
+            : yield* prepare(delivery).pipe(
+              Effect.catchCause((cause) => Effect.map(defectVerdict(messageRef(delivery))(cause), Result.fail))
+            )
           if (Result.isFailure(prepared)) verdicts.push(prepared.failure)
           else {
             verdicts.push(undefined)
@@ -898,7 +915,7 @@ const makeProcess = <A, E extends Tagged, R>(
           }
         }
         if (runnable.length > 0) {
-          for (const { index, prepared } of runnable) {
+          for (const { index, prepared } of probe === undefined ? [] : runnable) {
             // A probe's defect must not cost the batch its outcomes.
             yield* hit({ point: "received", consumer: definition.name, sequence: deliveries[index]!.sequence, eventId: prepared.metadata.id })
               .pipe(Effect.catchCause((cause) => Effect.logWarning("probe failed", ErrorSummary.fromCause(cause))))
@@ -925,6 +942,11 @@ const makeProcess = <A, E extends Tagged, R>(
             for (const [i, { index, prepared }] of runnable.entries()) {
               const result = exit.value[i]!
               // The element's own result decides; the store's reports matter only for a cut run.
+              // A success without a probe is judged at once, without a generator step.
+              if (probe === undefined && Result.isSuccess(result)) {
+                verdicts[index] = succeeded(prepared.message, result.success, noReports)
+                continue
+              }
               verdicts[index] = yield* concludeSafely(
                 prepared,
                 deliveries[index]!,

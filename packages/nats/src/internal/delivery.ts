@@ -71,48 +71,80 @@ const settleError = (command: Delivery.SettleCommand, error: NatsError.NatsError
     message: `${error.operation}: ${error.message}`
   })
 
-/** Builds the engine's view of `pulled`. */
-export const toDelivery = (
-  connection: Shape,
-  settleTimeoutMillis: number,
-  destination: DeadLetter.Destination,
-  pulled: Pulled
-): Delivery.Delivery => {
-  const { msg, reply } = pulled
-  const command = (name: Delivery.SettleCommand, payload: Uint8Array): Effect.Effect<void, Delivery.SettleError> =>
-    connection.request(`${name} ${pulled.stream}#${pulled.streamSequence}`, reply, payload, settleTimeoutMillis).pipe(
-      Effect.mapError((error) => settleError(name, error)),
-      Effect.asVoid
+/** What settling a delivery needs beyond the delivery itself: the same for every delivery of a source. */
+export interface Settling {
+  readonly connection: Shape
+  readonly settleTimeoutMillis: number
+  readonly destination: DeadLetter.Destination
+}
+
+const toVoid = (): void => undefined
+
+/**
+ * The engine's view of a pulled message. A class, so that a delivery costs one small object:
+ * its commands are methods and getters of the prototype, and each command's effect is built only
+ * when it is used (most deliveries send one ack). Its methods must be called on the delivery.
+ */
+class JetStreamDelivery implements Delivery.Delivery {
+  readonly subject: string
+  readonly payload: Uint8Array
+  readonly sequence: number
+  readonly deliveryCount: number
+  readonly publishedAt: number
+  readonly pending: number
+  readonly #settling: Settling
+  readonly #pulled: Pulled
+
+  constructor(settling: Settling, pulled: Pulled) {
+    this.#settling = settling
+    this.#pulled = pulled
+    this.subject = pulled.msg.subject
+    this.payload = pulled.msg.data
+    this.sequence = pulled.streamSequence
+    this.deliveryCount = pulled.deliveryCount
+    this.publishedAt = pulled.storedAtMillis
+    this.pending = pulled.pending
+  }
+
+  header(name: string): string | undefined {
+    const headers = this.#pulled.msg.headers
+    if (headers === undefined || !headers.has(name)) return undefined
+    return headers.get(name)
+  }
+
+  get ack(): Effect.Effect<void, Delivery.SettleError> {
+    return this.#command("Ack", ACK)
+  }
+
+  nak(delay: Duration.Duration): Effect.Effect<void, Delivery.SettleError> {
+    const millis = Math.max(0, Math.round(Duration.toMillis(delay)))
+    return this.#command("Nak", millis === 0 ? NAK : encoder.encode(`-NAK ${JSON.stringify({ delay: nanos(millis) })}`))
+  }
+
+  get extend(): Effect.Effect<void, Delivery.SettleError> {
+    return this.#command("Extend", WPI)
+  }
+
+  deadLetter(record: Outcome.DeadLetterRecord): Effect.Effect<void, Delivery.SettleError> {
+    const { connection, destination } = this.#settling
+    const { msg, streamSequence } = this.#pulled
+    return DeadLetter.publish(destination, { headers: msg.headers, subject: msg.subject, seq: streamSequence, data: msg.data }, record).pipe(
+      Effect.provideService(NatsConnection, connection),
+      Effect.mapError((error) => settleError("DeadLetter", error)),
+      // Only once the dead letter is stored may the original be terminated.
+      Effect.andThen(this.#command("Term", TERM))
     )
-  const headers = msg.headers
-  return {
-    subject: msg.subject,
-    payload: msg.data,
-    sequence: pulled.streamSequence,
-    deliveryCount: pulled.deliveryCount,
-    publishedAt: pulled.storedAtMillis,
-    pending: pulled.pending,
-    header: (name) => {
-      if (headers === undefined || !headers.has(name)) return undefined
-      return headers.get(name)
-    },
-    // Getters: each command's effect is built when it is used (most deliveries send one ack).
-    get ack() {
-      return command("Ack", ACK)
-    },
-    nak: (delay) => {
-      const millis = Math.max(0, Math.round(Duration.toMillis(delay)))
-      return command("Nak", millis === 0 ? NAK : encoder.encode(`-NAK ${JSON.stringify({ delay: nanos(millis) })}`))
-    },
-    get extend() {
-      return command("Extend", WPI)
-    },
-    deadLetter: (record: Outcome.DeadLetterRecord) =>
-      DeadLetter.publish(destination, { headers, subject: msg.subject, seq: pulled.streamSequence, data: msg.data }, record).pipe(
-        Effect.provideService(NatsConnection, connection),
-        Effect.mapError((error) => settleError("DeadLetter", error)),
-        // Only once the dead letter is stored may the original be terminated.
-        Effect.andThen(command("Term", TERM))
-      )
+  }
+
+  #command(name: Delivery.SettleCommand, payload: Uint8Array): Effect.Effect<void, Delivery.SettleError> {
+    const pulled = this.#pulled
+    const { connection, settleTimeoutMillis } = this.#settling
+    return Effect.mapBoth(connection.request(`${name} ${pulled.stream}#${pulled.streamSequence}`, pulled.reply, payload, settleTimeoutMillis), {
+      onFailure: (error) => settleError(name, error),
+      onSuccess: toVoid
+    })
   }
 }
+
+/** Builds the engine's view of `pulled`. */
+export const toDelivery = (settling: Settling, pulled: Pulled): Delivery.Delivery => new JetStreamDelivery(settling, pulled)
