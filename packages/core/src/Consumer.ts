@@ -64,7 +64,11 @@ export interface BaseOptions<A, E extends Tagged, R, RS> {
    * `concurrency + maxQueued`) beside the source's `prefetch`.
    */
   readonly ordering?: Ordering<NoInfer<A>> | undefined
-  /** Bound on one handler attempt; a timeout counts as transient. Default: 30 seconds. */
+  /**
+   * Bound on one run of the handler (each in-process retry is a run of its own). A run past it is
+   * interrupted, so its transaction rolls back, and fails with `HandlerTimeout`, which counts as
+   * transient. Default: 30 seconds.
+   */
   readonly handlerTimeout?: Duration.Input | undefined
   /**
    * On interruption, how long running handlers may take to finish before they are interrupted

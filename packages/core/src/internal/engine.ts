@@ -1,21 +1,25 @@
 /**
- * The consumer engine. The intake loop takes deliveries within the limits (`concurrency` slots;
- * with per-key ordering, room in the key lanes; for a batch consumer, a slot per batch) and runs
- * each delivery, or batch, in its own fiber through named stages:
+ * The consumer engine. Without per-key ordering, `concurrency` long-lived workers each take a
+ * delivery and carry it to its outcome before they take the next (the source's `take` in turn);
+ * with per-key ordering an intake loop takes deliveries within the limits (room in the key lanes,
+ * then a slot) and runs each in a fiber of its own; a batch consumer's loop collects batches, a
+ * slot per batch. A delivery, or a batch, goes through named stages:
  *
  * - `prepare`: decode, metadata, ordering key, expiry, the delivery and attempt bounds (`check`,
  *   synchronous; the attempt store is read only for a redelivery);
  * - admit (per key only): the key's lane, its turn, then a slot;
- * - run (`runHandler`): the handler (`attempt`: expiry before each run, the timeout, in-process
- *   retries built only after a transient failure), or the batch handler once for all its
- *   elements (`processBatch`), under the lease keeper;
+ * - run (`runHandler`): the handler (`attempt`: expiry before each run; each run a fiber of its
+ *   own, cut at `handlerTimeout` by the consumer's one deadline watcher; in-process retries built
+ *   only after a transient failure), or the batch handler once for all its elements
+ *   (`processBatch`), under the lease keeper;
  * - `conclude`: the verdict from the run's exit and the store's reports;
  * - `settle`: the broker command (never an ack past the lease), then `recordOutcome`: metrics,
  *   span, log, progress and `onOutcome`.
  *
- * The success path is kept cheap on purpose (the performance notes in docs/performance.md): the
- * clock, the metrics' context and the probe are read once per run, the stages are `flatMap`s
- * rather than generators, and nothing waits for an event-loop turn that it does not need.
+ * The success path is kept cheap on purpose (the performance notes in docs/performance.md): no
+ * fiber, slot or timer per delivery beyond the handler run's own fiber, the clock, the metric
+ * series and the probe read once per run, the stages `flatMap`s rather than generators, and
+ * nothing waits for an event-loop turn that it does not need.
  *
  * On interruption it drains. Internal: the public face is `Consumer`.
  */
@@ -707,24 +711,24 @@ const makeProcess = <A, E extends Tagged, R>(
     admission: Admission | undefined,
     restore: <X, Y, Z>(effect: Effect.Effect<X, Y, Z>) => Effect.Effect<X, Y, Z>
   ): Effect.Effect<void, never, R> =>
-      Effect.withFiber((fiber) => {
-        const receivedAt = now()
-        record(inFlightGauge, ++running)
-        if (delivery.deliveryCount > 1) record(redeliveries, 1)
-        if (delivery.pending !== undefined) progress.pending = delivery.pending
-        // The lease is watched from receipt: also while the delivery waits for its key's turn.
-        const lease = keeper.register(delivery, receivedAt, fiber)
-        return Effect.flatMap(judgeSafely(delivery, restore, lease, admission), (judged) => {
-          keeper.unregister(lease)
-          if (admission !== undefined) {
-            // The next delivery of the key may run while this one settles: its effect is decided.
-            Deferred.doneUnsafe(admission.entered, Effect.void)
-            if (admission.place !== undefined) lanes!.leave(admission.place)
-            admission.place = undefined
-          }
-          return settle(delivery, judged, receivedAt, lease)
-        })
+    Effect.withFiber((fiber) => {
+      const receivedAt = now()
+      record(inFlightGauge, ++running)
+      if (delivery.deliveryCount > 1) record(redeliveries, 1)
+      if (delivery.pending !== undefined) progress.pending = delivery.pending
+      // The lease is watched from receipt: also while the delivery waits for its key's turn.
+      const lease = keeper.register(delivery, receivedAt, fiber)
+      return Effect.flatMap(judgeSafely(delivery, restore, lease, admission), (judged) => {
+        keeper.unregister(lease)
+        if (admission !== undefined) {
+          // The next delivery of the key may run while this one settles: its effect is decided.
+          Deferred.doneUnsafe(admission.entered, Effect.void)
+          if (admission.place !== undefined) lanes!.leave(admission.place)
+          admission.place = undefined
+        }
+        return settle(delivery, judged, receivedAt, lease)
       })
+    })
 
   /**
    * Settle and record: sends the verdict's broker command (never an ack past the lease), then
@@ -734,7 +738,8 @@ const makeProcess = <A, E extends Tagged, R>(
     delivery: Delivery,
     judged: Verdict,
     receivedAt: number,
-    lease: LeaseKeeper.Lease
+    lease: LeaseKeeper.Lease,
+    ownSpan = true
   ): Effect.Effect<void> =>
     Effect.suspend(() => {
       // Never ack past the local lease deadline (with the keeper's 10% margin): the server may
@@ -753,7 +758,7 @@ const makeProcess = <A, E extends Tagged, R>(
         const settledAt = now()
         if (command._tag !== "Leave") record(settleLatency[command._tag], settledAt - commandStart)
         if (command._tag === "DeadLetter" && result === "failed") {
-          return Effect.flatMap(deadLetterFailed(delivery, verdict, receivedAt), (outcome) => recordOutcome(delivery, outcome))
+          return Effect.flatMap(deadLetterFailed(delivery, verdict, receivedAt), (outcome) => recordOutcome(delivery, outcome, ownSpan))
         }
         // A withheld ack is not a confirmed one, although saying nothing always "succeeds". A
         // dead letter `stored` but whose term was lost stays dead-lettered for good (a redelivery
@@ -763,9 +768,9 @@ const makeProcess = <A, E extends Tagged, R>(
         return sent && command._tag === "Ack" && probe !== undefined
           ? Effect.andThen(
             hit({ point: "after-ack", consumer: definition.name, sequence: delivery.sequence, eventId: verdict.message.eventId }),
-            recordOutcome(delivery, outcome)
+            recordOutcome(delivery, outcome, ownSpan)
           )
-          : recordOutcome(delivery, outcome)
+          : recordOutcome(delivery, outcome, ownSpan)
       })
     })
 
@@ -804,8 +809,9 @@ const makeProcess = <A, E extends Tagged, R>(
     })
 
   /** Record: the attempt count's cleanup, metrics, span, log line, progress, then `onOutcome`. */
-  const recordOutcome = (delivery: Delivery, outcome: Outcome.Outcome): Effect.Effect<void> => {
-    let effect: Effect.Effect<void> = Effect.annotateCurrentSpan(spanAttributes(outcome))
+  // `ownSpan`: the delivery has a span of its own to annotate (a batch element shares its batch's).
+  const recordOutcome = (delivery: Delivery, outcome: Outcome.Outcome, ownSpan: boolean): Effect.Effect<void> => {
+    let effect: Effect.Effect<void> = ownSpan ? Effect.annotateCurrentSpan(spanAttributes(outcome)) : Effect.void
     const hadFailures = delivery.deliveryCount > 1 || (outcome._tag === "DeadLettered" && outcome.reason === "AttemptsExhausted")
     if (attemptStore !== undefined && outcome._tag !== "Released" && outcome.message.eventId !== undefined && hadFailures) {
       // Bounded growth: a message's failure count goes once it is settled for good (a count
@@ -982,7 +988,7 @@ const makeProcess = <A, E extends Tagged, R>(
         // Each element its own command, sent at once: individual acks, naks and dead letters.
         yield* Effect.forEach(
           deliveries,
-          (delivery, index) => settle(delivery, verdicts[index]!, receivedAt, leases[index]!),
+          (delivery, index) => settle(delivery, verdicts[index]!, receivedAt, leases[index]!, false),
           { concurrency: "unbounded", discard: true }
         )
       })
