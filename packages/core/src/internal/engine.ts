@@ -206,6 +206,7 @@ const makeProcess = <A, E extends Tagged, R>(
   slots: Slots.Slots,
   lanes: Lanes.Lanes | undefined,
   deadlines: Deadlines.Deadlines,
+  outcomeDeadlines: Deadlines.Deadlines,
   env: RunEnvironment
 ) => {
   const now = () => env.clock.currentTimeMillisUnsafe()
@@ -307,34 +308,40 @@ const makeProcess = <A, E extends Tagged, R>(
   }
 
   /**
-   * Runs `effect` in a fiber of its own, cut at `handlerTimeout` (`HandlerTimeout`) by the
-   * consumer's one deadline watcher instead of a timer and a race per run. The run starts at once
-   * in the caller's stack, so one that completes without waiting costs no deadline at all. An
+   * Runs `effect` in a fiber of its own, cut at `watcher`'s bound (then `onTimeout`) by the
+   * consumer's deadline watcher instead of a timer and a race per run. The run starts at once in
+   * the caller's stack, so one that completes without waiting costs no deadline at all. An
    * interruption of the caller (a shutdown past its drain, a lost lease) interrupts the run and
    * waits for it to end, so its transaction has rolled back before the delivery settles.
    */
-  const supervised = <X, Y, Z>(effect: Effect.Effect<X, Y, Z>, message: string): Effect.Effect<X, Y | HandlerTimeout, Z> =>
+  const bounded = <X, Y, Z, W, V>(
+    effect: Effect.Effect<X, Y, Z>,
+    watcher: Deadlines.Deadlines,
+    onTimeout: () => Effect.Effect<W, V>
+  ): Effect.Effect<X | W, Y | V, Z> =>
     Effect.suspend(() => {
       const startedAt = now()
       return Effect.flatMap(Effect.forkChild(effect, { startImmediately: true }), (run) => {
         const ended = run.pollUnsafe()
         if (ended !== undefined) return ended
         let timedOut = false
-        const entry = deadlines.add(startedAt, () => {
+        const entry = watcher.add(startedAt, () => {
           timedOut = true
           run.interruptUnsafe()
         })
         return Effect.flatMap(
-          Effect.onInterrupt(Fiber.await(run), () => Fiber.interrupt(run)),
-          (exit): Effect.Effect<X, Y | HandlerTimeout> => {
-            deadlines.withdraw(entry)
-            return timedOut && Exit.isFailure(exit) && Cause.hasInterruptsOnly(exit.cause)
-              ? Effect.fail(new HandlerTimeout({ message }))
-              : exit
+          Effect.onInterrupt(Fiber.await(run), () => Effect.andThen(Fiber.interrupt(run), Effect.sync(() => watcher.withdraw(entry)))),
+          (exit): Effect.Effect<X | W, Y | V> => {
+            watcher.withdraw(entry)
+            return timedOut && Exit.isFailure(exit) && Cause.hasInterruptsOnly(exit.cause) ? onTimeout() : exit
           }
         )
       })
     })
+
+  /** A handler run bounded by `handlerTimeout`: past it, `HandlerTimeout` (transient). */
+  const supervised = <X, Y, Z>(effect: Effect.Effect<X, Y, Z>, message: string): Effect.Effect<X, Y | HandlerTimeout, Z> =>
+    bounded(effect, deadlines, () => Effect.fail(new HandlerTimeout({ message })))
 
   /** One run of the handler: skipped once the event has expired, bounded by `handlerTimeout`. */
   const runOnce = (event: A, metadata: Metadata): Effect.Effect<unknown, E | ExpiredBeforeRun | HandlerTimeout, R | CurrentDelivery> =>
@@ -847,10 +854,8 @@ const makeProcess = <A, E extends Tagged, R>(
     if (onOutcome === undefined) return effect
     return Effect.andThen(
       effect,
-      Effect.suspend(() => onOutcome(outcome)).pipe(
-        // Interruptible, so the bound holds even though settlement itself is not.
-        Effect.interruptible,
-        Effect.timeoutOrElse({ duration: definition.onOutcomeTimeout, orElse: onOutcomeTimedOut }),
+      // Its own fiber (interruptible, so the bound holds even though settlement itself is not).
+      bounded(Effect.suspend(() => onOutcome(outcome)), outcomeDeadlines, onOutcomeTimedOut).pipe(
         Effect.catchCause((cause) => Effect.logWarning("onOutcome failed", ErrorSummary.fromCause(cause)))
       )
     )
@@ -1100,6 +1105,7 @@ export const run = <A, E extends Tagged, R>(definition: Definition<A, E, R>): Ef
       const keeper = yield* LeaseKeeper.make(intake.lease)
       const clock = yield* Clock.Clock
       const deadlines = yield* Deadlines.make(definition.handlerTimeout, clock)
+      const outcomeDeadlines = definition.onOutcome === undefined ? Deadlines.none : yield* Deadlines.make(definition.onOutcomeTimeout, clock)
       // Runs before the FiberSet's own finalizer (which interrupts what is left) and before the
       // intake's: stop reserving, then let running handlers finish until the drain share of the
       // worker's shutdown budget ends (unmanaged: for `drainTimeout`).
@@ -1143,6 +1149,7 @@ export const run = <A, E extends Tagged, R>(definition: Definition<A, E, R>): Ef
         slots,
         lanes,
         deadlines,
+        outcomeDeadlines,
         env
       )
       const runFiber = FiberSet.run(inFlight)
