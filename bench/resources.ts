@@ -3,7 +3,8 @@
  * the same run (no-op handler, `concurrency` handlers, prefetch = concurrency, confirmed acks):
  *
  * - peak RSS while consuming a backlog of each size in `backlogs`, each side in a child process
- *   of its own (`process.resourceUsage().maxRSS` at the end), with the rate it reached;
+ *   of its own (`process.resourceUsage().maxRSS` at the end), with the rate it reached; each side
+ *   twice, with V8's default heap sizing and with the heap bounded (`boundedHeap`);
  * - latency from publish to confirmed ack (p50, p90, p99, max) at a paced load of half the raw
  *   loop's capacity (measured above on the first backlog), the same offered load for both sides;
  * - time from SIGTERM to exit for a jetworker worker under `Worker.runMain` with `concurrency`
@@ -161,9 +162,16 @@ const sigtermChild = (args: ChildArgs) => {
 /** The running children by mode (the SIGTERM measurement signals its child). */
 const children = new Map<string, ReturnType<typeof spawn>>()
 
-const child = (mode: string, args: ChildArgs, onReady?: () => void, timeoutMillis = 600_000) =>
+/**
+ * The V8 flags of the bounded-heap runs: a young generation of at most 4 MiB per semi-space and
+ * an old generation of at most 128 MiB (a worker's live heap is about 50 MiB, mostly code), as
+ * docs/performance.md suggests for a deployment that wants its memory flat under load.
+ */
+const boundedHeap = ["--max-semi-space-size=4", "--max-old-space-size=128"]
+
+const child = (mode: string, args: ChildArgs, onReady?: () => void, timeoutMillis = 600_000, flags: ReadonlyArray<string> = []) =>
   new Promise<{ readonly result: unknown; readonly code: number | null; readonly exitedAt: number }>((resolve, reject) => {
-    const proc = spawn(process.execPath, [fileURLToPath(import.meta.url), "--child", mode, JSON.stringify(args)], {
+    const proc = spawn(process.execPath, [...flags, fileURLToPath(import.meta.url), "--child", mode, JSON.stringify(args)], {
       stdio: ["ignore", "pipe", "inherit"]
     })
     let result: unknown
@@ -221,7 +229,7 @@ const parent = async () => {
   const cleanup = async () => {
     for (const stream of streams) {
       await jsm.streams.delete(stream).catch(() => false)
-      for (const name of ["raw", "engine", "sigterm"]) {
+      for (const name of ["raw", "engine", "engine-bounded", "sigterm"]) {
         await jsm.streams.delete(DeadLetter.destination(stream, name).stream).catch(() => false)
       }
     }
@@ -231,19 +239,33 @@ const parent = async () => {
     // Peak RSS per backlog; both sides' consumers on one stream, filled once. The first backlog
     // measures the capacity for the latency run, which comes before the larger backlogs (whose
     // stream deletion keeps the server busy for a while).
-    const memory: Array<{ backlog: number; raw: Drained; engine: Drained }> = []
+    // Each side twice: with V8's default heap sizing, and with the heap bounded (`boundedHeap`).
+    interface Memory {
+      readonly backlog: number
+      readonly raw: Drained
+      readonly engine: Drained
+      readonly rawBounded: Drained
+      readonly engineBounded: Drained
+    }
+    const memory: Array<Memory> = []
     const drain = async (backlog: number) => {
-      const stream = await makeStream(["raw", "engine"])
+      const stream = await makeStream(["raw", "engine", "raw-bounded", "engine-bounded"])
       const filledAt = performance.now()
       await fill(stream, backlog)
       console.log(`backlog ${backlog}: published in ${((performance.now() - filledAt) / 1000).toFixed(1)} s`)
-      const raw = (await child("raw-drain", { stream, consumer: "raw", count: backlog, concurrency })).result as Drained
-      const engine = (await child("engine-drain", { stream, consumer: "engine", count: backlog, concurrency })).result as Drained
+      const run = async (mode: string, consumer: string, flags: ReadonlyArray<string> = []) =>
+        (await child(mode, { stream, consumer, count: backlog, concurrency }, undefined, 600_000, flags)).result as Drained
+      const raw = await run("raw-drain", "raw")
+      const engine = await run("engine-drain", "engine")
+      const rawBounded = await run("raw-drain", "raw-bounded", boundedHeap)
+      const engineBounded = await run("engine-drain", "engine-bounded", boundedHeap)
       console.log(
         `backlog ${backlog}: raw loop ${raw.rssMiB.toFixed(0)} MiB at ${raw.rate.toFixed(0)} msg/s, ` +
-          `jetworker ${engine.rssMiB.toFixed(0)} MiB at ${engine.rate.toFixed(0)} msg/s`
+          `jetworker ${engine.rssMiB.toFixed(0)} MiB at ${engine.rate.toFixed(0)} msg/s; bounded heap: ` +
+          `raw loop ${rawBounded.rssMiB.toFixed(0)} MiB at ${rawBounded.rate.toFixed(0)} msg/s, ` +
+          `jetworker ${engineBounded.rssMiB.toFixed(0)} MiB at ${engineBounded.rate.toFixed(0)} msg/s`
       )
-      memory.push({ backlog, raw, engine })
+      memory.push({ backlog, raw, engine, rawBounded, engineBounded })
       await jsm.streams.delete(stream)
     }
     await drain(backlogs[0]!)
@@ -303,6 +325,15 @@ const parent = async () => {
         `| ${backlog} | ${fixed(raw.rssMiB)} | ${fixed(engine.rssMiB)} | ${fixed(engine.rssMiB / raw.rssMiB, 2)} | ${fixed(raw.rate)} | ${fixed(engine.rate)} |`
       ),
       "",
+      `The same with the heap bounded (\`node ${boundedHeap.join(" ")}\`, both sides):`,
+      "",
+      "| backlog | raw loop peak RSS (MiB) | jetworker peak RSS (MiB) | jetworker / raw | raw msg/s | jetworker msg/s |",
+      "|---:|---:|---:|---:|---:|---:|",
+      ...memory.map(({ backlog, rawBounded, engineBounded }) =>
+        `| ${backlog} | ${fixed(rawBounded.rssMiB)} | ${fixed(engineBounded.rssMiB)} | ${fixed(engineBounded.rssMiB / rawBounded.rssMiB, 2)} | ` +
+        `${fixed(rawBounded.rate)} | ${fixed(engineBounded.rate)} |`
+      ),
+      "",
       `Latency, publish to confirmed ack, at ${rate} msg/s for ${seconds} s (half the raw loop's ${fixed(capacity)} msg/s), in ms:`,
       "",
       "| side | p50 | p90 | p99 | max |",
@@ -317,7 +348,10 @@ const parent = async () => {
     const last = memory[memory.length - 1]!
     const first = memory[0]!
     const ratios = `jetworker peak RSS / raw loop's at ${last.backlog}: ${fixed(last.engine.rssMiB / last.raw.rssMiB, 2)}; ` +
-      `jetworker at ${last.backlog} / at ${first.backlog}: ${fixed(last.engine.rssMiB / first.engine.rssMiB, 2)}`
+      `jetworker at ${last.backlog} / at ${first.backlog}: ${fixed(last.engine.rssMiB / first.engine.rssMiB, 2)} ` +
+      `(raw loop: ${fixed(last.raw.rssMiB / first.raw.rssMiB, 2)}); bounded heap: jetworker / raw loop at ${last.backlog}: ` +
+      `${fixed(last.engineBounded.rssMiB / last.rawBounded.rssMiB, 2)}, jetworker at ${last.backlog} / at ${first.backlog}: ` +
+      `${fixed(last.engineBounded.rssMiB / first.engineBounded.rssMiB, 2)}`
     console.log()
     console.log(table)
     console.log()

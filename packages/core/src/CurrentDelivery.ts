@@ -74,25 +74,14 @@ export class CurrentBatch extends Context.Service<CurrentBatch, BatchInfo>()("@j
  * another key, or no delivery at all, reports nothing.
  */
 export const reportFor = (key: { readonly scope: string; readonly id: string }, report: Report): Effect.Effect<void> =>
-  // Read straight from the fiber's context: it runs on every commit.
-  Effect.withFiber((fiber) => {
-    const current = Context.getOption(fiber.context, CurrentDelivery)
-    if (current._tag === "Some") {
-      if (current.value.consumer === key.scope && current.value.eventId === key.id) current.value.report(report)
-      return Effect.void
-    }
-    const batch = Context.getOption(fiber.context, CurrentBatch)
-    if (batch._tag === "Some" && batch.value.consumer === key.scope) {
-      for (const element of batch.value.elements) if (element.eventId === key.id) element.report(report)
-    }
-    return Effect.void
-  })
+  reportAllFor([key], report)
 
 /**
  * Reports `report` for every key of `keys` that is the current delivery's or an element's of the
  * current batch, as {@link reportFor} does for one (the batch's elements are matched once).
  */
 export const reportAllFor = (keys: ReadonlyArray<{ readonly scope: string; readonly id: string }>, report: Report): Effect.Effect<void> =>
+  // Read straight from the fiber's context: it runs on every commit.
   Effect.withFiber((fiber) => {
     const current = Context.getOption(fiber.context, CurrentDelivery)
     if (current._tag === "Some") {
