@@ -8,7 +8,7 @@
 import { assert, describe, it } from "@effect/vitest"
 import { Consumer, type Delivery, IdempotencyStore, type Outcome, Retry, type Source } from "@jetworker/core"
 import { InMemoryBroker, InMemoryIdempotencyStore } from "@jetworker/testing"
-import { Duration, Effect, Fiber, Schema } from "effect"
+import { DateTime, Duration, Effect, Fiber, Schema } from "effect"
 import { TestClock } from "effect/testing"
 
 const Event = Schema.Struct({ id: Schema.String, time: Schema.String })
@@ -21,22 +21,53 @@ const stop = (fiber: Fiber.Fiber<unknown, unknown>) =>
     yield* Fiber.join(stopping)
   })
 
+/** The engine's view of an event of this file: its id, no expiry. */
+const metadata = (event: typeof Event.Type) => ({ id: event.id, time: DateTime.makeUnsafe(0) })
+
+/** A source whose intake hands out what `take` gives and ignores `close`. */
+const scripted = (name: string, take: Effect.Effect<Delivery.Delivery>): Source.Source => ({
+  name,
+  open: () => Effect.succeed({ lease: Duration.seconds(30), maxDeliver: undefined, take, close: Effect.void })
+})
+
+/** A consumer of this file's events over `source`, recording its outcomes in `outcomes`. */
+const recording = (
+  source: Source.Source,
+  outcomes: Array<Outcome.Outcome>,
+  options: { readonly handle: () => Effect.Effect<unknown>; readonly concurrency: number; readonly drainTimeout?: Duration.Input }
+) =>
+  Consumer.make({
+    name: source.name,
+    source,
+    schema: Event,
+    metadata,
+    handle: options.handle,
+    classify: {},
+    concurrency: options.concurrency,
+    drainTimeout: options.drainTimeout,
+    onOutcome: (outcome) => Effect.sync(() => outcomes.push(outcome))
+  })
+
 const publish = (broker: InMemoryBroker.InMemoryBroker, id: string) =>
   broker.publish(JSON.stringify({ id, time: new Date(0).toISOString() }))
+
+/** A broker holding one event `e1`, a store and an empty outcome log. */
+const oneEvent = Effect.gen(function*() {
+  const broker = InMemoryBroker.make({ lease: "30 seconds" })
+  yield* publish(broker, "e1")
+  return { broker, store: InMemoryIdempotencyStore.make(), outcomes: [] as Array<Outcome.Outcome> }
+})
 
 describe("engine: handler timeout", () => {
   it.effect("a run past handlerTimeout is interrupted (its finalizer runs) and fails as HandlerTimeout, a transient failure that the in-process retry runs again", () =>
     Effect.gen(function*() {
-      const broker = InMemoryBroker.make({ lease: "30 seconds" })
-      const store = InMemoryIdempotencyStore.make()
-      const outcomes: Array<Outcome.Outcome> = []
+      const { broker, store, outcomes } = yield* oneEvent
       const runs: Array<"started" | "cut" | "done"> = []
-      yield* publish(broker, "e1")
       const consumer = Consumer.make({
         name: "timeouts",
         source: broker.source,
         schema: Event,
-        metadata: (event) => ({ id: event.id, time: new Date(0) as never }),
+        metadata,
         // The first run hangs; the second commits at once.
         handle: (event) =>
           Effect.suspend(() => {
@@ -64,15 +95,12 @@ describe("engine: handler timeout", () => {
 
   it.effect("a run that keeps timing out is released for a later redelivery with HandlerTimeout as its error", () =>
     Effect.gen(function*() {
-      const broker = InMemoryBroker.make({ lease: "30 seconds" })
-      const store = InMemoryIdempotencyStore.make()
-      const outcomes: Array<Outcome.Outcome> = []
-      yield* publish(broker, "e1")
+      const { broker, store, outcomes } = yield* oneEvent
       const consumer = Consumer.make({
         name: "timeouts",
         source: broker.source,
         schema: Event,
-        metadata: (event) => ({ id: event.id, time: new Date(0) as never }),
+        metadata,
         handle: () => Effect.never,
         classify: {},
         handlerTimeout: "1 second",
@@ -104,7 +132,7 @@ describe("engine: workers", () => {
         name: "workers",
         source: broker.source,
         schema: Event,
-        metadata: (event) => ({ id: event.id, time: new Date(0) as never }),
+        metadata,
         handle: (event) =>
           Effect.andThen(
             event.id === "slow" && slowRuns++ === 0 ? Effect.sleep("2 seconds") : Effect.void,
@@ -130,32 +158,10 @@ describe("engine: workers", () => {
   it.effect("shutdown ends workers waiting for a delivery even when the source's take would never fail after close", () =>
     Effect.gen(function*() {
       let takes = 0
-      // A source that always has a message and ignores close: the workers must stop taking by themselves.
-      const source: Source.Source = {
-        name: "endless",
-        open: () =>
-          Effect.succeed({
-            lease: Duration.seconds(30),
-            maxDeliver: undefined,
-            take: Effect.suspend(() => {
-              takes++
-              return takes <= 3 ? Effect.succeed(delivery(takes)) : Effect.never
-            }),
-            close: Effect.void
-          })
-      }
+      // A source that has three messages and ignores close: the workers must stop taking by themselves.
+      const source = scripted("endless", Effect.suspend(() => (++takes <= 3 ? Effect.succeed(delivery(takes)) : Effect.never)))
       const outcomes: Array<Outcome.Outcome> = []
-      const consumer = Consumer.make({
-        name: "endless",
-        source,
-        schema: Event,
-        metadata: (event) => ({ id: event.id, time: new Date(0) as never }),
-        handle: () => Effect.void,
-        classify: {},
-        concurrency: 4,
-        drainTimeout: "1 hour",
-        onOutcome: (outcome) => Effect.sync(() => outcomes.push(outcome))
-      })
+      const consumer = recording(source, outcomes, { handle: () => Effect.void, concurrency: 4, drainTimeout: "1 hour" })
       const fiber = yield* Effect.forkChild(Consumer.run(consumer))
       yield* TestClock.adjust("10 millis")
       assert.strictEqual(outcomes.length, 3)
@@ -171,34 +177,16 @@ describe("engine: workers", () => {
       let taking = 0
       let overlapped = false
       let sequence = 0
-      const source: Source.Source = {
-        name: "slow-take",
-        open: () =>
-          Effect.succeed({
-            lease: Duration.seconds(30),
-            maxDeliver: undefined,
-            // Each take waits 10 ms for its message.
-            take: Effect.suspend(() => {
-              if (++taking > 1) overlapped = true
-              return Effect.sleep("10 millis").pipe(
-                Effect.as(delivery(++sequence)),
-                Effect.ensuring(Effect.sync(() => taking--))
-              )
-            }),
-            close: Effect.void
-          })
-      }
+      // Each take waits 10 ms for its message.
+      const source = scripted(
+        "slow-take",
+        Effect.suspend(() => {
+          if (++taking > 1) overlapped = true
+          return Effect.sleep("10 millis").pipe(Effect.as(delivery(++sequence)), Effect.ensuring(Effect.sync(() => taking--)))
+        })
+      )
       const outcomes: Array<Outcome.Outcome> = []
-      const consumer = Consumer.make({
-        name: "slow-take",
-        source,
-        schema: Event,
-        metadata: (event) => ({ id: event.id, time: new Date(0) as never }),
-        handle: () => Effect.sleep("25 millis"),
-        classify: {},
-        concurrency: 8,
-        onOutcome: (outcome) => Effect.sync(() => outcomes.push(outcome))
-      })
+      const consumer = recording(source, outcomes, { handle: () => Effect.sleep("25 millis"), concurrency: 8 })
       const fiber = yield* Effect.forkChild(Consumer.run(consumer))
       for (let i = 0; i < 100; i++) yield* TestClock.adjust("5 millis")
       yield* stop(fiber)
