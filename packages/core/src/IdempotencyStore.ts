@@ -132,33 +132,18 @@ const scopeIn = (context: Context.Context<never>, scope: string | undefined, cal
   })
 }
 
-/** Runs `f` with the store and the commit's scope, both read from the fiber's context (once per commit). */
+/** Runs `f` with the store and the commit's scope (read from the fiber's context, without a generator). */
 const withStore = <A, E, R>(
   scope: string | undefined,
   caller: string,
   f: (store: IdempotencyStore["Service"], scope: string) => Effect.Effect<A, E, R>
 ): Effect.Effect<A, E | IdempotencyError, R | IdempotencyStore> =>
-  Effect.withFiber((fiber) => {
-    const store = Context.getOption(fiber.context, IdempotencyStore)
-    // Missing: fail as a missing service does (`yield* IdempotencyStore` would).
-    if (Option.isNone(store)) {
-      return Effect.gen(function*() {
-        return yield* withStoreFound(fiber.context, yield* IdempotencyStore, scope, caller, f)
-      })
-    }
-    return withStoreFound(fiber.context, store.value, scope, caller, f)
-  })
-
-const withStoreFound = <A, E, R>(
-  context: Context.Context<never>,
-  store: IdempotencyStore["Service"],
-  scope: string | undefined,
-  caller: string,
-  f: (store: IdempotencyStore["Service"], scope: string) => Effect.Effect<A, E, R>
-): Effect.Effect<A, E | IdempotencyError, R> => {
-  const found = scopeIn(context, scope, caller)
-  return typeof found === "string" ? f(store, found) : Effect.fail(found)
-}
+  IdempotencyStore.use((store) =>
+    Effect.withFiber((fiber): Effect.Effect<A, E | IdempotencyError, R> => {
+      const found = scopeIn(fiber.context, scope, caller)
+      return typeof found === "string" ? f(store, found) : Effect.fail(found)
+    })
+  )
 
 /**
  * Runs `effect` at most once per event: `effect` and the deduplication row for `id` commit

@@ -460,8 +460,10 @@ const makeProcess = <A, E extends Tagged, R>(
     )
 
   // The verdict of a delivery whose judging died: dead-lettered with the cause.
+  const defect = (message: Outcome.MessageRef, error: ErrorSummary.ErrorSummary): Verdict =>
+    Outcome.verdict("DeadLettered", { message, reason: "Defect", error })
   const defectVerdict = (message: Outcome.MessageRef) => (cause: Cause.Cause<unknown>): Effect.Effect<Verdict> =>
-    Effect.succeed(Outcome.verdict("DeadLettered", { message, reason: "Defect", error: ErrorSummary.fromCause(cause) }))
+    Effect.succeed(defect(message, ErrorSummary.fromCause(cause)))
 
   // The safety net: a defect anywhere on the per-delivery path outside the handler (a probe, a
   // source) still ends the delivery in an outcome, dead-lettered with the cause.
@@ -567,7 +569,7 @@ const makeProcess = <A, E extends Tagged, R>(
       const checked = check(delivery)
       return Result.isFailure(checked) ? checked : withinAttempts(checked.success)
     } catch (error) {
-      return Result.fail(Outcome.verdict("DeadLettered", { message: messageRef(delivery), reason: "Defect", error: ErrorSummary.fromError(error, "Defect") }))
+      return Result.fail(defect(messageRef(delivery), ErrorSummary.fromError(error, "Defect")))
     }
   }
 
@@ -1217,8 +1219,7 @@ export const run = <A, E extends Tagged, R>(definition: Definition<A, E, R>): Ef
         // the source's error, which ends the run. A worker interrupted outside shutdown (the lease
         // keeper cut its delivery) ends after settling it, and a new one takes its place.
         const turn = Slots.make(1)
-        const releaseTurn = () => turn.release()
-        const takeInTurn = Effect.andThen(turn.take, Effect.ensuring(intake.take, Effect.sync(releaseTurn)))
+        const takeInTurn = Effect.andThen(turn.take, Effect.ensuring(intake.take, Effect.sync(turn.release)))
         // A worker is idle while it waits to take (shutdown interrupts it there); once shutdown has
         // begun it takes nothing more, whatever the source would still give.
         const worker: Effect.Effect<void, SourceError, R> = Effect.withFiber((self) =>
