@@ -46,7 +46,8 @@
  * NATS_URL (default nats://127.0.0.1:4222) and DATABASE_URL (default
  * postgres://postgres@127.0.0.1:5432/test) select the servers. BENCH_SIDES=baseline,jetworker
  * (keys: baseline, baseline-batched, jetworker, jetworker-statement, jetworker-batched) runs only those sides, and then leaves the
- * results file alone.
+ * results file alone. BENCH_CPU_PROFILE=dir writes a CPU profile of each side's rounds (the
+ * consumer's run only, not the stream's fill) to `dir/<side>-<round>.cpuprofile`.
  */
 import { PgClient } from "@effect/sql-pg"
 import { Consumer, Envelope, IdempotencyStore, type Outcome } from "@jetworker/core"
@@ -59,6 +60,7 @@ import { SqlClient } from "effect/sql"
 import type { SqlError } from "effect/sql/SqlError"
 import { randomBytes } from "node:crypto"
 import { mkdir, writeFile } from "node:fs/promises"
+import { Session } from "node:inspector/promises"
 import os from "node:os"
 import pg from "pg"
 import { barChart } from "./chart.ts"
@@ -554,6 +556,24 @@ const verify = async (side: Side, round: Round) => {
   }
 }
 
+const profileDir = process.env.BENCH_CPU_PROFILE
+/** Runs `f` under the CPU profiler when BENCH_CPU_PROFILE names a directory. */
+const profiled = async <A>(name: string, f: () => Promise<A>): Promise<A> => {
+  if (profileDir === undefined || profileDir === "") return f()
+  const session = new Session()
+  session.connect()
+  await session.post("Profiler.enable")
+  await session.post("Profiler.start")
+  try {
+    return await f()
+  } finally {
+    const { profile } = await session.post("Profiler.stop")
+    session.disconnect()
+    await mkdir(profileDir, { recursive: true })
+    await writeFile(`${profileDir}/${name}.cpuprofile`, JSON.stringify(profile))
+  }
+}
+
 const runRound = async (side: Side, name: string, messages: number): Promise<Run> => {
   const tag = `${side.key.replaceAll("-", "_")}_${name}_${randomBytes(4).toString("hex")}`
   const round: Round = { stream: `BENCH_IDEM_${tag}`.toUpperCase(), schema: `jw_bench_${tag}`, messages }
@@ -564,7 +584,7 @@ const runRound = async (side: Side, name: string, messages: number): Promise<Run
     await admin.query("RESET search_path")
     await fill(round.stream, messages)
     try {
-      const run = await side.run(round)
+      const run = await profiled(`${side.key}-${name}`, () => side.run(round))
       await verify(side, round)
       return run
     } finally {

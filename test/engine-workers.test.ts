@@ -6,9 +6,9 @@
  * source would go on giving; and a source's `take` is never called concurrently with itself.
  */
 import { assert, describe, it } from "@effect/vitest"
-import { Consumer, type Delivery, IdempotencyStore, type Outcome, Retry, type Source } from "@jetworker/core"
+import { Consumer, Delivery, IdempotencyStore, type Outcome, Retry, type Source } from "@jetworker/core"
 import { InMemoryBroker, InMemoryIdempotencyStore } from "@jetworker/testing"
-import { DateTime, Duration, Effect, Fiber, Schema } from "effect"
+import { Data, DateTime, Duration, Effect, Fiber, Result, Schema } from "effect"
 import { TestClock } from "effect/testing"
 
 const Event = Schema.Struct({ id: Schema.String, time: Schema.String })
@@ -194,6 +194,61 @@ describe("engine: workers", () => {
       assert.isFalse(overlapped, "take ran concurrently with itself")
     }))
 })
+
+describe("engine: a batch's acks", () => {
+  it.effect("BE-JOB-007: a batch's acks go through the source's ackAll at once; an ack it could not confirm leaves its element committed but unconfirmed, and an element's other command is sent by itself", () =>
+    Effect.gen(function*() {
+      const sent: Array<string> = []
+      const withCommands = (n: number): Delivery.Delivery => ({
+        ...delivery(n),
+        ack: Effect.sync(() => void sent.push(`own ack e${n}`)),
+        deadLetter: () => Effect.sync(() => void sent.push(`dead letter e${n}`))
+      })
+      let takes = 0
+      const source: Source.Source = {
+        name: "acks",
+        open: () =>
+          Effect.succeed({
+            lease: Duration.seconds(30),
+            maxDeliver: undefined,
+            take: Effect.suspend(() => (++takes <= 3 ? Effect.succeed(withCommands(takes)) : Effect.never)),
+            // The broker confirms the first ack only.
+            ackAll: (deliveries) =>
+              Effect.sync(() => {
+                sent.push(`ackAll ${deliveries.map((d) => `e${d.sequence}`).join(",")}`)
+                return deliveries.map((d, i) =>
+                  i === 0 ? undefined : new Delivery.SettleError({ command: "Ack", reason: "Timeout", message: `no reply for e${d.sequence}` })
+                )
+              }),
+            close: Effect.void
+          })
+      }
+      const outcomes: Array<Outcome.Outcome> = []
+      const consumer = Consumer.makeBatch({
+        name: "acks",
+        source,
+        schema: Event,
+        metadata,
+        batch: { maxSize: 3, maxWait: "1 second" },
+        // The third element fails for good: it alone is dead-lettered, by its own command.
+        handleBatch: (events) =>
+          Effect.succeed(events.map((event) => (event.id === "e3" ? Result.fail(new Refused()) : Result.succeed(undefined)))),
+        classify: { Refused: "permanent" },
+        onOutcome: (outcome) => Effect.sync(() => outcomes.push(outcome))
+      })
+      const fiber = yield* Effect.forkChild(Consumer.run(consumer))
+      for (let i = 0; i < 100 && outcomes.length < 3; i++) yield* TestClock.adjust("10 millis")
+      yield* stop(fiber)
+      assert.deepStrictEqual(sent.sort(), ["ackAll e1,e2", "dead letter e3"])
+      const byId = new Map(outcomes.map((outcome) => [outcome.message.eventId, outcome]))
+      assert.deepStrictEqual([...byId.keys()].sort(), ["e1", "e2", "e3"])
+      assert.deepStrictEqual([byId.get("e1")?._tag, byId.get("e1")?.confirmed], ["Committed", true])
+      assert.deepStrictEqual([byId.get("e2")?._tag, byId.get("e2")?.confirmed], ["Committed", false])
+      assert.deepStrictEqual([byId.get("e3")?._tag, byId.get("e3")?.confirmed], ["DeadLettered", true])
+    }))
+})
+
+class Refused extends Data.TaggedError("Refused")<{}> {}
 
 /** A delivery of event `e<n>` whose commands all succeed. */
 const delivery = (n: number): Delivery.Delivery => ({

@@ -7,7 +7,7 @@
  * @since 0.1.0
  */
 import { Data, type Duration, type Effect, type Scope } from "effect"
-import type { Delivery } from "./Delivery.ts"
+import type { Delivery, SettleError } from "./Delivery.ts"
 
 /** Why a source failed; the engine stops when its source fails, so the process can restart. */
 export class SourceError extends Data.TaggedError("SourceError")<{
@@ -36,6 +36,13 @@ export interface Intake {
    * Never call it concurrently with itself.
    */
   readonly take: Effect.Effect<Delivery, SourceError>
+  /**
+   * Optional: acks several deliveries of this intake at once, each acknowledged and confirmed on
+   * its own as its `ack` would be, for less than an effect and a fiber per delivery (a batch's
+   * acks). One entry per delivery, in order: `undefined` once confirmed, else why not. Without
+   * it the engine runs each delivery's `ack`.
+   */
+  readonly ackAll?: ((deliveries: ReadonlyArray<Delivery>) => Effect.Effect<ReadonlyArray<SettleError | undefined>>) | undefined
   /** Stops reserving new messages and releases those still buffered. Idempotent. */
   readonly close: Effect.Effect<void>
 }

@@ -19,7 +19,7 @@ import { Duration, Effect, Metric } from "effect"
 import * as Contract from "./Contract.ts"
 import * as DeadLetter from "./DeadLetter.ts"
 import * as MaxDeliveries from "./MaxDeliveries.ts"
-import { parse, type Pulled, toDelivery } from "./internal/delivery.ts"
+import { ackAll, parse, type Pulled, toDelivery } from "./internal/delivery.ts"
 import { NatsConnection } from "./NatsConnection.ts"
 import * as NatsError from "./NatsError.ts"
 
@@ -384,7 +384,7 @@ export const make = (options: Options): Source.Source<NatsConnection> => {
       })
       yield* Effect.addFinalizer(() => close)
       pump()
-      return { lease, maxDeliver: maxDeliver > 0 ? maxDeliver : undefined, take, close } satisfies Source.Intake
+      return { lease, maxDeliver: maxDeliver > 0 ? maxDeliver : undefined, take, ackAll, close } satisfies Source.Intake
     })
 
   // Without a consumer given, the durable is the opening consumer's: named by its stream until then.

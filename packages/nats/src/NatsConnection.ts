@@ -96,6 +96,19 @@ export interface Shape {
     payload: Uint8Array,
     timeoutMillis: number
   ) => Effect.Effect<Msg, NatsError.NatsError>
+  /**
+   * `request` as a callback, for a caller that sends many requests at once and waits for all of
+   * them (a batch's acks) without a fiber or an effect per request. `done` is called once, with
+   * the reply or the error; the function returned withdraws the request (a later reply is
+   * dropped and `done` is not called).
+   */
+  readonly send: (
+    operation: string,
+    subject: string,
+    payload: Uint8Array,
+    timeoutMillis: number,
+    done: (result: Msg | NatsError.NatsError) => void
+  ) => () => void
 }
 
 /** The NATS connection service. */
@@ -329,7 +342,7 @@ export const make = (options: Options) =>
       manager,
       apiTimeoutMillis,
       publishPermits: Semaphore.makeUnsafe(maxPublishes),
-      request: Replies.make(connection).request
+      ...Replies.make(connection)
     })
   })
 

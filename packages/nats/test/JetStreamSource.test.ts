@@ -3,6 +3,7 @@ import { Consumer, Envelope, Retry } from "@jetworker/core"
 import { DeadLetter, JetStreamSource, NatsConnection } from "@jetworker/nats"
 import { OutcomeLog, TestStream } from "@jetworker/testing"
 import { Data, Effect, Fiber, Ref, Schema } from "effect"
+import type { Delivery } from "@jetworker/core"
 
 const NatsLive = NatsConnection.layer({ servers: process.env.NATS_URL ?? "nats://127.0.0.1:4222" })
 
@@ -76,5 +77,46 @@ describe("JetStreamSource", () => {
         assert.strictEqual(info.num_ack_pending, 0)
         assert.strictEqual(info.num_pending, 0)
       }))
+
+    it.effect("ackAll acks a batch's deliveries at once, each confirmed on its own: an ack the broker cannot take fails alone, and a delivery of another source is acked by its own ack", () =>
+      Effect.gen(function*() {
+        const kept = yield* TestStream.make()
+        const dropped = yield* TestStream.make()
+        for (const n of [1, 2]) yield* kept.publish("a", envelope(`k${n}`, n), `k${n}`)
+        yield* dropped.publish("a", envelope("d1", 1), "d1")
+        const options = { prefetch: 2, attempts: 3, ordering: "Unordered" } as const
+        const fromKept = yield* JetStreamSource.make({ stream: kept.stream, consumer: kept.consumer }).open({ ...options, consumer: kept.consumer })
+        const fromDropped = yield* JetStreamSource.make({ stream: dropped.stream, consumer: dropped.consumer }).open({ ...options, consumer: dropped.consumer })
+        const k1 = yield* fromKept.take
+        const k2 = yield* fromKept.take
+        const d1 = yield* fromDropped.take
+        // Nobody answers the acks of a deleted consumer.
+        const connection = yield* NatsConnection.NatsConnection
+        yield* Effect.promise(() => connection.manager.consumers.delete(dropped.stream, dropped.consumer))
+        let ownAcks = 0
+        const foreign: Delivery.Delivery = {
+          subject: k1.subject,
+          payload: k1.payload,
+          sequence: k1.sequence,
+          deliveryCount: 1,
+          header: () => undefined,
+          ack: Effect.sync(() => void ownAcks++),
+          nak: () => Effect.void,
+          deadLetter: () => Effect.void,
+          extend: Effect.void
+        }
+        const ackAll = fromKept.ackAll
+        assert.isDefined(ackAll)
+        if (ackAll === undefined) return
+        const results = yield* ackAll([k1, d1, k2])
+        assert.deepStrictEqual(results.map((error) => error?.reason), [undefined, "Unavailable", undefined])
+        assert.strictEqual(results[1]?.command, "Ack")
+        const info = yield* kept.info
+        assert.strictEqual(info.num_ack_pending, 0, "both acks of the kept consumer were applied")
+        assert.strictEqual(info.num_pending, 0)
+        assert.deepStrictEqual(yield* ackAll([foreign]), [undefined])
+        assert.strictEqual(ownAcks, 1)
+        assert.deepStrictEqual(yield* ackAll([]), [])
+      }).pipe(Effect.scoped))
   })
 })

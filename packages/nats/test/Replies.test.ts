@@ -1,6 +1,6 @@
 import { assert, describe, it } from "@effect/vitest"
 import { connect } from "@nats-io/transport-node"
-import { Effect, Fiber } from "effect"
+import { Deferred, Effect, Fiber } from "effect"
 import * as Replies from "../src/internal/replies.ts"
 
 // The confirmed requests behind every ack, nak, term and extension, against the real server.
@@ -56,6 +56,41 @@ describe("Replies (confirmed requests)", () => {
         assert.isBelow(waited, 3000)
         const after = yield* replies.request("echo", echo, encoder.encode("again"), 2000)
         assert.strictEqual(decoder.decode(after.data), "again")
+      })))
+
+  it.live("send: the callback form gets each reply or error once; a withdrawn request never calls back", () =>
+    withConnection((connection) =>
+      Effect.gen(function*() {
+        const echo = subject()
+        const silent = subject()
+        connection.subscribe(echo, { callback: (_, msg) => {
+          msg.respond(msg.data)
+        } })
+        connection.subscribe(silent, { callback: () => undefined })
+        yield* Effect.promise(() => connection.flush())
+        const replies = Replies.make(connection)
+        const answers = new Map<number, Array<string>>()
+        // Every request but the withdrawn one answers: 100 echoes, no responders, a timeout, a last echo.
+        const all = Deferred.makeUnsafe<void>()
+        const calledBack = (i: number) => (result: unknown) => {
+          const seen = answers.get(i) ?? []
+          seen.push(result instanceof Error ? `error ${(result as { readonly reason?: string }).reason}` : decoder.decode((result as { readonly data: Uint8Array }).data))
+          answers.set(i, seen)
+          if (answers.size === 103) Deferred.doneUnsafe(all, Effect.void)
+        }
+        for (let i = 0; i < 100; i++) replies.send("echo", echo, encoder.encode(`${i}`), 5000, calledBack(i))
+        replies.send("ack", subject(), encoder.encode("+ACK"), 5000, calledBack(100))
+        const withdraw = replies.send("echo", echo, encoder.encode("withdrawn"), 5000, calledBack(101))
+        withdraw()
+        replies.send("ack", silent, encoder.encode("+ACK"), 200, calledBack(102))
+        // Echoed after the withdrawn one: once it is back, the withdrawn reply has arrived and been dropped.
+        replies.send("echo", echo, encoder.encode("last"), 5000, calledBack(103))
+        yield* Deferred.await(all).pipe(Effect.timeout("5 seconds"))
+        for (let i = 0; i < 100; i++) assert.deepStrictEqual(answers.get(i), [`${i}`])
+        assert.deepStrictEqual(answers.get(100), ["error NoResponders"])
+        assert.isUndefined(answers.get(101), "a withdrawn request never calls back")
+        assert.deepStrictEqual(answers.get(103), ["last"])
+        assert.deepStrictEqual(answers.get(102), ["error Timeout"])
       })))
 
   it.live("closing the connection fails what is pending with ConnectionClosed; an interrupted request drops its reply", () =>

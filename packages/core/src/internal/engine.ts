@@ -37,7 +37,7 @@ import * as Lifecycle from "../Lifecycle.ts"
 import * as Outcome from "../Outcome.ts"
 import * as Probe from "../Probe.ts"
 import * as Retry from "../Retry.ts"
-import type { Source, SourceError } from "../Source.ts"
+import type { Intake, Source, SourceError } from "../Source.ts"
 import * as Telemetry from "../Telemetry.ts"
 import * as Deadlines from "./deadlines.ts"
 import * as Lanes from "./lanes.ts"
@@ -149,6 +149,14 @@ export class HandlerTimeout extends Data.TaggedError("HandlerTimeout")<{ readonl
 
 type Verdict = Outcome.Verdict
 
+/** A verdict as acted on (an ack withheld past the lease) and its broker command. */
+interface Decided {
+  readonly verdict: Verdict
+  readonly command: Outcome.Command
+  /** When the command was sent: the start of its settle latency. */
+  readonly commandStart: number
+}
+
 /** The ordering key of every delivery of a consumer without per-key ordering (built once). */
 const noKey: Result.Result<string, ErrorSummary.ErrorSummary> = Result.succeed("")
 const finish = Outcome.settled
@@ -207,6 +215,7 @@ const makeProcess = <A, E extends Tagged, R>(
   lanes: Lanes.Lanes | undefined,
   deadlines: Deadlines.Deadlines,
   outcomeDeadlines: Deadlines.Deadlines,
+  ackAll: Intake["ackAll"],
   env: RunEnvironment
 ) => {
   const now = () => env.clock.currentTimeMillisUnsafe()
@@ -751,36 +760,87 @@ const makeProcess = <A, E extends Tagged, R>(
     ownSpan = true
   ): Effect.Effect<void> =>
     Effect.suspend(() => {
-      // Never ack past the local lease deadline (with the keeper's 10% margin): the server may
-      // have handed the message to another consumer, and it would accept this ack for both.
-      const commandStart = now()
-      const verdict = leaseMillis > 0 && acks(judged) && commandStart >= lease.heldSince + leaseMillis * 0.9
-        ? withholdAck(judged)
-        : judged
-      // The time only stamps dead-letter records; skip building a DateTime for the other outcomes.
-      const stamp = verdict._tag === "Committed" || verdict._tag === "Duplicate" || verdict._tag === "Released"
-        ? EPOCH
-        : DateTime.makeUnsafe(now())
-      const command = Outcome.toCommand(verdict, { expiredTo: definition.expiredTo, now: stamp })
-      return Effect.flatMap(execute(delivery, command), (result) => {
-        const sent = result === "confirmed"
-        const settledAt = now()
-        if (command._tag !== "Leave") record(settleLatency[command._tag], settledAt - commandStart)
-        if (command._tag === "DeadLetter" && result === "failed") {
-          return Effect.flatMap(deadLetterFailed(delivery, verdict, receivedAt), (outcome) => recordOutcome(delivery, outcome, ownSpan))
-        }
-        // A withheld ack is not a confirmed one, although saying nothing always "succeeds". A
-        // dead letter `stored` but whose term was lost stays dead-lettered for good (a redelivery
-        // writes the same dead letter again, stored once), unconfirmed, and nothing is naked.
-        const confirmed = sent && !(verdict._tag === "Committed" && verdict.ackWithheld !== undefined)
-        const outcome = finish(verdict, confirmed, settledAt - receivedAt)
-        return sent && command._tag === "Ack" && probe !== undefined
-          ? Effect.andThen(
-            hit({ point: "after-ack", consumer: definition.name, sequence: delivery.sequence, eventId: verdict.message.eventId }),
-            recordOutcome(delivery, outcome, ownSpan)
-          )
-          : recordOutcome(delivery, outcome, ownSpan)
+      const decided = decide(judged, lease)
+      return Effect.flatMap(execute(delivery, decided.command), (result) => settled(delivery, decided, result, receivedAt, ownSpan))
+    })
+
+  /** The verdict to act on and its broker command, decided when the command is sent. */
+  const decide = (judged: Verdict, lease: LeaseKeeper.Lease): Decided => {
+    // Never ack past the local lease deadline (with the keeper's 10% margin): the server may
+    // have handed the message to another consumer, and it would accept this ack for both.
+    const commandStart = now()
+    const verdict = leaseMillis > 0 && acks(judged) && commandStart >= lease.heldSince + leaseMillis * 0.9
+      ? withholdAck(judged)
+      : judged
+    // The time only stamps dead-letter records; skip building a DateTime for the other outcomes.
+    const stamp = verdict._tag === "Committed" || verdict._tag === "Duplicate" || verdict._tag === "Released"
+      ? EPOCH
+      : DateTime.makeUnsafe(now())
+    return { verdict, command: Outcome.toCommand(verdict, { expiredTo: definition.expiredTo, now: stamp }), commandStart }
+  }
+
+  /** Once the command has its answer: the outcome, recorded. */
+  const settled = (
+    delivery: Delivery,
+    { command, commandStart, verdict }: Decided,
+    result: "confirmed" | "stored" | "failed",
+    receivedAt: number,
+    ownSpan: boolean
+  ): Effect.Effect<void> => {
+    const sent = result === "confirmed"
+    const settledAt = now()
+    if (command._tag !== "Leave") record(settleLatency[command._tag], settledAt - commandStart)
+    if (command._tag === "DeadLetter" && result === "failed") {
+      return Effect.flatMap(deadLetterFailed(delivery, verdict, receivedAt), (outcome) => recordOutcome(delivery, outcome, ownSpan))
+    }
+    // A withheld ack is not a confirmed one, although saying nothing always "succeeds". A
+    // dead letter `stored` but whose term was lost stays dead-lettered for good (a redelivery
+    // writes the same dead letter again, stored once), unconfirmed, and nothing is naked.
+    const confirmed = sent && !(verdict._tag === "Committed" && verdict.ackWithheld !== undefined)
+    const outcome = finish(verdict, confirmed, settledAt - receivedAt)
+    return sent && command._tag === "Ack" && probe !== undefined
+      ? Effect.andThen(
+        hit({ point: "after-ack", consumer: definition.name, sequence: delivery.sequence, eventId: verdict.message.eventId }),
+        recordOutcome(delivery, outcome, ownSpan)
+      )
+      : recordOutcome(delivery, outcome, ownSpan)
+  }
+
+  /**
+   * Settles a batch's elements, each with its own command and outcome. The acks go through the
+   * intake's `ackAll` when it has one (sent at once, confirmations awaited together, no fiber per
+   * element); the other commands, and every ack without `ackAll`, run side by side.
+   */
+  const settleAll = (
+    deliveries: ReadonlyArray<Delivery>,
+    verdicts: ReadonlyArray<Verdict>,
+    receivedAt: number,
+    leases: ReadonlyArray<LeaseKeeper.Lease>
+  ): Effect.Effect<void> =>
+    Effect.suspend(() => {
+      const acked: Array<number> = []
+      const others: Array<number> = []
+      const decided = deliveries.map((_, index) => {
+        const decision = decide(verdicts[index]!, leases[index]!)
+        if (ackAll !== undefined && decision.command._tag === "Ack") acked.push(index)
+        else others.push(index)
+        return decision
       })
+      const rest = Effect.forEach(
+        others,
+        (index) => Effect.flatMap(execute(deliveries[index]!, decided[index]!.command), (result) => settled(deliveries[index]!, decided[index]!, result, receivedAt, false)),
+        { concurrency: "unbounded", discard: true }
+      )
+      if (ackAll === undefined || acked.length === 0) return rest
+      const acks = Effect.flatMap(ackAll(acked.map((index) => deliveries[index]!)), (errors) =>
+        Effect.forEach(acked, (index, i) => {
+          const error = errors[i]
+          const record = settled(deliveries[index]!, decided[index]!, error === undefined ? "confirmed" : "failed", receivedAt, false)
+          return error === undefined
+            ? record
+            : Effect.andThen(Effect.logWarning("broker command failed", ErrorSummary.fromError(error)), record)
+        }, { discard: true }))
+      return others.length === 0 ? acks : Effect.all([acks, rest], { concurrency: 2, discard: true })
     })
 
   /** The outcome of a dead letter that was not stored. */
@@ -993,11 +1053,7 @@ const makeProcess = <A, E extends Tagged, R>(
         }
         for (const lease of leases) keeper.unregister(lease)
         // Each element its own command, sent at once: individual acks, naks and dead letters.
-        yield* Effect.forEach(
-          deliveries,
-          (delivery, index) => settle(delivery, verdicts[index]!, receivedAt, leases[index]!, false),
-          { concurrency: "unbounded", discard: true }
-        )
+        yield* settleAll(deliveries, verdicts as ReadonlyArray<Verdict>, receivedAt, leases)
       })
     )
 
@@ -1152,6 +1208,7 @@ export const run = <A, E extends Tagged, R>(definition: Definition<A, E, R>): Ef
         lanes,
         deadlines,
         outcomeDeadlines,
+        intake.ackAll,
         env
       )
       const runFiber = FiberSet.run(inFlight)

@@ -136,6 +136,14 @@ class JetStreamDelivery implements Delivery.Delivery {
     )
   }
 
+  /** Acks and calls `done` with the broker's confirmation or why not; returns a withdrawal. */
+  sendAck(done: (error: Delivery.SettleError | undefined) => void): () => void {
+    const pulled = this.#pulled
+    const { connection, settleTimeoutMillis } = this.#settling
+    return connection.send(`Ack ${pulled.stream}#${pulled.streamSequence}`, pulled.reply, ACK, settleTimeoutMillis, (result) =>
+      done(result instanceof NatsError.NatsError ? settleError("Ack", result) : undefined))
+  }
+
   #command(name: Delivery.SettleCommand, payload: Uint8Array): Effect.Effect<void, Delivery.SettleError> {
     const pulled = this.#pulled
     const { connection, settleTimeoutMillis } = this.#settling
@@ -144,6 +152,34 @@ class JetStreamDelivery implements Delivery.Delivery {
       onSuccess: toVoid
     })
   }
+}
+
+const ackEach = (deliveries: ReadonlyArray<Delivery.Delivery>) =>
+  Effect.forEach(deliveries, (delivery) => Effect.match(delivery.ack, { onFailure: (error): Delivery.SettleError | undefined => error, onSuccess: () => undefined }), {
+    concurrency: "unbounded"
+  })
+
+/**
+ * The source's `ackAll`: every ack sent at once and the confirmations awaited together, in one
+ * effect (a delivery of another source falls back to its own `ack`). Interrupted, it withdraws
+ * the acks still unconfirmed (the broker may still apply them; redelivery covers the rest).
+ */
+export const ackAll = (deliveries: ReadonlyArray<Delivery.Delivery>): Effect.Effect<ReadonlyArray<Delivery.SettleError | undefined>> => {
+  if (!deliveries.every((delivery) => delivery instanceof JetStreamDelivery)) return ackEach(deliveries)
+  if (deliveries.length === 0) return Effect.succeed([])
+  return Effect.callback((resume) => {
+    const errors: Array<Delivery.SettleError | undefined> = new Array(deliveries.length).fill(undefined)
+    let left = deliveries.length
+    const withdrawals = deliveries.map((delivery, i) =>
+      delivery.sendAck((error) => {
+        errors[i] = error
+        if (--left === 0) resume(Effect.succeed(errors))
+      })
+    )
+    return Effect.sync(() => {
+      for (const withdraw of withdrawals) withdraw()
+    })
+  })
 }
 
 /** Builds the engine's view of `pulled`. */

@@ -13,9 +13,10 @@ import { Effect } from "effect"
 import type { Shape } from "../NatsConnection.ts"
 import * as NatsError from "../NatsError.ts"
 
-/** Confirmed requests on one connection: `NatsConnection`'s `request`. */
+/** Confirmed requests on one connection: `NatsConnection`'s `request` and `send`. */
 export interface Replies {
   readonly request: Shape["request"]
+  readonly send: Shape["send"]
 }
 
 interface Pending {
@@ -23,8 +24,8 @@ interface Pending {
   readonly operation: string
   readonly deadline: number
   /** Dropped once settled: the entry may wait in its expiry queue until the timer passes it. */
-  resume: ((effect: Effect.Effect<Msg, NatsError.NatsError>) => void) | undefined
-  done: boolean
+  done: ((result: Msg | NatsError.NatsError) => void) | undefined
+  settled: boolean
 }
 
 /** The requests of one timeout, oldest first: their deadlines are in the same order. */
@@ -34,6 +35,8 @@ interface Expiries {
   head: number
   timer: ReturnType<typeof setTimeout> | undefined
 }
+
+const noop = (): void => undefined
 
 const timedOut = (operation: string, timeoutMillis: number) =>
   new NatsError.NatsError({ reason: "Timeout", operation, message: `no reply within ${timeoutMillis} ms` })
@@ -46,12 +49,12 @@ export const make = (connection: Connection): Replies => {
   let subscription: Subscription | undefined
   let next = 0
 
-  const settle = (entry: Pending, effect: Effect.Effect<Msg, NatsError.NatsError>) => {
-    entry.done = true
+  const settle = (entry: Pending, result: Msg | NatsError.NatsError) => {
+    entry.settled = true
     pending.delete(entry.token)
-    const resume = entry.resume
-    entry.resume = undefined
-    resume?.(effect)
+    const done = entry.done
+    entry.done = undefined
+    done?.(result)
   }
 
   const onReply = (error: Error | null, msg: Msg) => {
@@ -60,9 +63,9 @@ export const make = (connection: Connection): Replies => {
     const entry = pending.get(token)
     if (entry === undefined) return // late (timed out or interrupted)
     if (msg.data.length === 0 && msg.headers?.code === 503) {
-      settle(entry, Effect.fail(new NatsError.NatsError({ reason: "NoResponders", operation: entry.operation, message: "no responders" })))
+      settle(entry, new NatsError.NatsError({ reason: "NoResponders", operation: entry.operation, message: "no responders" }))
     } else {
-      settle(entry, Effect.succeed(msg))
+      settle(entry, msg)
     }
   }
 
@@ -71,7 +74,7 @@ export const make = (connection: Connection): Replies => {
       subscription = connection.subscribe(`${prefix}*`, { callback: onReply })
       void connection.closed().then(() => {
         const error = new NatsError.NatsError({ reason: "ConnectionClosed", operation: "request", message: "connection closed" })
-        for (const entry of [...pending.values()]) settle(entry, Effect.fail(new NatsError.NatsError({ ...error, operation: entry.operation })))
+        for (const entry of [...pending.values()]) settle(entry, new NatsError.NatsError({ ...error, operation: entry.operation }))
       })
     }
     return subscription
@@ -98,7 +101,7 @@ export const make = (connection: Connection): Replies => {
   const dropSettled = (queue: Expiries) => {
     const entries = queue.entries
     let head = queue.head
-    while (head < entries.length && entries[head]!.done) head++
+    while (head < entries.length && entries[head]!.settled) head++
     forgetBefore(queue, head)
   }
 
@@ -109,9 +112,9 @@ export const make = (connection: Connection): Replies => {
     let head = queue.head
     while (head < entries.length) {
       const entry = entries[head]!
-      if (!entry.done) {
+      if (!entry.settled) {
         if (entry.deadline > now) break
-        settle(entry, Effect.fail(timedOut(entry.operation, queue.timeoutMillis)))
+        settle(entry, timedOut(entry.operation, queue.timeoutMillis))
       }
       head++
     }
@@ -123,42 +126,49 @@ export const make = (connection: Connection): Replies => {
     queue.timer = setTimeout(() => arm(queue), queue.entries[queue.head]!.deadline - now)
   }
 
+  const send: Replies["send"] = (operation, subject, payload, timeoutMillis, done) => {
+    if (connection.isClosed()) {
+      done(new NatsError.NatsError({ reason: "ConnectionClosed", operation, message: "connection closed" }))
+      return noop
+    }
+    const token = (next++).toString(36)
+    const entry: Pending = { token, operation, deadline: Date.now() + timeoutMillis, done, settled: false }
+    try {
+      subscribe()
+      pending.set(token, entry)
+      connection.publish(subject, payload, { reply: prefix + token })
+    } catch (error) {
+      pending.delete(token)
+      entry.settled = true
+      entry.done = undefined
+      done(NatsError.fromUnknown(operation, error))
+      return noop
+    }
+    let queue = expiries.get(timeoutMillis)
+    if (queue === undefined) {
+      queue = { timeoutMillis, entries: [], head: 0, timer: undefined }
+      expiries.set(timeoutMillis, queue)
+    }
+    dropSettled(queue)
+    queue.entries.push(entry)
+    if (queue.timer === undefined) arm(queue)
+    // Withdrawn: the reply, if it comes, is dropped.
+    return () => {
+      if (!entry.settled) {
+        entry.settled = true
+        entry.done = undefined
+        pending.delete(token)
+      }
+    }
+  }
+
   const request: Replies["request"] = (operation, subject, payload, timeoutMillis) =>
     Effect.callback<Msg, NatsError.NatsError>((resume) => {
-      if (connection.isClosed()) {
-        resume(Effect.fail(new NatsError.NatsError({ reason: "ConnectionClosed", operation, message: "connection closed" })))
-        return
-      }
-      const token = (next++).toString(36)
-      const entry: Pending = { token, operation, deadline: Date.now() + timeoutMillis, resume, done: false }
-      try {
-        subscribe()
-        pending.set(token, entry)
-        connection.publish(subject, payload, { reply: prefix + token })
-      } catch (error) {
-        pending.delete(token)
-        entry.done = true
-        entry.resume = undefined
-        resume(Effect.fail(NatsError.fromUnknown(operation, error)))
-        return
-      }
-      let queue = expiries.get(timeoutMillis)
-      if (queue === undefined) {
-        queue = { timeoutMillis, entries: [], head: 0, timer: undefined }
-        expiries.set(timeoutMillis, queue)
-      }
-      dropSettled(queue)
-      queue.entries.push(entry)
-      if (queue.timer === undefined) arm(queue)
+      const withdraw = send(operation, subject, payload, timeoutMillis, (result) =>
+        resume(result instanceof NatsError.NatsError ? Effect.fail(result) : Effect.succeed(result)))
       // Interrupted: the reply, if it comes, is dropped.
-      return Effect.sync(() => {
-        if (!entry.done) {
-          entry.done = true
-          entry.resume = undefined
-          pending.delete(token)
-        }
-      })
+      return Effect.sync(withdraw)
     })
 
-  return { request }
+  return { request, send }
 }
