@@ -248,6 +248,38 @@ describe("engine: a batch's acks", () => {
     }))
 })
 
+describe("engine: a batch's onOutcome", () => {
+  it.effect("BE-JOB-007: the elements' onOutcome hooks run side by side, each bounded by onOutcomeTimeout: one that hangs is cut alone", () =>
+    Effect.gen(function*() {
+      let takes = 0
+      const source = scripted("hooks", Effect.suspend(() => (++takes <= 3 ? Effect.succeed(delivery(takes)) : Effect.never)))
+      const reported: Array<string> = []
+      const consumer = Consumer.makeBatch({
+        name: "hooks",
+        source,
+        schema: Event,
+        metadata,
+        batch: { maxSize: 3, maxWait: "1 second" },
+        handleBatch: (events) => Effect.succeed(events.map(() => Result.succeed(undefined))),
+        classify: {},
+        onOutcomeTimeout: "5 seconds",
+        // Each hook takes a second; e2's never ends.
+        onOutcome: (outcome) =>
+          outcome.message.eventId === "e2"
+            ? Effect.never
+            : Effect.sleep("1 second").pipe(Effect.andThen(Effect.sync(() => reported.push(outcome.message.eventId ?? "?"))))
+      })
+      const fiber = yield* Effect.forkChild(Consumer.run(consumer))
+      yield* TestClock.adjust("10 millis")
+      yield* TestClock.adjust("1 second")
+      assert.deepStrictEqual(reported.sort(), ["e1", "e3"], "both hooks ended after one second: they ran side by side")
+      // The hung hook holds the batch's slot until its bound, then the consumer goes on.
+      yield* TestClock.adjust("5 seconds")
+      yield* stop(fiber)
+      assert.deepStrictEqual(reported.sort(), ["e1", "e3"])
+    }))
+})
+
 class Refused extends Data.TaggedError("Refused")<{}> {}
 
 /** A delivery of event `e<n>` whose commands all succeed. */

@@ -330,23 +330,31 @@ const makeProcess = <A, E extends Tagged, R>(
   ): Effect.Effect<X | W, Y | V, Z> =>
     Effect.suspend(() => {
       const startedAt = now()
-      return Effect.flatMap(Effect.forkChild(effect, { startImmediately: true }), (run) => {
-        const ended = run.pollUnsafe()
-        if (ended !== undefined) return ended
-        let timedOut = false
-        const entry = watcher.add(startedAt, () => {
-          timedOut = true
-          run.interruptUnsafe()
-        })
-        return Effect.flatMap(
-          Effect.onInterrupt(Fiber.await(run), () => Effect.andThen(Fiber.interrupt(run), Effect.sync(() => watcher.withdraw(entry)))),
-          (exit): Effect.Effect<X | W, Y | V> => {
-            watcher.withdraw(entry)
-            return timedOut && Exit.isFailure(exit) && Cause.hasInterruptsOnly(exit.cause) ? onTimeout() : exit
-          }
-        )
-      })
+      return Effect.flatMap(Effect.forkChild(effect, { startImmediately: true }), (run) => awaitBounded(run, startedAt, watcher, onTimeout))
     })
+
+  /** The end of `bounded`: waits for `run`, started at `startedAt`, cutting it at `watcher`'s bound. */
+  const awaitBounded = <X, Y, W, V>(
+    run: Fiber.Fiber<X, Y>,
+    startedAt: number,
+    watcher: Deadlines.Deadlines,
+    onTimeout: () => Effect.Effect<W, V>
+  ): Effect.Effect<X | W, Y | V> => {
+    const ended = run.pollUnsafe()
+    if (ended !== undefined) return ended
+    let timedOut = false
+    const entry = watcher.add(startedAt, () => {
+      timedOut = true
+      run.interruptUnsafe()
+    })
+    return Effect.flatMap(
+      Effect.onInterrupt(Fiber.await(run), () => Effect.andThen(Fiber.interrupt(run), Effect.sync(() => watcher.withdraw(entry)))),
+      (exit): Effect.Effect<X | W, Y | V> => {
+        watcher.withdraw(entry)
+        return timedOut && Exit.isFailure(exit) && Cause.hasInterruptsOnly(exit.cause) ? onTimeout() : exit
+      }
+    )
+  }
 
   /** A handler run bounded by `handlerTimeout`: past it, `HandlerTimeout` (transient). */
   const supervised = <X, Y, Z>(effect: Effect.Effect<X, Y, Z>, message: string): Effect.Effect<X, Y | HandlerTimeout, Z> =>
@@ -761,7 +769,7 @@ const makeProcess = <A, E extends Tagged, R>(
   ): Effect.Effect<void> =>
     Effect.suspend(() => {
       const decided = decide(judged, lease)
-      return Effect.flatMap(execute(delivery, decided.command), (result) => settled(delivery, decided, result, receivedAt, ownSpan))
+      return Effect.flatMap(execute(delivery, decided.command), (result) => Effect.asVoid(settled(delivery, decided, result, receivedAt, ownSpan, true)))
     })
 
   /** The verdict to act on and its broker command, decided when the command is sent. */
@@ -779,37 +787,46 @@ const makeProcess = <A, E extends Tagged, R>(
     return { verdict, command: Outcome.toCommand(verdict, { expiredTo: definition.expiredTo, now: stamp }), commandStart }
   }
 
-  /** Once the command has its answer: the outcome, recorded. */
+  /**
+   * Once the command has its answer: the outcome, recorded, and reported to `onOutcome` when
+   * `report` (a batch reports its elements' outcomes together, see `reportAll`).
+   */
   const settled = (
     delivery: Delivery,
     { command, commandStart, verdict }: Decided,
     result: "confirmed" | "stored" | "failed",
     receivedAt: number,
-    ownSpan: boolean
-  ): Effect.Effect<void> => {
+    ownSpan: boolean,
+    report: boolean
+  ): Effect.Effect<Outcome.Outcome> => {
     const sent = result === "confirmed"
     const settledAt = now()
     if (command._tag !== "Leave") record(settleLatency[command._tag], settledAt - commandStart)
     if (command._tag === "DeadLetter" && result === "failed") {
-      return Effect.flatMap(deadLetterFailed(delivery, verdict, receivedAt), (outcome) => recordOutcome(delivery, outcome, ownSpan))
+      return Effect.flatMap(deadLetterFailed(delivery, verdict, receivedAt), (outcome) => Effect.as(recordOutcome(delivery, outcome, ownSpan, report), outcome))
     }
     // A withheld ack is not a confirmed one, although saying nothing always "succeeds". A
     // dead letter `stored` but whose term was lost stays dead-lettered for good (a redelivery
     // writes the same dead letter again, stored once), unconfirmed, and nothing is naked.
     const confirmed = sent && !(verdict._tag === "Committed" && verdict.ackWithheld !== undefined)
     const outcome = finish(verdict, confirmed, settledAt - receivedAt)
+    const recorded = Effect.as(recordOutcome(delivery, outcome, ownSpan, report), outcome)
     return sent && command._tag === "Ack" && probe !== undefined
       ? Effect.andThen(
         hit({ point: "after-ack", consumer: definition.name, sequence: delivery.sequence, eventId: verdict.message.eventId }),
-        recordOutcome(delivery, outcome, ownSpan)
+        recorded
       )
-      : recordOutcome(delivery, outcome, ownSpan)
+      : recorded
   }
+
+  /** An ack `ackAll` could not confirm: as `execute` reports a failed command. */
+  const unconfirmedAck = (error: unknown) => Effect.as(Effect.logWarning("broker command failed", ErrorSummary.fromError(error)), "failed" as const)
 
   /**
    * Settles a batch's elements, each with its own command and outcome. The acks go through the
    * intake's `ackAll` when it has one (sent at once, confirmations awaited together, no fiber per
-   * element); the other commands, and every ack without `ackAll`, run side by side.
+   * element); the other commands, and every ack without `ackAll`, run side by side. The
+   * outcomes are reported to `onOutcome` once all are recorded, side by side too.
    */
   const settleAll = (
     deliveries: ReadonlyArray<Delivery>,
@@ -826,21 +843,28 @@ const makeProcess = <A, E extends Tagged, R>(
         else others.push(index)
         return decision
       })
+      const outcomes: Array<Outcome.Outcome> = []
+      const settleOne = (index: number, result: "confirmed" | "stored" | "failed") =>
+        Effect.map(settled(deliveries[index]!, decided[index]!, result, receivedAt, false, false), (outcome) => {
+          outcomes.push(outcome)
+        })
       const rest = Effect.forEach(
         others,
-        (index) => Effect.flatMap(execute(deliveries[index]!, decided[index]!.command), (result) => settled(deliveries[index]!, decided[index]!, result, receivedAt, false)),
+        (index) => Effect.flatMap(execute(deliveries[index]!, decided[index]!.command), (result) => settleOne(index, result)),
         { concurrency: "unbounded", discard: true }
       )
-      if (ackAll === undefined || acked.length === 0) return rest
-      const acks = Effect.flatMap(ackAll(acked.map((index) => deliveries[index]!)), (errors) =>
-        Effect.forEach(acked, (index, i) => {
-          const error = errors[i]
-          const record = settled(deliveries[index]!, decided[index]!, error === undefined ? "confirmed" : "failed", receivedAt, false)
-          return error === undefined
-            ? record
-            : Effect.andThen(Effect.logWarning("broker command failed", ErrorSummary.fromError(error)), record)
-        }, { discard: true }))
-      return others.length === 0 ? acks : Effect.all([acks, rest], { concurrency: 2, discard: true })
+      const all = ackAll === undefined || acked.length === 0 ? rest : Effect.all([
+        Effect.flatMap(
+          // A source's defect, or a result of the wrong length, leaves every ack unconfirmed.
+          ackAll(acked.map((index) => deliveries[index]!)).pipe(
+            Effect.filterOrFail((errors) => errors.length === acked.length, () => new Error(`ackAll gave a result per delivery for ${acked.length} deliveries`)),
+            Effect.catchCause((cause) => Effect.succeed(acked.map(() => Cause.squash(cause))))
+          ),
+          (errors) => Effect.forEach(acked, (index, i) => (errors[i] === undefined ? settleOne(index, "confirmed") : Effect.flatMap(unconfirmedAck(errors[i]), (result) => settleOne(index, result))), { discard: true })
+        ),
+        rest
+      ], { concurrency: 2, discard: true })
+      return definition.onOutcome === undefined ? all : Effect.andThen(all, Effect.suspend(() => reportAll(outcomes)))
     })
 
   /** The outcome of a dead letter that was not stored. */
@@ -877,9 +901,12 @@ const makeProcess = <A, E extends Tagged, R>(
       )
     })
 
-  /** Record: the attempt count's cleanup, metrics, span, log line, progress, then `onOutcome`. */
-  // `ownSpan`: the delivery has a span of its own to annotate (a batch element shares its batch's).
-  const recordOutcome = (delivery: Delivery, outcome: Outcome.Outcome, ownSpan: boolean): Effect.Effect<void> => {
+  /**
+   * Record: the attempt count's cleanup, metrics, span, log line, progress, then `onOutcome` when
+   * `report`. `ownSpan`: the delivery has a span of its own to annotate (a batch element shares its
+   * batch's).
+   */
+  const recordOutcome = (delivery: Delivery, outcome: Outcome.Outcome, ownSpan: boolean, report = true): Effect.Effect<void> => {
     let effect: Effect.Effect<void> = ownSpan ? Effect.annotateCurrentSpan(spanAttributes(outcome)) : Effect.void
     const hadFailures = delivery.deliveryCount > 1 || (outcome._tag === "DeadLettered" && outcome.reason === "AttemptsExhausted")
     if (attemptStore !== undefined && outcome._tag !== "Released" && outcome.message.eventId !== undefined && hadFailures) {
@@ -913,16 +940,31 @@ const makeProcess = <A, E extends Tagged, R>(
       }
     }
     const onOutcome = definition.onOutcome
-    if (onOutcome === undefined) return effect
+    if (onOutcome === undefined || !report) return effect
     return Effect.andThen(
       effect,
       // Its own fiber (interruptible, so the bound holds even though settlement itself is not).
-      bounded(Effect.suspend(() => onOutcome(outcome)), outcomeDeadlines, onOutcomeTimedOut).pipe(
-        Effect.catchCause((cause) => Effect.logWarning("onOutcome failed", ErrorSummary.fromCause(cause)))
-      )
+      bounded(Effect.suspend(() => onOutcome(outcome)), outcomeDeadlines, onOutcomeTimedOut).pipe(Effect.catchCause(onOutcomeFailed))
     )
   }
   const onOutcomeTimedOut = () => Effect.logWarning(`onOutcome ran longer than ${Duration.format(definition.onOutcomeTimeout)}; cut`)
+  const onOutcomeFailed = (cause: Cause.Cause<unknown>) => Effect.logWarning("onOutcome failed", ErrorSummary.fromCause(cause))
+
+  /** `onOutcome` of each outcome: all started at once, each in its own fiber and bounded as one alone is. */
+  const reportAll = (outcomes: ReadonlyArray<Outcome.Outcome>): Effect.Effect<void> => {
+    const onOutcome = definition.onOutcome
+    if (onOutcome === undefined || outcomes.length === 0) return Effect.void
+    const startedAt = now()
+    return Effect.flatMap(
+      Effect.forEach(outcomes, (outcome) => Effect.forkChild(Effect.suspend(() => onOutcome(outcome)), { startImmediately: true })),
+      (runs) =>
+        Effect.forEach(
+          runs,
+          (run) => awaitBounded(run, startedAt, outcomeDeadlines, onOutcomeTimedOut).pipe(Effect.catchCause(onOutcomeFailed)),
+          { discard: true }
+        )
+    )
+  }
 
   const recordKind = (outcome: Outcome.Outcome): void => {
     switch (outcome._tag) {
