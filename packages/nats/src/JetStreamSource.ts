@@ -191,20 +191,10 @@ export const make = (options: Options): Source.Source<NatsConnection> => {
       let closed = false
       // Resumes the `take` that waits for a message (never more than one).
       let wake: (() => void) | undefined
-      // Woken once the socket chunk being read has been buffered whole (a microtask later), not
-      // per message: a waiting take then finds every message of the chunk at once, instead of its
-      // fiber resuming, taking one and suspending again for each.
-      let waking = false
-      const wakeNow = () => {
-        waking = false
+      const signal = () => {
         const resume = wake
         wake = undefined
         resume?.()
-      }
-      const signal = () => {
-        if (wake === undefined || waking) return
-        waking = true
-        queueMicrotask(wakeNow)
       }
       const fail = (error: Source.SourceError) => {
         failure ??= error
