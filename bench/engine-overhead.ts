@@ -3,7 +3,10 @@
  * hand-written nats.js pull loop that does the same work (JSON decode, confirmed ack request per
  * message, same concurrency and prefetch), on the same server in the same run. Prints both rates
  * and their ratio. No database: this isolates what the engine adds on top of the broker. The sides
- * alternate over `rounds` rounds (the order rotates); it prints medians with min and max.
+ * alternate over `rounds` rounds (the order rotates); it prints medians with min and max, and
+ * this process's CPU time per message on each side (the server shares the machine; CPU per
+ * message moves less than rates between runs). BENCH_CPU_PROFILE=dir writes a CPU profile of
+ * each of jetworker's rounds (the consumer's run only) to `dir`.
  *
  *   node bench/engine-overhead.ts [messages=5000] [concurrency=16] [prefetch=concurrency] [rounds=3]
  */
@@ -12,6 +15,8 @@ import { DeadLetter, JetStreamSource, NatsConnection, Topology } from "@jetworke
 import { jetstream, jetstreamManager } from "@nats-io/jetstream"
 import { connect } from "@nats-io/transport-node"
 import { Deferred, Effect, Fiber, Logger, References, Schema } from "effect"
+import { mkdir, writeFile } from "node:fs/promises"
+import { Session } from "node:inspector/promises"
 import { ackAll, publishAll } from "./rawLoop.ts"
 
 const total = Number(process.argv[2] ?? 5000)
@@ -21,6 +26,41 @@ const rounds = Number(process.argv[5] ?? 3)
 const servers = process.env.NATS_URL ?? "nats://127.0.0.1:4222"
 const Event = Envelope.schema("bench.event", Schema.Struct({ n: Schema.Number }))
 const encoder = new TextEncoder()
+
+/** A side's rate and this process's CPU time per message (user + system) while it consumed. */
+interface Run {
+  readonly rate: number
+  readonly cpuMicros: number
+}
+
+/** Measures `consume` (which consumes `total` messages): its rate and CPU per message. */
+const measured = async (consume: () => Promise<void>): Promise<Run> => {
+  const cpu = process.cpuUsage()
+  const started = performance.now()
+  await consume()
+  const seconds = (performance.now() - started) / 1000
+  const used = process.cpuUsage(cpu)
+  return { rate: total / seconds, cpuMicros: (used.user + used.system) / total }
+}
+
+const profileDir = process.env.BENCH_CPU_PROFILE
+let profiles = 0
+/** Runs `f` under the CPU profiler when BENCH_CPU_PROFILE names a directory. */
+const profiled = async <A>(f: () => Promise<A>): Promise<A> => {
+  if (profileDir === undefined || profileDir === "") return f()
+  const session = new Session()
+  session.connect()
+  await session.post("Profiler.enable")
+  await session.post("Profiler.start")
+  try {
+    return await f()
+  } finally {
+    const { profile } = await session.post("Profiler.stop")
+    session.disconnect()
+    await mkdir(profileDir, { recursive: true })
+    await writeFile(`${profileDir}/jetworker-${profiles++}.cpuprofile`, JSON.stringify(profile))
+  }
+}
 
 const fill = async (stream: string) => {
   // Both sides skip nats.js's per-request async stack capture (an Error per request).
@@ -36,22 +76,20 @@ const fill = async (stream: string) => {
 }
 
 /** The hand-written baseline: consume with the same prefetch, `concurrency` workers, confirmed acks. */
-const baseline = async (): Promise<number> => {
+const baseline = async (): Promise<Run> => {
   const stream = `BENCH_BASE_${Date.now()}`
   const { nc, jsm } = await fill(stream)
   const consumer = await jetstream(nc).consumers.get(stream, "c")
   const messages = await consumer.consume({ max_messages: prefetch })
-  const started = performance.now()
-  await ackAll(nc, messages, { count: total, concurrency })
-  const seconds = (performance.now() - started) / 1000
+  const run = await measured(() => ackAll(nc, messages, { count: total, concurrency }))
   messages.stop()
   await jsm.streams.delete(stream)
   await nc.close()
-  return total / seconds
+  return run
 }
 
 /** The engine: the same stream shape, a handler that does nothing. */
-const engine = async (): Promise<number> => {
+const engine = async (): Promise<Run> => {
   const stream = `BENCH_ENGINE_${Date.now()}`
   const { nc, jsm } = await fill(stream)
   await nc.close()
@@ -69,18 +107,20 @@ const engine = async (): Promise<number> => {
       prefetch,
       onOutcome: () => Effect.suspend(() => (++done === total ? Deferred.succeed(allDone, undefined) : Effect.void))
     })
+    const cpu = process.cpuUsage()
     const started = performance.now()
     const fiber = yield* Effect.forkChild(Consumer.run(consumer))
     yield* Deferred.await(allDone)
     const seconds = (performance.now() - started) / 1000
+    const used = process.cpuUsage(cpu)
     yield* Fiber.interrupt(fiber)
-    return total / seconds
+    return { rate: total / seconds, cpuMicros: (used.user + used.system) / total } satisfies Run
   }).pipe(
     Effect.provide(NatsConnection.layer({ servers })),
     Effect.provide(Logger.layer([Logger.consolePretty()])),
     Effect.provideService(References.MinimumLogLevel, "Error")
   )
-  const rate = await Effect.runPromise(program)
+  const run = await profiled(() => Effect.runPromise(program))
   const admin = await connect({ servers })
   const manager = await jetstreamManager(admin)
   await manager.streams.delete(stream)
@@ -88,12 +128,12 @@ const engine = async (): Promise<number> => {
   await manager.streams.delete(DeadLetter.destination(stream, "c").stream).catch(() => false)
   await admin.close()
   void jsm
-  return rate
+  return run
 }
 
 // Alternating rounds (the order rotates), each side on a fresh stream; medians with min and max.
-const bases: Array<number> = []
-const engines: Array<number> = []
+const bases: Array<Run> = []
+const engines: Array<Run> = []
 for (let round = 0; round < rounds; round++) {
   if (round % 2 === 0) {
     bases.push(await baseline())
@@ -105,11 +145,13 @@ for (let round = 0; round < rounds; round++) {
 }
 const median = (values: ReadonlyArray<number>) => [...values].sort((a, b) => a - b)[Math.floor(values.length / 2)]!
 const range = (values: ReadonlyArray<number>) => `${Math.min(...values).toFixed(0)}..${Math.max(...values).toFixed(0)}`
-const ratios = engines.map((rate, i) => rate / bases[i]!)
+const rates = (runs: ReadonlyArray<Run>) => runs.map((run) => run.rate)
+const cpu = (runs: ReadonlyArray<Run>) => `CPU ${median(runs.map((run) => run.cpuMicros)).toFixed(0)} µs/msg`
+const ratios = engines.map((run, i) => run.rate / bases[i]!.rate)
 console.log(`messages ${total}, concurrency ${concurrency}, prefetch ${prefetch}, confirmed acks, ${rounds} rounds`)
-console.log(`hand-written nats.js loop: ${median(bases).toFixed(0)} msg/s (${range(bases)})`)
-console.log(`jetworker engine:          ${median(engines).toFixed(0)} msg/s (${range(engines)})`)
+console.log(`hand-written nats.js loop: ${median(rates(bases)).toFixed(0)} msg/s (${range(rates(bases))}), ${cpu(bases)}`)
+console.log(`jetworker engine:          ${median(rates(engines)).toFixed(0)} msg/s (${range(rates(engines))}), ${cpu(engines)}`)
 console.log(
-  `engine / baseline:         ${(median(engines) / median(bases)).toFixed(2)} of medians ` +
+  `engine / baseline:         ${(median(rates(engines)) / median(rates(bases))).toFixed(2)} of medians ` +
     `(per round ${Math.min(...ratios).toFixed(2)}..${Math.max(...ratios).toFixed(2)})`
 )
