@@ -248,6 +248,44 @@ describe("engine: a batch's acks", () => {
     }))
 })
 
+describe("engine: a source's ackAll that misbehaves", () => {
+  for (const [what, ackAll] of [
+    ["gives fewer results than deliveries", () => Effect.succeed([undefined])],
+    ["dies", () => Effect.die(new Error("ackAll exploded"))]
+  ] as const) {
+    it.effect(`an ackAll that ${what} leaves every ack of the batch unconfirmed, and the batch still ends in its outcomes`, () =>
+      Effect.gen(function*() {
+        let takes = 0
+        const source: Source.Source = {
+          name: "bad-acks",
+          open: () =>
+            Effect.succeed({
+              lease: Duration.seconds(30),
+              maxDeliver: undefined,
+              take: Effect.suspend(() => (++takes <= 2 ? Effect.succeed(delivery(takes)) : Effect.never)),
+              ackAll,
+              close: Effect.void
+            })
+        }
+        const outcomes: Array<Outcome.Outcome> = []
+        const consumer = Consumer.makeBatch({
+          name: "bad-acks",
+          source,
+          schema: Event,
+          metadata,
+          batch: { maxSize: 2, maxWait: "1 second" },
+          handleBatch: (events) => Effect.succeed(events.map(() => Result.succeed(undefined))),
+          classify: {},
+          onOutcome: (outcome) => Effect.sync(() => outcomes.push(outcome))
+        })
+        const fiber = yield* Effect.forkChild(Consumer.run(consumer))
+        for (let i = 0; i < 100 && outcomes.length < 2; i++) yield* TestClock.adjust("10 millis")
+        yield* stop(fiber)
+        assert.deepStrictEqual(outcomes.map((o) => [o.message.eventId, o._tag, o.confirmed]).sort(), [["e1", "Committed", false], ["e2", "Committed", false]])
+      }))
+  }
+})
+
 describe("engine: a batch's onOutcome", () => {
   it.effect("BE-JOB-007: the elements' onOutcome hooks run side by side, each bounded by onOutcomeTimeout: one that hangs is cut alone", () =>
     Effect.gen(function*() {

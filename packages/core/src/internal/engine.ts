@@ -857,8 +857,14 @@ const makeProcess = <A, E extends Tagged, R>(
         Effect.flatMap(
           // A source's defect, or a result of the wrong length, leaves every ack unconfirmed.
           ackAll(acked.map((index) => deliveries[index]!)).pipe(
-            Effect.filterOrFail((errors) => errors.length === acked.length, () => new Error(`ackAll gave a result per delivery for ${acked.length} deliveries`)),
-            Effect.catchCause((cause) => Effect.succeed(acked.map(() => Cause.squash(cause))))
+            Effect.filterOrFail(
+              (errors) => errors.length === acked.length,
+              (errors) => new Error(`ackAll gave ${errors.length} results for ${acked.length} deliveries`)
+            ),
+            Effect.catchCause((cause) => {
+              const failure = Cause.squash(cause) ?? new Error("ackAll failed")
+              return Effect.succeed(acked.map(() => failure))
+            })
           ),
           (errors) => Effect.forEach(acked, (index, i) => (errors[i] === undefined ? settleOne(index, "confirmed") : Effect.flatMap(unconfirmedAck(errors[i]), (result) => settleOne(index, result))), { discard: true })
         ),
