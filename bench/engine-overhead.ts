@@ -15,8 +15,7 @@ import { DeadLetter, JetStreamSource, NatsConnection, Topology } from "@jetworke
 import { jetstream, jetstreamManager } from "@nats-io/jetstream"
 import { connect } from "@nats-io/transport-node"
 import { Deferred, Effect, Fiber, Logger, References, Schema } from "effect"
-import { mkdir, writeFile } from "node:fs/promises"
-import { Session } from "node:inspector/promises"
+import { profiled } from "./cpuProfile.ts"
 import { ackAll, publishAll } from "./rawLoop.ts"
 
 const total = Number(process.argv[2] ?? 5000)
@@ -43,24 +42,7 @@ const measured = async (consume: () => Promise<void>): Promise<Run> => {
   return { rate: total / seconds, cpuMicros: (used.user + used.system) / total }
 }
 
-const profileDir = process.env.BENCH_CPU_PROFILE
 let profiles = 0
-/** Runs `f` under the CPU profiler when BENCH_CPU_PROFILE names a directory. */
-const profiled = async <A>(f: () => Promise<A>): Promise<A> => {
-  if (profileDir === undefined || profileDir === "") return f()
-  const session = new Session()
-  session.connect()
-  await session.post("Profiler.enable")
-  await session.post("Profiler.start")
-  try {
-    return await f()
-  } finally {
-    const { profile } = await session.post("Profiler.stop")
-    session.disconnect()
-    await mkdir(profileDir, { recursive: true })
-    await writeFile(`${profileDir}/jetworker-${profiles++}.cpuprofile`, JSON.stringify(profile))
-  }
-}
 
 const fill = async (stream: string) => {
   // Both sides skip nats.js's per-request async stack capture (an Error per request).
@@ -120,7 +102,7 @@ const engine = async (): Promise<Run> => {
     Effect.provide(Logger.layer([Logger.consolePretty()])),
     Effect.provideService(References.MinimumLogLevel, "Error")
   )
-  const run = await profiled(() => Effect.runPromise(program))
+  const run = await profiled(`jetworker-${profiles++}`, () => Effect.runPromise(program))
   const admin = await connect({ servers })
   const manager = await jetstreamManager(admin)
   await manager.streams.delete(stream)

@@ -60,10 +60,10 @@ import { SqlClient } from "effect/sql"
 import type { SqlError } from "effect/sql/SqlError"
 import { randomBytes } from "node:crypto"
 import { mkdir, writeFile } from "node:fs/promises"
-import { Session } from "node:inspector/promises"
 import os from "node:os"
 import pg from "pg"
 import { barChart } from "./chart.ts"
+import { profiled } from "./cpuProfile.ts"
 import { publishAll } from "./rawLoop.ts"
 
 const total = Number(process.argv[2] ?? 5000)
@@ -553,24 +553,6 @@ const verify = async (side: Side, round: Round) => {
   }
   if (JSON.stringify(found) !== JSON.stringify(expected)) {
     throw new Error(`${side.label}: exactly-once check failed: found ${JSON.stringify(found)}, expected ${JSON.stringify(expected)}`)
-  }
-}
-
-const profileDir = process.env.BENCH_CPU_PROFILE
-/** Runs `f` under the CPU profiler when BENCH_CPU_PROFILE names a directory. */
-const profiled = async <A>(name: string, f: () => Promise<A>): Promise<A> => {
-  if (profileDir === undefined || profileDir === "") return f()
-  const session = new Session()
-  session.connect()
-  await session.post("Profiler.enable")
-  await session.post("Profiler.start")
-  try {
-    return await f()
-  } finally {
-    const { profile } = await session.post("Profiler.stop")
-    session.disconnect()
-    await mkdir(profileDir, { recursive: true })
-    await writeFile(`${profileDir}/${name}.cpuprofile`, JSON.stringify(profile))
   }
 }
 

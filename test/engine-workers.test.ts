@@ -24,11 +24,42 @@ const stop = (fiber: Fiber.Fiber<unknown, unknown>) =>
 /** The engine's view of an event of this file: its id, no expiry. */
 const metadata = (event: typeof Event.Type) => ({ id: event.id, time: DateTime.makeUnsafe(0) })
 
-/** A source whose intake hands out what `take` gives and ignores `close`. */
-const scripted = (name: string, take: Effect.Effect<Delivery.Delivery>): Source.Source => ({
+/** A source whose intake hands out what `take` gives (acking a batch with `ackAll`, if given) and ignores `close`. */
+const scripted = (name: string, take: Effect.Effect<Delivery.Delivery>, ackAll?: Source.Intake["ackAll"]): Source.Source => ({
   name,
-  open: () => Effect.succeed({ lease: Duration.seconds(30), maxDeliver: undefined, take, close: Effect.void })
+  open: () => Effect.succeed({ lease: Duration.seconds(30), maxDeliver: undefined, take, ackAll, close: Effect.void })
 })
+
+/** `count` deliveries (`make(1)` to `make(count)`), then nothing more. */
+const deliveries = (count: number, make: (n: number) => Delivery.Delivery = delivery): Effect.Effect<Delivery.Delivery> => {
+  let takes = 0
+  return Effect.suspend(() => (++takes <= count ? Effect.succeed(make(takes)) : Effect.never))
+}
+
+/** A batch consumer of this file's events over `source`: batches of up to `maxSize`, waiting a second to fill. */
+const batchOf = (
+  source: Source.Source,
+  options: {
+    readonly maxSize: number
+    readonly handleBatch: (events: ReadonlyArray<typeof Event.Type>) => Effect.Effect<ReadonlyArray<Result.Result<unknown, Refused>>>
+    readonly onOutcome: (outcome: Outcome.Outcome) => Effect.Effect<unknown>
+    readonly onOutcomeTimeout?: Duration.Input
+  }
+) =>
+  Consumer.makeBatch({
+    name: source.name,
+    source,
+    schema: Event,
+    metadata,
+    batch: { maxSize: options.maxSize, maxWait: "1 second" },
+    handleBatch: options.handleBatch,
+    classify: { Refused: "permanent" },
+    onOutcomeTimeout: options.onOutcomeTimeout,
+    onOutcome: options.onOutcome
+  })
+
+/** Every element of a batch succeeds. */
+const allSucceed = (events: ReadonlyArray<unknown>) => Effect.succeed(events.map(() => Result.succeed(undefined)))
 
 /** A consumer of this file's events over `source`, recording its outcomes in `outcomes`. */
 const recording = (
@@ -157,9 +188,8 @@ describe("engine: workers", () => {
 
   it.effect("shutdown ends workers waiting for a delivery even when the source's take would never fail after close", () =>
     Effect.gen(function*() {
-      let takes = 0
       // A source that has three messages and ignores close: the workers must stop taking by themselves.
-      const source = scripted("endless", Effect.suspend(() => (++takes <= 3 ? Effect.succeed(delivery(takes)) : Effect.never)))
+      const source = scripted("endless", deliveries(3))
       const outcomes: Array<Outcome.Outcome> = []
       const consumer = recording(source, outcomes, { handle: () => Effect.void, concurrency: 4, drainTimeout: "1 hour" })
       const fiber = yield* Effect.forkChild(Consumer.run(consumer))
@@ -204,36 +234,20 @@ describe("engine: a batch's acks", () => {
         ack: Effect.sync(() => void sent.push(`own ack e${n}`)),
         deadLetter: () => Effect.sync(() => void sent.push(`dead letter e${n}`))
       })
-      let takes = 0
-      const source: Source.Source = {
-        name: "acks",
-        open: () =>
-          Effect.succeed({
-            lease: Duration.seconds(30),
-            maxDeliver: undefined,
-            take: Effect.suspend(() => (++takes <= 3 ? Effect.succeed(withCommands(takes)) : Effect.never)),
-            // The broker confirms the first ack only.
-            ackAll: (deliveries) =>
-              Effect.sync(() => {
-                sent.push(`ackAll ${deliveries.map((d) => `e${d.sequence}`).join(",")}`)
-                return deliveries.map((d, i) =>
-                  i === 0 ? undefined : new Delivery.SettleError({ command: "Ack", reason: "Timeout", message: `no reply for e${d.sequence}` })
-                )
-              }),
-            close: Effect.void
-          })
-      }
+      // The broker confirms the first ack only.
+      const source = scripted("acks", deliveries(3, withCommands), (acked) =>
+        Effect.sync(() => {
+          sent.push(`ackAll ${acked.map((d) => `e${d.sequence}`).join(",")}`)
+          return acked.map((d, i) =>
+            i === 0 ? undefined : new Delivery.SettleError({ command: "Ack", reason: "Timeout", message: `no reply for e${d.sequence}` })
+          )
+        }))
       const outcomes: Array<Outcome.Outcome> = []
-      const consumer = Consumer.makeBatch({
-        name: "acks",
-        source,
-        schema: Event,
-        metadata,
-        batch: { maxSize: 3, maxWait: "1 second" },
+      const consumer = batchOf(source, {
+        maxSize: 3,
         // The third element fails for good: it alone is dead-lettered, by its own command.
         handleBatch: (events) =>
           Effect.succeed(events.map((event) => (event.id === "e3" ? Result.fail(new Refused()) : Result.succeed(undefined)))),
-        classify: { Refused: "permanent" },
         onOutcome: (outcome) => Effect.sync(() => outcomes.push(outcome))
       })
       const fiber = yield* Effect.forkChild(Consumer.run(consumer))
@@ -255,27 +269,10 @@ describe("engine: a source's ackAll that misbehaves", () => {
   ] as const) {
     it.effect(`an ackAll that ${what} leaves every ack of the batch unconfirmed, and the batch still ends in its outcomes`, () =>
       Effect.gen(function*() {
-        let takes = 0
-        const source: Source.Source = {
-          name: "bad-acks",
-          open: () =>
-            Effect.succeed({
-              lease: Duration.seconds(30),
-              maxDeliver: undefined,
-              take: Effect.suspend(() => (++takes <= 2 ? Effect.succeed(delivery(takes)) : Effect.never)),
-              ackAll,
-              close: Effect.void
-            })
-        }
         const outcomes: Array<Outcome.Outcome> = []
-        const consumer = Consumer.makeBatch({
-          name: "bad-acks",
-          source,
-          schema: Event,
-          metadata,
-          batch: { maxSize: 2, maxWait: "1 second" },
-          handleBatch: (events) => Effect.succeed(events.map(() => Result.succeed(undefined))),
-          classify: {},
+        const consumer = batchOf(scripted("bad-acks", deliveries(2), ackAll), {
+          maxSize: 2,
+          handleBatch: allSucceed,
           onOutcome: (outcome) => Effect.sync(() => outcomes.push(outcome))
         })
         const fiber = yield* Effect.forkChild(Consumer.run(consumer))
@@ -289,17 +286,10 @@ describe("engine: a source's ackAll that misbehaves", () => {
 describe("engine: a batch's onOutcome", () => {
   it.effect("BE-JOB-007: the elements' onOutcome hooks run side by side, each bounded by onOutcomeTimeout: one that hangs is cut alone", () =>
     Effect.gen(function*() {
-      let takes = 0
-      const source = scripted("hooks", Effect.suspend(() => (++takes <= 3 ? Effect.succeed(delivery(takes)) : Effect.never)))
       const reported: Array<string> = []
-      const consumer = Consumer.makeBatch({
-        name: "hooks",
-        source,
-        schema: Event,
-        metadata,
-        batch: { maxSize: 3, maxWait: "1 second" },
-        handleBatch: (events) => Effect.succeed(events.map(() => Result.succeed(undefined))),
-        classify: {},
+      const consumer = batchOf(scripted("hooks", deliveries(3)), {
+        maxSize: 3,
+        handleBatch: allSucceed,
         onOutcomeTimeout: "5 seconds",
         // Each hook takes a second; e2's never ends.
         onOutcome: (outcome) =>

@@ -6,7 +6,7 @@
  *
  * @since 0.1.0
  */
-import { Data, type Duration, type Effect } from "effect"
+import { Data, type Duration, Effect } from "effect"
 import type { DeadLetterRecord } from "./Outcome.ts"
 
 /** Which command failed. */
@@ -59,3 +59,15 @@ export interface Delivery {
   /** Extends the lease (JetStream: resets the ack wait); succeeds once the broker confirms. */
   readonly extend: Effect.Effect<void, SettleError>
 }
+
+/**
+ * Acks each delivery with its own `ack`, side by side, and gives one result per delivery in
+ * order: `undefined` once confirmed, else the `SettleError`. The shape of `Intake.ackAll`, for a
+ * source without a cheaper way to ack many at once (or for deliveries it does not know).
+ */
+export const ackEach = (deliveries: ReadonlyArray<Delivery>): Effect.Effect<ReadonlyArray<SettleError | undefined>> =>
+  Effect.forEach(
+    deliveries,
+    (delivery) => Effect.match(delivery.ack, { onFailure: (error): SettleError | undefined => error, onSuccess: () => undefined }),
+    { concurrency: "unbounded" }
+  )

@@ -221,12 +221,7 @@ export const make = (options: Options): InMemoryBroker => {
         maxDeliver: options.maxDeliver,
         take,
         // A batch's acks, each with its own faults, as the JetStream source's `ackAll` settles them.
-        ackAll: (deliveries) =>
-          Effect.forEach(
-            deliveries,
-            (delivery) => Effect.match(delivery.ack, { onFailure: (error): Delivery.SettleError | undefined => error, onSuccess: () => undefined }),
-            { concurrency: "unbounded" }
-          ),
+        ackAll: Delivery.ackEach,
         close: Effect.void
       })
   }

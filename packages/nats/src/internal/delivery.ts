@@ -154,18 +154,13 @@ class JetStreamDelivery implements Delivery.Delivery {
   }
 }
 
-const ackEach = (deliveries: ReadonlyArray<Delivery.Delivery>) =>
-  Effect.forEach(deliveries, (delivery) => Effect.match(delivery.ack, { onFailure: (error): Delivery.SettleError | undefined => error, onSuccess: () => undefined }), {
-    concurrency: "unbounded"
-  })
-
 /**
  * The source's `ackAll`: every ack sent at once and the confirmations awaited together, in one
  * effect (a delivery of another source falls back to its own `ack`). Interrupted, it withdraws
  * the acks still unconfirmed (the broker may still apply them; redelivery covers the rest).
  */
 export const ackAll = (deliveries: ReadonlyArray<Delivery.Delivery>): Effect.Effect<ReadonlyArray<Delivery.SettleError | undefined>> => {
-  if (!deliveries.every((delivery) => delivery instanceof JetStreamDelivery)) return ackEach(deliveries)
+  if (!deliveries.every((delivery) => delivery instanceof JetStreamDelivery)) return Delivery.ackEach(deliveries)
   if (deliveries.length === 0) return Effect.succeed([])
   return Effect.callback((resume) => {
     const errors: Array<Delivery.SettleError | undefined> = new Array(deliveries.length).fill(undefined)
