@@ -23,7 +23,26 @@
  *
  * On interruption it drains. Internal: the public face is `Consumer`.
  */
-import { Cause, Clock, Context, Data, DateTime, Deferred, Duration, Effect, Exit, Fiber, FiberSet, LogLevel, Metric, Option, Result, Schedule } from "effect"
+import {
+  Cause,
+  Clock,
+  Context,
+  Data,
+  DateTime,
+  Deferred,
+  Duration,
+  Effect,
+  Exit,
+  Fiber,
+  FiberSet,
+  LogLevel,
+  Metric,
+  Option,
+  References,
+  Result,
+  Schedule,
+  Tracer
+} from "effect"
 import { AttemptStore, type AttemptStoreShape } from "../AttemptStore.ts"
 import { type Classification, classify, type Tagged } from "../Classification.ts"
 import { CurrentBatch, CurrentDelivery } from "../CurrentDelivery.ts"
@@ -230,6 +249,18 @@ const makeProcess = <A, E extends Tagged, R>(
   const probe = env.probe
   const hit = (at: Probe.Hit): Effect.Effect<void> => (probe === undefined ? Effect.void : probe.hit(at))
   const leaseMillis = Duration.toMillis(lease)
+  // Each delivery gets `Effect.withSpan`'s span where a tracing backend sees it (any tracer but the
+  // native one, which exports nothing) or where tracing is off (its no-op span); else a local one.
+  const fullSpans = Context.get(env.context, Tracer.Tracer) !== Tracer.nativeTracer ||
+    !Context.get(env.context, References.TracerEnabled)
+  // As `Effect.withSpan` samples a span of the default level.
+  const sampledByLevel = !LogLevel.isGreaterThan(
+    Context.get(env.context, Tracer.MinimumTraceLevel),
+    Context.get(env.context, Tracer.CurrentTraceLevel)
+  )
+  const timed = Context.get(env.context, References.TracerTimingEnabled)
+  const noParent = Option.none<Tracer.AnySpan>()
+
   const counters = new Map(Outcome.tags.map((tag) => [tag, series(outcomesCounter, { outcome: tag })]))
   // Series with the consumer's attributes, built once; those keyed by a reason or stage on first use.
   const handlerDuration = series(Telemetry.handlerDuration, {})
@@ -913,7 +944,7 @@ const makeProcess = <A, E extends Tagged, R>(
    * batch's).
    */
   const recordOutcome = (delivery: Delivery, outcome: Outcome.Outcome, ownSpan: boolean, report = true): Effect.Effect<void> => {
-    let effect: Effect.Effect<void> = ownSpan ? Effect.annotateCurrentSpan(spanAttributes(outcome)) : Effect.void
+    let effect: Effect.Effect<void> = ownSpan && fullSpans ? Effect.annotateCurrentSpan(spanAttributes(outcome)) : Effect.void
     const hadFailures = delivery.deliveryCount > 1 || (outcome._tag === "DeadLettered" && outcome.reason === "AttemptsExhausted")
     if (attemptStore !== undefined && outcome._tag !== "Released" && outcome.message.eventId !== undefined && hadFailures) {
       // Bounded growth: a message's failure count goes once it is settled for good (a count
@@ -1115,6 +1146,7 @@ const makeProcess = <A, E extends Tagged, R>(
     restore: <X, Y, Z>(effect: Effect.Effect<X, Y, Z>) => Effect.Effect<X, Y, Z>
   ): Effect.Effect<void, never, R> => {
     const parent = Telemetry.parseTraceparent(delivery.header(Telemetry.traceparentHeader))
+    if (!fullSpans) return withLocalSpan(process(delivery, admission, restore), delivery, parent)
     return process(delivery, admission, restore).pipe(
       Effect.withSpan(Telemetry.processSpanName(delivery.subject), {
         kind: "consumer",
@@ -1131,6 +1163,34 @@ const makeProcess = <A, E extends Tagged, R>(
         }
         // The call site is always this line: a stack capture per delivery would tell nothing.
       }, { captureStackTrace: false })
+    )
+  }
+
+  /**
+   * A delivery's span when no backend will see it: a native span built here and provided as the
+   * parent span, so that its ids still reach the delivery's log lines and continue into the spans
+   * and messages the handler creates (and `Effect.currentSpan` finds it), without what only a
+   * backend could observe: its attributes, stack frame and the context's span annotations.
+   * `Effect.withSpan` cost five times as much (1.85 against 0.35 µs alone; about a tenth of the
+   * no-op path's CPU over NATS).
+   */
+  const withLocalSpan = (
+    effect: Effect.Effect<void, never, R>,
+    delivery: Delivery,
+    parent: Tracer.AnySpan | undefined
+  ): Effect.Effect<void, never, R> => {
+    const span = new Tracer.NativeSpan({
+      name: Telemetry.processSpanName(delivery.subject),
+      parent: parent === undefined ? noParent : Option.some(parent),
+      annotations: Context.empty(),
+      links: [],
+      startTime: timed ? env.clock.currentTimeNanosUnsafe() : 0n,
+      kind: "consumer",
+      sampled: parent?.sampled === false ? false : sampledByLevel
+    })
+    return Effect.onExit(
+      Effect.provideService(effect, Tracer.ParentSpan, span),
+      (exit) => Effect.sync(() => span.end(timed ? env.clock.currentTimeNanosUnsafe() : 0n, exit))
     )
   }
 

@@ -1,0 +1,118 @@
+/**
+ * A delivery's span, over the real NATS server: with no tracing backend (the native tracer) the
+ * engine builds a light span of its own, which must still continue the publisher's trace into the
+ * handler (its current span, the spans it opens, its log lines); with a tracer installed, the span
+ * is the tracer's, with the messaging attributes and the outcome.
+ */
+import { assert, describe, layer } from "@effect/vitest"
+import { Consumer } from "@jetworker/core"
+import { JetStreamSource } from "@jetworker/nats"
+import { JsonLogger } from "@jetworker/node"
+import { OutcomeLog, TestStream } from "@jetworker/testing"
+import { DateTime, Deferred, Effect, Fiber, Logger, Option, Schema, Tracer } from "effect"
+import { NatsLive } from "./support/services.ts"
+
+const Event = Schema.Struct({ id: Schema.String })
+const metadata = (event: { readonly id: string }) => ({ id: event.id, time: DateTime.makeUnsafe(0) })
+
+/** What the handler saw of its trace. */
+interface Seen {
+  readonly current: Tracer.Span
+  readonly nested: Tracer.Span
+}
+
+describe("a delivery's span", () => {
+  layer(NatsLive, { timeout: "60 seconds" })((it) => {
+    it.effect("with no tracing backend, it continues the publisher's trace: the handler's current span, the spans it opens and its log lines carry it", () =>
+      Effect.gen(function*() {
+        const stream = yield* TestStream.make()
+        const outcomes = yield* OutcomeLog.make
+        const seen = yield* Deferred.make<Seen>()
+        const lines: Array<Record<string, unknown>> = []
+        const capture = Logger.map(JsonLogger.formatter, (line) => {
+          lines.push(JSON.parse(line) as Record<string, unknown>)
+        })
+        const fiber = yield* Effect.forkChild(
+          Consumer.run(Consumer.make({
+            name: stream.consumer,
+            source: JetStreamSource.make({ stream: stream.stream, consumer: stream.consumer }),
+            schema: Event,
+            metadata,
+            handle: () =>
+              Effect.gen(function*() {
+                const current = yield* Effect.currentSpan
+                yield* Effect.logInfo("handler.ran")
+                const nested = yield* Effect.currentSpan.pipe(Effect.withSpan("handler.work"))
+                yield* Deferred.succeed(seen, { current, nested })
+              }).pipe(Effect.orDie),
+            classify: {},
+            onOutcome: outcomes.record
+          })).pipe(Effect.provide(Logger.layer([capture])))
+        )
+        // The publisher's side: Publisher injects the `traceparent` of its publish span.
+        const publisher = yield* Effect.currentSpan.pipe(
+          Effect.tap(() => stream.publish("a", JSON.stringify({ id: "traced" }), "traced")),
+          Effect.withSpan("test.publisher")
+        )
+        const { current, nested } = yield* Deferred.await(seen).pipe(Effect.timeout("15 seconds"))
+        yield* outcomes.waitUntil((all) => all.length === 1, "15 seconds", "the outcome")
+        yield* Fiber.interrupt(fiber)
+
+        assert.strictEqual(current.name, `process ${stream.subject("a")}`)
+        assert.strictEqual(current.kind, "consumer")
+        assert.strictEqual(current.traceId, publisher.traceId, "the delivery's span continues the publisher's trace")
+        const parent = Option.getOrUndefined(current.parent)
+        assert.isDefined(parent)
+        assert.notStrictEqual(parent!.spanId, publisher.spanId, "its parent is the publish span, a child of the publisher's")
+        assert.strictEqual(current.status._tag, "Ended", "ended with the delivery")
+        assert.strictEqual(nested.traceId, publisher.traceId)
+        assert.strictEqual(Option.getOrUndefined(nested.parent)?.spanId, current.spanId, "a span the handler opens is a child of the delivery's")
+        const line = lines.find((l) => l.message === "handler.ran")
+        assert.isDefined(line, JSON.stringify(lines))
+        assert.strictEqual(line!.traceId, publisher.traceId)
+        assert.strictEqual(line!.spanId, current.spanId)
+        assert.deepStrictEqual((yield* outcomes.all).map((o) => o._tag), ["Committed"])
+      }))
+
+    it.effect("with a tracer installed, it is the tracer's span, with the messaging attributes and the outcome, ended", () =>
+      Effect.gen(function*() {
+        const stream = yield* TestStream.make()
+        const outcomes = yield* OutcomeLog.make
+        const spans: Array<Tracer.NativeSpan> = []
+        const tracer = Tracer.make({
+          span: (options) => {
+            const span = new Tracer.NativeSpan(options)
+            spans.push(span)
+            return span
+          }
+        })
+        const fiber = yield* Effect.forkChild(
+          Consumer.run(Consumer.make({
+            name: stream.consumer,
+            source: JetStreamSource.make({ stream: stream.stream, consumer: stream.consumer }),
+            schema: Event,
+            metadata,
+            handle: () => Effect.void,
+            classify: {},
+            onOutcome: outcomes.record
+          })).pipe(Effect.withTracer(tracer))
+        )
+        yield* stream.publish("a", JSON.stringify({ id: "exported" }), "exported")
+        yield* outcomes.waitUntil((all) => all.length === 1, "15 seconds", "the outcome")
+        yield* Fiber.interrupt(fiber)
+
+        const span = spans.find((s) => s.name === `process ${stream.subject("a")}`)
+        assert.isDefined(span, spans.map((s) => s.name).join(", "))
+        assert.strictEqual(span!.kind, "consumer")
+        assert.strictEqual(span!.status._tag, "Ended")
+        assert.deepInclude(Object.fromEntries(span!.attributes), {
+          "messaging.system": "nats",
+          "messaging.operation.type": "process",
+          "messaging.destination.name": stream.subject("a"),
+          "messaging.consumer.group.name": stream.consumer,
+          "messaging.message.id": "exported",
+          "jetworker.outcome": "Committed"
+        })
+      }))
+  })
+})
