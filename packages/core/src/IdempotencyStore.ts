@@ -192,15 +192,14 @@ export const commitBatch = <A, E, R>(
   items: ReadonlyArray<{ readonly id: string; readonly effect: Effect.Effect<A, E, R> }>,
   options?: { readonly scope?: string | undefined }
 ): Effect.Effect<ReadonlyArray<Result.Result<A | AlreadyCommitted, E>>, IdempotencyError, R | IdempotencyStore> =>
-  withStore(options?.scope, "commitBatch", (store, scope) => Effect.gen(function*() {
-    const results = yield* store.commitBatch(items.map((item) => ({ key: { scope, id: item.id }, effect: item.effect })))
-    for (const [i, result] of results.entries()) {
-      if (Result.isSuccess(result) && isAlreadyCommitted(result.success)) {
-        yield* reportFor({ scope, id: items[i]!.id }, "AlreadyCommitted")
+  withStore(options?.scope, "commitBatch", (store, scope) =>
+    Effect.flatMap(store.commitBatch(items.map((item) => ({ key: { scope, id: item.id }, effect: item.effect }))), (results) => {
+      const reports: Array<Effect.Effect<void>> = []
+      for (const [i, result] of results.entries()) {
+        if (Result.isSuccess(result) && isAlreadyCommitted(result.success)) reports.push(reportFor({ scope, id: items[i]!.id }, "AlreadyCommitted"))
       }
-    }
-    return results
-  }))
+      return reports.length === 0 ? Effect.succeed(results) : Effect.as(Effect.all(reports, { discard: true }), results)
+    }))
 
 /**
  * Commits a batch of events as one set, all or nothing (see the store's `commitAll`): the events
@@ -216,12 +215,12 @@ export const commitAll = <A, E, R>(
   effect: (fresh: ReadonlyArray<number>) => Effect.Effect<A, E, R>,
   options?: { readonly scope?: string | undefined }
 ): Effect.Effect<ReadonlyArray<Result.Result<A | AlreadyCommitted, never>>, E | IdempotencyError, R | IdempotencyStore> =>
-  withStore(options?.scope, "commitAll", (store, scope) => Effect.gen(function*() {
-    const values = yield* store.commitAll(ids.map((id) => ({ scope, id })), effect)
-    const results: Array<Result.Result<A | AlreadyCommitted, never>> = []
-    for (const [i, value] of values.entries()) {
-      if (isAlreadyCommitted(value)) yield* reportFor({ scope, id: ids[i]! }, "AlreadyCommitted")
-      results.push(Result.succeed(value))
-    }
-    return results
-  }))
+  withStore(options?.scope, "commitAll", (store, scope) =>
+    Effect.flatMap(store.commitAll(ids.map((id) => ({ scope, id })), effect), (values) => {
+      const reports: Array<Effect.Effect<void>> = []
+      const results = values.map((value, i) => {
+        if (isAlreadyCommitted(value)) reports.push(reportFor({ scope, id: ids[i]! }, "AlreadyCommitted"))
+        return Result.succeed(value)
+      })
+      return reports.length === 0 ? Effect.succeed(results) : Effect.as(Effect.all(reports, { discard: true }), results)
+    }))

@@ -44,7 +44,7 @@ import {
 } from "@jetworker/core/IdempotencyStore"
 import * as Probe from "@jetworker/core/Probe"
 import { Cause, Duration, Effect, Exit, Layer, Option, Result } from "effect"
-import { SqlClient, type Statement } from "effect/sql"
+import { SqlClient, type SqlError, type Statement } from "effect/sql"
 import { box, classify, unbox, UserFailure } from "./internal/errors.ts"
 import * as Table from "./internal/table.ts"
 
@@ -189,19 +189,23 @@ export const make: (options?: Options) => Effect.Effect<
     effect: (fresh: ReadonlyArray<number>) => Effect.Effect<A, E, R>
   ): Effect.Effect<ReadonlyArray<A | AlreadyCommitted>, E | IdempotencyError, R> => {
     if (keys.length === 0) return Effect.succeed([])
-    const attempt = Effect.gen(function*() {
-      const inserted = yield* insertKeys(keys)
+    // Without a generator: one suspended across the statements' round trips is the kind V8
+    // promotes with everything it last held (see docs/performance.md).
+    const attempt = Effect.flatMap(insertKeys(keys), (inserted): Effect.Effect<ReadonlyArray<A | AlreadyCommitted>, UserFailure<E> | SqlError.SqlError, R> => {
       const fresh: Array<number> = []
       for (const [i, key] of keys.entries()) {
         // `delete`: a key given twice is fresh once.
         if (inserted.delete(keyOf(key))) fresh.push(i)
       }
-      if (fresh.length === 0) return keys.map(alreadyCommitted)
-      const value = yield* Effect.mapError(effect(fresh), box)
-      yield* reportCommitted(sql, fresh.map((i) => keys[i]!))
-      yield* beforeCommit(keys[fresh[0]!]!)
-      const isFresh = new Set(fresh)
-      return keys.map((key, i) => (isFresh.has(i) ? value : alreadyCommitted(key)))
+      if (fresh.length === 0) return Effect.succeed(keys.map(alreadyCommitted))
+      return Effect.flatMap(Effect.mapError(effect(fresh), box), (value) =>
+        reportCommitted(sql, fresh.map((i) => keys[i]!)).pipe(
+          Effect.andThen(beforeCommit(keys[fresh[0]!]!)),
+          Effect.map(() => {
+            const isFresh = new Set(fresh)
+            return keys.map((key, i) => (isFresh.has(i) ? value : alreadyCommitted(key)))
+          })
+        ))
     })
     return Effect.mapError(sql.withTransaction(attempt), toStoreError)
   }

@@ -12,9 +12,14 @@ import { type Clock, Duration, Effect, type Scope } from "effect"
 export interface Entry {
   readonly deadline: number
   done: boolean
-  /** Called once, at the deadline, unless the entry was withdrawn first. */
-  readonly onExpiry: () => void
+  /**
+   * Called once, at the deadline, unless the entry was withdrawn first. Dropped once done: a
+   * done entry can wait in the queue until newer ones pass it, and its callback holds the run.
+   */
+  onExpiry: () => void
 }
+
+const noop = (): void => undefined
 
 /** The watched deadlines of one consumer's runs. */
 export interface Deadlines {
@@ -72,8 +77,10 @@ export const make = (timeout: Duration.Duration, clock: Clock.Clock): Effect.Eff
         const entry = entries[head]!
         if (!entry.done) {
           if (entry.deadline > now) break
+          const onExpiry = entry.onExpiry
           entry.done = true
-          entry.onExpiry()
+          entry.onExpiry = noop
+          onExpiry()
         }
         head++
       }
@@ -93,7 +100,9 @@ export const make = (timeout: Duration.Duration, clock: Clock.Clock): Effect.Eff
         return entry
       },
       withdraw: (entry) => {
-        if (entry !== undefined) entry.done = true
+        if (entry === undefined) return
+        entry.done = true
+        entry.onExpiry = noop
       }
     }
   })

@@ -219,6 +219,33 @@ interface RunEnvironment {
   readonly debugLogs: boolean
 }
 
+/** A batch element that goes to the batch handler. */
+interface Runnable<A> {
+  readonly index: number
+  readonly prepared: Prepared<A>
+  readonly reports: Reports
+}
+
+/** A batch once each element is prepared: the verdicts of those that ended there, and the rest. */
+interface PreparedBatch<A> {
+  readonly verdicts: Array<Verdict | undefined>
+  readonly runnable: ReadonlyArray<Runnable<A>>
+}
+
+/**
+ * The functions a handler's context holds (`CurrentDelivery`, `CurrentBatch`) are built here, at
+ * module level, so that each captures only what it uses: a closure built inside the per-delivery
+ * path keeps that whole scope alive (the delivery, its message, the decoded event). And such a
+ * context can outlive the delivery: `SqlClient.afterCommit` keeps it until a full collection,
+ * whose scavenges then carry (and promote) all of it (see docs/performance.md).
+ */
+const reporter = (reports: Reports) => (report: "Committed" | "AlreadyCommitted"): void => {
+  if (report === "Committed") reports.committed = true
+  else reports.alreadyCommitted = true
+}
+const leaseDeadlineOf = (hold: LeaseKeeper.Hold, leaseMillis: number) => (): number => hold.since + leaseMillis * 0.9
+const noDeadline = (): undefined => undefined
+
 /** Updates one metric series. */
 type Series = (value: number) => void
 
@@ -437,12 +464,8 @@ const makeProcess = <A, E extends Tagged, R>(
         sequence: delivery.sequence,
         deliveryCount: delivery.deliveryCount,
         expiresAt: metadata.expiresAt === undefined ? undefined : metadata.expiresAt.epochMilliseconds + definition.skewMillis,
-        leaseDeadline: () =>
-          leaseMillis > 0 ? lease.heldSince + leaseMillis * 0.9 : undefined,
-        report: (report) => {
-          if (report === "Committed") reports.committed = true
-          else reports.alreadyCommitted = true
-        }
+        leaseDeadline: leaseMillis > 0 ? leaseDeadlineOf(lease.hold, leaseMillis) : noDeadline,
+        report: reporter(reports)
       })
     )
 
@@ -808,7 +831,7 @@ const makeProcess = <A, E extends Tagged, R>(
     // Never ack past the local lease deadline (with the keeper's 10% margin): the server may
     // have handed the message to another consumer, and it would accept this ack for both.
     const commandStart = now()
-    const verdict = leaseMillis > 0 && acks(judged) && commandStart >= lease.heldSince + leaseMillis * 0.9
+    const verdict = leaseMillis > 0 && acks(judged) && commandStart >= lease.hold.since + leaseMillis * 0.9
       ? withholdAck(judged)
       : judged
     // The time only stamps dead-letter records; skip building a DateTime for the other outcomes.
@@ -1041,100 +1064,147 @@ const makeProcess = <A, E extends Tagged, R>(
    */
   const processBatch = (deliveries: ReadonlyArray<Delivery>, batch: BatchDefinition<A, E, R>): Effect.Effect<void, never, R> =>
     Effect.uninterruptibleMask((restore) =>
-      Effect.gen(function*() {
+      Effect.withFiber((fiber) => {
         const receivedAt = now()
         running += deliveries.length
         const last = deliveries[deliveries.length - 1]!
         if (last.pending !== undefined) progress.pending = last.pending
         record(inFlightGauge, running)
-        const fiber = yield* Effect.fiber
         const leases = deliveries.map((delivery) => keeper.register(delivery, receivedAt, fiber))
-        const verdicts: Array<Verdict | undefined> = []
-        const runnable: Array<{ readonly index: number; readonly prepared: Prepared<A>; readonly reports: Reports }> = []
-        for (const [index, delivery] of deliveries.entries()) {
-          if (delivery.deliveryCount > 1) record(redeliveries, 1)
-          // Without I/O (no count to read from the attempt store) and without a generator step,
-          // as most elements are; a defect in the checks dead-letters the element alone.
-          const prepared = attemptStore === undefined || delivery.deliveryCount === 1
-            ? checkNow(delivery)
-            : yield* prepare(delivery).pipe(
-              Effect.catchCause((cause) => Effect.map(defectVerdict(messageRef(delivery))(cause), Result.fail))
-            )
-          if (Result.isFailure(prepared)) verdicts.push(prepared.failure)
-          else {
-            verdicts.push(undefined)
-            runnable.push({ index, prepared: prepared.success, reports: { committed: false, alreadyCommitted: false } })
-          }
-        }
-        if (runnable.length > 0) {
-          for (const { index, prepared } of probe === undefined ? [] : runnable) {
-            // A probe's defect must not cost the batch its outcomes.
-            yield* hit({ point: "received", consumer: definition.name, sequence: deliveries[index]!.sequence, eventId: prepared.metadata.id })
-              .pipe(Effect.catchCause((cause) => Effect.logWarning("probe failed", ErrorSummary.fromCause(cause))))
-          }
-          const startedAt = now()
-          const elements = runnable.map(({ index, prepared, reports }) => ({
-            eventId: prepared.metadata.id,
-            subject: deliveries[index]!.subject,
-            sequence: deliveries[index]!.sequence,
-            deliveryCount: deliveries[index]!.deliveryCount,
-            report: (report: "Committed" | "AlreadyCommitted") => {
-              if (report === "Committed") reports.committed = true
-              else reports.alreadyCommitted = true
-            }
-          }))
-          const exit = yield* Effect.exit(restore(
-            supervised(
-              Effect.suspend(() => batch.handle(runnable.map((r) => r.prepared.event))),
-              `batch handler ran longer than ${Duration.format(definition.handlerTimeout)}`
-            ).pipe(Effect.provideService(CurrentBatch, { consumer: definition.name, elements }))
-          ))
-          record(handlerDuration, now() - startedAt)
-          if (Exit.isSuccess(exit) && Array.isArray(exit.value) && exit.value.length === runnable.length) {
-            for (const [i, { index, prepared }] of runnable.entries()) {
-              const result = exit.value[i]!
-              // The element's own result decides; the store's reports matter only for a cut run.
-              // A success without a probe is judged at once, without a generator step.
-              if (probe === undefined && Result.isSuccess(result)) {
-                verdicts[index] = succeeded(prepared.message, result.success, noReports)
-                continue
-              }
-              verdicts[index] = yield* concludeSafely(
-                prepared,
-                deliveries[index]!,
-                Result.isSuccess(result) ? Exit.succeed(result.success) : Exit.fail(result.failure),
-                { committed: false, alreadyCommitted: false },
-                leases[index]!
-              )
-            }
-          } else if (Exit.isFailure(exit) && Cause.hasInterrupts(exit.cause)) {
-            // Cut (shutdown past its drain, a lease lost): released, or committed with the ack withheld.
-            for (const { index, prepared, reports } of runnable) {
-              verdicts[index] = yield* concludeSafely(prepared, deliveries[index]!, exit, reports, leases[index]!)
-            }
-          } else if (runnable.length === 1) {
-            const { index, prepared, reports } = runnable[0]!
-            verdicts[index] = yield* concludeSafely(prepared, deliveries[index]!, Exit.isFailure(exit) ? exit : Exit.die(new Error("the batch handler gave no result per element")), reports, leases[index]!)
-          } else {
-            yield* Effect.logWarning(
-              `batch of ${runnable.length} failed as a whole; running its elements one by one`,
-              Exit.isFailure(exit) ? ErrorSummary.fromCause(exit.cause) : ErrorSummary.make("BatchResultInvalid", "the batch handler gave no result per element")
-            )
-            for (const { index, prepared } of runnable) {
-              const delivery = deliveries[index]!
-              const reports: Reports = { committed: false, alreadyCommitted: false }
-              const single = yield* Effect.exit(restore(
-                attempt(prepared.event, delivery, prepared.metadata, prepared.failedBefore + 1, reports, leases[index]!)
-              ))
-              verdicts[index] = yield* concludeSafely(prepared, delivery, single, reports, leases[index]!)
-            }
-          }
-        }
-        for (const lease of leases) keeper.unregister(lease)
-        // Each element its own command, sent at once: individual acks, naks and dead letters.
-        yield* settleAll(deliveries, verdicts as ReadonlyArray<Verdict>, receivedAt, leases)
+        return prepareBatch(deliveries).pipe(
+          Effect.flatMap(({ verdicts, runnable }) =>
+            runnable.length === 0 ? Effect.succeed(verdicts) : runBatch(deliveries, batch, leases, verdicts, runnable, restore)
+          ),
+          Effect.flatMap((verdicts) => {
+            for (const lease of leases) keeper.unregister(lease)
+            // Each element its own command, sent at once: individual acks, naks and dead letters.
+            return settleAll(deliveries, verdicts as ReadonlyArray<Verdict>, receivedAt, leases)
+          })
+        )
       })
     )
+
+  /**
+   * A batch's elements, prepared each on its own: a verdict for those that end here, the rest
+   * runnable. Without I/O (no count to read from the attempt store) as most elements are; a
+   * defect in the checks dead-letters the element alone.
+   */
+  const prepareBatch = (deliveries: ReadonlyArray<Delivery>): Effect.Effect<PreparedBatch<A>, never, R> => {
+    const verdicts: Array<Verdict | undefined> = []
+    const runnable: Array<Runnable<A>> = []
+    const add = (index: number, prepared: Result.Result<Prepared<A>, Verdict>) => {
+      if (Result.isFailure(prepared)) verdicts.push(prepared.failure)
+      else {
+        verdicts.push(undefined)
+        runnable.push({ index, prepared: prepared.success, reports: { committed: false, alreadyCommitted: false } })
+      }
+    }
+    const readsStore = (delivery: Delivery) => attemptStore !== undefined && delivery.deliveryCount > 1
+    for (const delivery of deliveries) {
+      if (delivery.deliveryCount > 1) record(redeliveries, 1)
+    }
+    if (!deliveries.some(readsStore)) {
+      for (const [index, delivery] of deliveries.entries()) add(index, checkNow(delivery))
+      return Effect.succeed({ verdicts, runnable })
+    }
+    return Effect.as(
+      Effect.forEach(deliveries, (delivery, index) =>
+        readsStore(delivery)
+          ? prepare(delivery).pipe(
+            Effect.catchCause((cause) => Effect.map(defectVerdict(messageRef(delivery))(cause), Result.fail)),
+            Effect.map((prepared) => add(index, prepared))
+          )
+          : Effect.sync(() => add(index, checkNow(delivery))), { discard: true }),
+      { verdicts, runnable }
+    )
+  }
+
+  /** The batch handler's run over the runnable elements, then each element's verdict. */
+  const runBatch = (
+    deliveries: ReadonlyArray<Delivery>,
+    batch: BatchDefinition<A, E, R>,
+    leases: ReadonlyArray<LeaseKeeper.Lease>,
+    verdicts: Array<Verdict | undefined>,
+    runnable: ReadonlyArray<Runnable<A>>,
+    restore: <X, Y, Z>(effect: Effect.Effect<X, Y, Z>) => Effect.Effect<X, Y, Z>
+  ): Effect.Effect<Array<Verdict | undefined>, never, R> => {
+    // A probe's defect must not cost the batch its outcomes.
+    const hits = probe === undefined ? Effect.void : Effect.forEach(runnable, ({ index, prepared }) =>
+      hit({ point: "received", consumer: definition.name, sequence: deliveries[index]!.sequence, eventId: prepared.metadata.id })
+        .pipe(Effect.catchCause((cause) => Effect.logWarning("probe failed", ErrorSummary.fromCause(cause)))), { discard: true })
+    const elements = runnable.map(({ index, prepared, reports }) => ({
+      eventId: prepared.metadata.id,
+      subject: deliveries[index]!.subject,
+      sequence: deliveries[index]!.sequence,
+      deliveryCount: deliveries[index]!.deliveryCount,
+      report: reporter(reports)
+    }))
+    const run = Effect.suspend(() => {
+      const startedAt = now()
+      return Effect.map(
+        Effect.exit(restore(
+          supervised(Effect.suspend(() => batch.handle(runnable.map((r) => r.prepared.event))), batchTimeoutMessage)
+            .pipe(Effect.provideService(CurrentBatch, { consumer: definition.name, elements }))
+        )),
+        (exit) => {
+          record(handlerDuration, now() - startedAt)
+          return exit
+        }
+      )
+    })
+    const judgeEach = (judge: (element: Runnable<A>) => Effect.Effect<Verdict, never, R>) =>
+      Effect.as(Effect.forEach(runnable, (element) => Effect.map(judge(element), (verdict) => {
+        verdicts[element.index] = verdict
+      }), { discard: true }), verdicts)
+    return Effect.andThen(hits, Effect.flatMap(run, (exit): Effect.Effect<Array<Verdict | undefined>, never, R> => {
+      if (Exit.isSuccess(exit) && Array.isArray(exit.value) && exit.value.length === runnable.length) {
+        const results: ReadonlyArray<Result.Result<unknown, unknown>> = exit.value
+        // The element's own result decides; the store's reports matter only for a cut run. A
+        // success without a probe is judged at once, without an effect of its own.
+        const rest: Array<{ readonly element: Runnable<A>; readonly result: Result.Result<unknown, unknown> }> = []
+        for (const [i, element] of runnable.entries()) {
+          const result = results[i]!
+          if (probe === undefined && Result.isSuccess(result)) {
+            verdicts[element.index] = succeeded(element.prepared.message, result.success, noReports)
+          } else rest.push({ element, result })
+        }
+        if (rest.length === 0) return Effect.succeed(verdicts)
+        return Effect.as(Effect.forEach(rest, ({ element: { index, prepared }, result }) =>
+          Effect.map(concludeSafely(
+            prepared,
+            deliveries[index]!,
+            Result.isSuccess(result) ? Exit.succeed(result.success) : Exit.fail(result.failure),
+            { committed: false, alreadyCommitted: false },
+            leases[index]!
+          ), (verdict) => {
+            verdicts[index] = verdict
+          }), { discard: true }), verdicts)
+      }
+      if (Exit.isFailure(exit) && Cause.hasInterrupts(exit.cause)) {
+        // Cut (shutdown past its drain, a lease lost): released, or committed with the ack withheld.
+        return judgeEach(({ index, prepared, reports }) => concludeSafely(prepared, deliveries[index]!, exit, reports, leases[index]!))
+      }
+      if (runnable.length === 1) {
+        const failed = Exit.isFailure(exit) ? exit : Exit.die(new Error("the batch handler gave no result per element"))
+        return judgeEach(({ index, prepared, reports }) => concludeSafely(prepared, deliveries[index]!, failed, reports, leases[index]!))
+      }
+      return Effect.andThen(
+        Effect.logWarning(
+          `batch of ${runnable.length} failed as a whole; running its elements one by one`,
+          Exit.isFailure(exit) ? ErrorSummary.fromCause(exit.cause) : ErrorSummary.make("BatchResultInvalid", "the batch handler gave no result per element")
+        ),
+        judgeEach(({ index, prepared }) => {
+          const delivery = deliveries[index]!
+          const reports: Reports = { committed: false, alreadyCommitted: false }
+          return Effect.flatMap(
+            Effect.exit(restore(attempt(prepared.event, delivery, prepared.metadata, prepared.failedBefore + 1, reports, leases[index]!))),
+            (single) => concludeSafely(prepared, delivery, single, reports, leases[index]!)
+          )
+        })
+      )
+    }))
+  }
+  const batchTimeoutMessage = `batch handler ran longer than ${Duration.format(definition.handlerTimeout)}`
 
   // One span per delivery, after the messaging semantic conventions; it continues the trace of
   // the `traceparent` header when the message has one, and is a root span otherwise.

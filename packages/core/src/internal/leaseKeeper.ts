@@ -7,17 +7,28 @@
  */
 import { Clock, Duration, Effect, type Fiber, Option, type Scope } from "effect"
 import type { Delivery } from "../Delivery.ts"
+import * as LiveSet from "./liveSet.ts"
 
 /** One delivery under watch. */
 export interface Lease {
   readonly delivery: Delivery
   readonly fiber: Fiber.Fiber<unknown, unknown>
   /** When the lease was last known to be held (receipt, or the sending of a confirmed extension). */
-  heldSince: number
+  readonly hold: Hold
   /** Whether an extension is in flight. */
   extending: boolean
   /** Set before the keeper interrupts the fiber: the interruption means "lease lost". */
   lost: boolean
+  /** Where the keeper holds it (-1 for none). */
+  slot: number
+}
+
+/**
+ * The time a lease was last known held, apart from the lease: what the handler's context reads
+ * (`CurrentDelivery.leaseDeadline`) without keeping the delivery alive.
+ */
+export interface Hold {
+  since: number
 }
 
 /** Watches running deliveries. */
@@ -28,7 +39,7 @@ export interface LeaseKeeper {
 
 /** A keeper that watches nothing, for a source without leases. */
 export const none: LeaseKeeper = {
-  register: (delivery, receivedAt, fiber) => ({ delivery, fiber, heldSince: receivedAt, extending: false, lost: false }),
+  register: (delivery, receivedAt, fiber) => ({ delivery, fiber, hold: { since: receivedAt }, extending: false, lost: false, slot: -1 }),
   unregister: () => undefined
 }
 
@@ -37,7 +48,7 @@ export const make = (lease: Duration.Duration): Effect.Effect<LeaseKeeper, never
   Effect.gen(function*() {
     const leaseMillis = Duration.toMillis(lease)
     if (!(leaseMillis > 0) || !Number.isFinite(leaseMillis)) return none
-    const leases = new Set<Lease>()
+    const leases = LiveSet.make<Lease>()
     const extendAfter = leaseMillis / 3
     const extendTimeout = Duration.millis(leaseMillis / 3)
 
@@ -48,7 +59,7 @@ export const make = (lease: Duration.Duration): Effect.Effect<LeaseKeeper, never
         Effect.catch(() => Effect.succeed(false)),
         Effect.flatMap((confirmed) =>
           Effect.sync(() => {
-            if (confirmed && !lease.lost) lease.heldSince = Math.max(lease.heldSince, sentAt)
+            if (confirmed && !lease.lost) lease.hold.since = Math.max(lease.hold.since, sentAt)
             lease.extending = false
           })
         )
@@ -56,11 +67,11 @@ export const make = (lease: Duration.Duration): Effect.Effect<LeaseKeeper, never
 
     const tick = Effect.gen(function*() {
       const now = yield* Clock.currentTimeMillis
-      for (const lease of leases) {
-        const held = now - lease.heldSince
+      for (const lease of leases.members()) {
+        const held = now - lease.hold.since
         if (held >= leaseMillis * 0.9) {
           lease.lost = true
-          leases.delete(lease)
+          leases.remove(lease.slot, lease)
           lease.fiber.interruptUnsafe()
         } else if (held >= extendAfter && !lease.extending) {
           lease.extending = true
@@ -72,12 +83,12 @@ export const make = (lease: Duration.Duration): Effect.Effect<LeaseKeeper, never
     yield* Effect.forkScoped(Effect.forever(Effect.andThen(Effect.sleep(Duration.millis(leaseMillis / 6)), tick)))
     return {
       register: (delivery, receivedAt, fiber) => {
-        const lease: Lease = { delivery, fiber, heldSince: receivedAt, extending: false, lost: false }
-        leases.add(lease)
+        const lease: Lease = { delivery, fiber, hold: { since: receivedAt }, extending: false, lost: false, slot: -1 }
+        lease.slot = leases.add(lease)
         return lease
       },
       unregister: (lease) => {
-        leases.delete(lease)
+        leases.remove(lease.slot, lease)
       }
     }
   })

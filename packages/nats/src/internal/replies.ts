@@ -20,7 +20,7 @@ export interface Replies {
 }
 
 interface Pending {
-  readonly token: string
+  readonly token: number
   readonly operation: string
   readonly deadline: number
   /** Dropped once settled: the entry may wait in its expiry queue until the timer passes it. */
@@ -44,14 +44,18 @@ const timedOut = (operation: string, timeoutMillis: number) =>
 /** The replies of `connection`; its subscription is opened by the first request. */
 export const make = (connection: Connection): Replies => {
   const prefix = `${createInbox()}.`
-  const pending = new Map<string, Pending>()
+  // Keyed by each request's number, in an object rather than a `Map`: a long-lived `Map` that
+  // adds and deletes an entry per message keeps the deleted entries alive through scavenges until
+  // the next full collection (see core's internal `liveSet`). An object's integer keys hold nothing
+  // once deleted.
+  const pending: Record<number, Pending> = {}
   const expiries = new Map<number, Expiries>()
   let subscription: Subscription | undefined
   let next = 0
 
   const settle = (entry: Pending, result: Msg | NatsError.NatsError) => {
     entry.settled = true
-    pending.delete(entry.token)
+    delete pending[entry.token]
     const done = entry.done
     entry.done = undefined
     done?.(result)
@@ -59,8 +63,8 @@ export const make = (connection: Connection): Replies => {
 
   const onReply = (error: Error | null, msg: Msg) => {
     if (error !== null) return
-    const token = msg.subject.slice(prefix.length)
-    const entry = pending.get(token)
+    const token = parseInt(msg.subject.slice(prefix.length), 36)
+    const entry = pending[token]
     if (entry === undefined) return // late (timed out or interrupted)
     if (msg.data.length === 0 && msg.headers?.code === 503) {
       settle(entry, new NatsError.NatsError({ reason: "NoResponders", operation: entry.operation, message: "no responders" }))
@@ -74,7 +78,7 @@ export const make = (connection: Connection): Replies => {
       subscription = connection.subscribe(`${prefix}*`, { callback: onReply })
       void connection.closed().then(() => {
         const error = new NatsError.NatsError({ reason: "ConnectionClosed", operation: "request", message: "connection closed" })
-        for (const entry of [...pending.values()]) settle(entry, new NatsError.NatsError({ ...error, operation: entry.operation }))
+        for (const entry of Object.values(pending)) settle(entry, new NatsError.NatsError({ ...error, operation: entry.operation }))
       })
     }
     return subscription
@@ -131,14 +135,16 @@ export const make = (connection: Connection): Replies => {
       done(new NatsError.NatsError({ reason: "ConnectionClosed", operation, message: "connection closed" }))
       return noop
     }
-    const token = (next++).toString(36)
+    // Below 2^31, where integer keys stay array indices; wrapped long after any reply is due.
+    const token = next
+    next = next === 0x7fffffff ? 0 : next + 1
     const entry: Pending = { token, operation, deadline: Date.now() + timeoutMillis, done, settled: false }
     try {
       subscribe()
-      pending.set(token, entry)
-      connection.publish(subject, payload, { reply: prefix + token })
+      pending[token] = entry
+      connection.publish(subject, payload, { reply: prefix + token.toString(36) })
     } catch (error) {
-      pending.delete(token)
+      delete pending[token]
       entry.settled = true
       entry.done = undefined
       done(NatsError.fromUnknown(operation, error))
@@ -157,7 +163,7 @@ export const make = (connection: Connection): Replies => {
       if (!entry.settled) {
         entry.settled = true
         entry.done = undefined
-        pending.delete(token)
+        delete pending[token]
       }
     }
   }
