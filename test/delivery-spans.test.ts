@@ -15,6 +15,22 @@ import { NatsLive } from "./support/services.ts"
 const Event = Schema.Struct({ id: Schema.String })
 const metadata = (event: { readonly id: string }) => ({ id: event.id, time: DateTime.makeUnsafe(0) })
 
+/** A consumer of `stream`'s durable with `handle`, reporting its outcomes to `outcomes`. */
+const consumerOf = (
+  stream: TestStream.TestStream,
+  handle: (event: typeof Event.Type) => Effect.Effect<void>,
+  outcomes: OutcomeLog.OutcomeLog
+) =>
+  Consumer.run(Consumer.make({
+    name: stream.consumer,
+    source: JetStreamSource.make({ stream: stream.stream, consumer: stream.consumer }),
+    schema: Event,
+    metadata,
+    handle,
+    classify: {},
+    onOutcome: outcomes.record
+  }))
+
 /** What the handler saw of its trace. */
 interface Seen {
   readonly current: Tracer.Span
@@ -32,23 +48,14 @@ describe("a delivery's span", () => {
         const capture = Logger.map(JsonLogger.formatter, (line) => {
           lines.push(JSON.parse(line) as Record<string, unknown>)
         })
-        const fiber = yield* Effect.forkChild(
-          Consumer.run(Consumer.make({
-            name: stream.consumer,
-            source: JetStreamSource.make({ stream: stream.stream, consumer: stream.consumer }),
-            schema: Event,
-            metadata,
-            handle: () =>
-              Effect.gen(function*() {
-                const current = yield* Effect.currentSpan
-                yield* Effect.logInfo("handler.ran")
-                const nested = yield* Effect.currentSpan.pipe(Effect.withSpan("handler.work"))
-                yield* Deferred.succeed(seen, { current, nested })
-              }).pipe(Effect.orDie),
-            classify: {},
-            onOutcome: outcomes.record
-          })).pipe(Effect.provide(Logger.layer([capture])))
-        )
+        const handle = () =>
+          Effect.gen(function*() {
+            const current = yield* Effect.currentSpan
+            yield* Effect.logInfo("handler.ran")
+            const nested = yield* Effect.currentSpan.pipe(Effect.withSpan("handler.work"))
+            yield* Deferred.succeed(seen, { current, nested })
+          }).pipe(Effect.orDie)
+        const fiber = yield* Effect.forkChild(consumerOf(stream, handle, outcomes).pipe(Effect.provide(Logger.layer([capture]))))
         // The publisher's side: Publisher injects the `traceparent` of its publish span.
         const publisher = yield* Effect.currentSpan.pipe(
           Effect.tap(() => stream.publish("a", JSON.stringify({ id: "traced" }), "traced")),
@@ -86,17 +93,7 @@ describe("a delivery's span", () => {
             return span
           }
         })
-        const fiber = yield* Effect.forkChild(
-          Consumer.run(Consumer.make({
-            name: stream.consumer,
-            source: JetStreamSource.make({ stream: stream.stream, consumer: stream.consumer }),
-            schema: Event,
-            metadata,
-            handle: () => Effect.void,
-            classify: {},
-            onOutcome: outcomes.record
-          })).pipe(Effect.withTracer(tracer))
-        )
+        const fiber = yield* Effect.forkChild(consumerOf(stream, () => Effect.void, outcomes).pipe(Effect.withTracer(tracer)))
         yield* stream.publish("a", JSON.stringify({ id: "exported" }), "exported")
         yield* outcomes.waitUntil((all) => all.length === 1, "15 seconds", "the outcome")
         yield* Fiber.interrupt(fiber)

@@ -10,7 +10,7 @@
  * @since 0.1.0
  */
 import { Context, Data, Effect, Option, Result } from "effect"
-import { CurrentBatch, CurrentDelivery, reportFor } from "./CurrentDelivery.ts"
+import { CurrentBatch, CurrentDelivery, reportAllFor, reportFor } from "./CurrentDelivery.ts"
 
 /** The deduplication key: a scope (the consumer name) and the event's stable id. */
 export interface Key {
@@ -194,11 +194,11 @@ export const commitBatch = <A, E, R>(
 ): Effect.Effect<ReadonlyArray<Result.Result<A | AlreadyCommitted, E>>, IdempotencyError, R | IdempotencyStore> =>
   withStore(options?.scope, "commitBatch", (store, scope) =>
     Effect.flatMap(store.commitBatch(items.map((item) => ({ key: { scope, id: item.id }, effect: item.effect }))), (results) => {
-      const reports: Array<Effect.Effect<void>> = []
+      const already: Array<Key> = []
       for (const [i, result] of results.entries()) {
-        if (Result.isSuccess(result) && isAlreadyCommitted(result.success)) reports.push(reportFor({ scope, id: items[i]!.id }, "AlreadyCommitted"))
+        if (Result.isSuccess(result) && isAlreadyCommitted(result.success)) already.push({ scope, id: items[i]!.id })
       }
-      return reports.length === 0 ? Effect.succeed(results) : Effect.as(Effect.all(reports, { discard: true }), results)
+      return reportingAlreadyCommitted(already, results)
     }))
 
 /**
@@ -217,10 +217,14 @@ export const commitAll = <A, E, R>(
 ): Effect.Effect<ReadonlyArray<Result.Result<A | AlreadyCommitted, never>>, E | IdempotencyError, R | IdempotencyStore> =>
   withStore(options?.scope, "commitAll", (store, scope) =>
     Effect.flatMap(store.commitAll(ids.map((id) => ({ scope, id })), effect), (values) => {
-      const reports: Array<Effect.Effect<void>> = []
+      const already: Array<Key> = []
       const results = values.map((value, i) => {
-        if (isAlreadyCommitted(value)) reports.push(reportFor({ scope, id: ids[i]! }, "AlreadyCommitted"))
+        if (isAlreadyCommitted(value)) already.push({ scope, id: ids[i]! })
         return Result.succeed(value)
       })
-      return reports.length === 0 ? Effect.succeed(results) : Effect.as(Effect.all(reports, { discard: true }), results)
+      return reportingAlreadyCommitted(already, results)
     }))
+
+/** `results`, once each key of `already` is reported `AlreadyCommitted` to its delivery or batch element. */
+const reportingAlreadyCommitted = <X>(already: ReadonlyArray<Key>, results: X): Effect.Effect<X> =>
+  already.length === 0 ? Effect.succeed(results) : Effect.as(reportAllFor(already, "AlreadyCommitted"), results)

@@ -1152,8 +1152,12 @@ const makeProcess = <A, E extends Tagged, R>(
         }
       )
     })
-    const judgeEach = (judge: (element: Runnable<A>) => Effect.Effect<Verdict, never, R>) =>
-      Effect.as(Effect.forEach(runnable, (element) => Effect.map(judge(element), (verdict) => {
+    // Each of `elements` judged in turn, its verdict put in its place.
+    const judgeEach = <T extends { readonly index: number }>(
+      elements: ReadonlyArray<T>,
+      judge: (element: T) => Effect.Effect<Verdict, never, R>
+    ) =>
+      Effect.as(Effect.forEach(elements, (element) => Effect.map(judge(element), (verdict) => {
         verdicts[element.index] = verdict
       }), { discard: true }), verdicts)
     return Effect.andThen(hits, Effect.flatMap(run, (exit): Effect.Effect<Array<Verdict | undefined>, never, R> => {
@@ -1161,39 +1165,37 @@ const makeProcess = <A, E extends Tagged, R>(
         const results: ReadonlyArray<Result.Result<unknown, unknown>> = exit.value
         // The element's own result decides; the store's reports matter only for a cut run. A
         // success without a probe is judged at once, without an effect of its own.
-        const rest: Array<{ readonly element: Runnable<A>; readonly result: Result.Result<unknown, unknown> }> = []
-        for (const [i, element] of runnable.entries()) {
+        const rest: Array<{ readonly index: number; readonly prepared: Prepared<A>; readonly result: Result.Result<unknown, unknown> }> = []
+        for (const [i, { index, prepared }] of runnable.entries()) {
           const result = results[i]!
           if (probe === undefined && Result.isSuccess(result)) {
-            verdicts[element.index] = succeeded(element.prepared.message, result.success, noReports)
-          } else rest.push({ element, result })
+            verdicts[index] = succeeded(prepared.message, result.success, noReports)
+          } else rest.push({ index, prepared, result })
         }
         if (rest.length === 0) return Effect.succeed(verdicts)
-        return Effect.as(Effect.forEach(rest, ({ element: { index, prepared }, result }) =>
-          Effect.map(concludeSafely(
+        return judgeEach(rest, ({ index, prepared, result }) =>
+          concludeSafely(
             prepared,
             deliveries[index]!,
             Result.isSuccess(result) ? Exit.succeed(result.success) : Exit.fail(result.failure),
             { committed: false, alreadyCommitted: false },
             leases[index]!
-          ), (verdict) => {
-            verdicts[index] = verdict
-          }), { discard: true }), verdicts)
+          ))
       }
       if (Exit.isFailure(exit) && Cause.hasInterrupts(exit.cause)) {
         // Cut (shutdown past its drain, a lease lost): released, or committed with the ack withheld.
-        return judgeEach(({ index, prepared, reports }) => concludeSafely(prepared, deliveries[index]!, exit, reports, leases[index]!))
+        return judgeEach(runnable, ({ index, prepared, reports }) => concludeSafely(prepared, deliveries[index]!, exit, reports, leases[index]!))
       }
       if (runnable.length === 1) {
         const failed = Exit.isFailure(exit) ? exit : Exit.die(new Error("the batch handler gave no result per element"))
-        return judgeEach(({ index, prepared, reports }) => concludeSafely(prepared, deliveries[index]!, failed, reports, leases[index]!))
+        return judgeEach(runnable, ({ index, prepared, reports }) => concludeSafely(prepared, deliveries[index]!, failed, reports, leases[index]!))
       }
       return Effect.andThen(
         Effect.logWarning(
           `batch of ${runnable.length} failed as a whole; running its elements one by one`,
           Exit.isFailure(exit) ? ErrorSummary.fromCause(exit.cause) : ErrorSummary.make("BatchResultInvalid", "the batch handler gave no result per element")
         ),
-        judgeEach(({ index, prepared }) => {
+        judgeEach(runnable, ({ index, prepared }) => {
           const delivery = deliveries[index]!
           const reports: Reports = { committed: false, alreadyCommitted: false }
           return Effect.flatMap(
