@@ -9,8 +9,9 @@
  *
  *   node bench/engine-in-memory.ts [messages=30000] [concurrency=16] [batchSize=0]
  */
-import { Consumer, type Delivery, Envelope, type Source } from "@jetworker/core"
+import { Consumer, Envelope } from "@jetworker/core"
 import { Deferred, Duration, Effect, Exit, Fiber, Logger, References, Result, Schema } from "effect"
+import { inMemorySource } from "./inMemorySource.ts"
 
 const total = Number(process.argv[2] ?? 30000)
 const concurrency = Number(process.argv[3] ?? 16)
@@ -41,39 +42,13 @@ const baseline = (): number => {
 /** The engine over a source that hands out the same payload and ignores every command. */
 const engine = Effect.gen(function*() {
   const done = yield* Deferred.make<void>()
-  let sequence = 0
   let settled = 0
   const count = (n: number) => {
     settled += n
     if (settled >= total) Deferred.doneUnsafe(done, Effect.void)
   }
-  const ack = withOnOutcome ? Effect.void : Effect.sync(() => count(1))
-  const delivery = (seq: number): Delivery.Delivery => ({
-    subject: "bench",
-    payload,
-    sequence: seq,
-    deliveryCount: 1,
-    header: () => undefined,
-    ack,
-    nak: () => Effect.void,
-    deadLetter: () => Effect.void,
-    extend: Effect.void
-  })
-  const source: Source.Source = {
-    name: "in-memory",
-    open: () =>
-      Effect.succeed({
-        lease: Duration.seconds(30),
-        maxDeliver: undefined,
-        take: Effect.sync(() => delivery(++sequence)),
-        ackAll: (deliveries) =>
-          Effect.sync(() => {
-            if (!withOnOutcome) count(deliveries.length)
-            return deliveries.map(() => undefined)
-          }),
-        close: Effect.void
-      })
-  }
+  // Without an `onOutcome` hook, the end is found by counting acks.
+  const source = inMemorySource(() => payload, withOnOutcome ? undefined : count)
   const onOutcome = withOnOutcome ? { onOutcome: () => Effect.sync(() => count(1)) } : {}
   const consumer = batchSize > 0
     ? Consumer.makeBatch({

@@ -83,18 +83,39 @@ export const reportFor = (key: { readonly scope: string; readonly id: string }, 
 export const reportAllFor = (keys: ReadonlyArray<{ readonly scope: string; readonly id: string }>, report: Report): Effect.Effect<void> =>
   // Read straight from the fiber's context: it runs on every commit.
   Effect.withFiber((fiber) => {
-    const current = Context.getOption(fiber.context, CurrentDelivery)
-    if (current._tag === "Some") {
-      for (const key of keys) {
-        if (current.value.consumer === key.scope && current.value.eventId === key.id) current.value.report(report)
-      }
-      return Effect.void
-    }
-    const batch = Context.getOption(fiber.context, CurrentBatch)
-    if (batch._tag === "Some") {
-      const ids = new Set<string>()
-      for (const key of keys) if (key.scope === batch.value.consumer) ids.add(key.id)
-      for (const element of batch.value.elements) if (ids.has(element.eventId)) element.report(report)
-    }
+    reporterIn(fiber.context, keys, report)?.()
     return Effect.void
   })
+
+/**
+ * What {@link reportAllFor} would report in `context`, as a function that reports it when called
+ * (after a `COMMIT`, say), or `undefined` when `keys` name neither the current delivery nor an
+ * element of the current batch. The function holds the reporters it calls and nothing else (not
+ * the context, the delivery or the keys): a store can keep it until its transaction commits, and
+ * whatever keeps it alive meanwhile keeps no more than that.
+ */
+export const reporterIn = (
+  context: Context.Context<never>,
+  keys: ReadonlyArray<{ readonly scope: string; readonly id: string }>,
+  report: Report
+): (() => void) | undefined => {
+  const current = Context.getOption(context, CurrentDelivery)
+  if (current._tag === "Some") {
+    for (const key of keys) {
+      if (current.value.consumer === key.scope && current.value.eventId === key.id) return reportingTo(current.value.report, report)
+    }
+    return undefined
+  }
+  const batch = Context.getOption(context, CurrentBatch)
+  if (batch._tag === "None") return undefined
+  const ids = new Set<string>()
+  for (const key of keys) if (key.scope === batch.value.consumer) ids.add(key.id)
+  const reporters = batch.value.elements.filter((element) => ids.has(element.eventId)).map((element) => element.report)
+  return reporters.length === 0 ? undefined : reportingToAll(reporters, report)
+}
+
+// Built apart from `reporterIn`, so that each function captures its arguments only.
+const reportingTo = (reporter: (report: Report) => void, report: Report) => (): void => reporter(report)
+const reportingToAll = (reporters: ReadonlyArray<(report: Report) => void>, report: Report) => (): void => {
+  for (const reporter of reporters) reporter(report)
+}

@@ -43,7 +43,7 @@ import {
   type Key
 } from "@jetworker/core/IdempotencyStore"
 import * as Probe from "@jetworker/core/Probe"
-import { Cause, Duration, Effect, Exit, Layer, Option, Result } from "effect"
+import { Cause, Context, Duration, Effect, Exit, Layer, Option, Result, Tracer } from "effect"
 import { SqlClient, type SqlError, type Statement } from "effect/sql"
 import { box, classify, unbox, UserFailure } from "./internal/errors.ts"
 import * as Table from "./internal/table.ts"
@@ -73,10 +73,22 @@ const resolveTable = (table: string | undefined): Effect.Effect<string, Idempote
 
 /**
  * Reports `Committed` for `keys` once the outermost transaction of `sql` commits (at once outside
- * a transaction): one callback for all of them (each costs a copy of the handler's context).
+ * a transaction): one callback for all of them, which holds the reporters it calls and nothing
+ * else. Why so lean: `afterCommit` keeps each callback with a copy of the context it was
+ * registered in, and a transaction that outlives a scavenge keeps them until a full collection
+ * (they hang off a `WeakMap` entry whose key, the transaction, was promoted). Registered in the
+ * handler's context, the copy held the delivery's services and spans, and V8 promoted them all
+ * with it. So the callback is registered in a context holding the transaction's entry alone
+ * (`setContext`; `provideContext` would merge it into the handler's).
  */
 const reportCommitted = (sql: SqlClient.SqlClient, keys: ReadonlyArray<Key>): Effect.Effect<void> =>
-  sql.afterCommit(CurrentDelivery.reportAllFor(keys, "Committed"))
+  Effect.withFiber((fiber) => {
+    const report = CurrentDelivery.reporterIn(fiber.context, keys, "Committed")
+    if (report === undefined) return Effect.void
+    const transaction = Context.getOrUndefined(fiber.context, sql.transactionService)
+    if (transaction === undefined) return Effect.sync(report)
+    return Effect.setContext(sql.afterCommit(Effect.sync(report)), Context.make(sql.transactionService, transaction))
+  })
 
 /** Builds the store on the current `SqlClient`; fails with `Misconfigured` when the table name is invalid. */
 export const make: (options?: Options) => Effect.Effect<
@@ -104,6 +116,25 @@ export const make: (options?: Options) => Effect.Effect<
         eventId: key.id
       }))
 
+  /**
+   * The dedup row's statement, inside the commit's transaction. With no tracing backend (the
+   * native tracer, which exports nothing) it goes straight to the transaction's connection: a
+   * `Statement` would build a span, its attributes and a scope that nothing reads (4 of the 30 µs
+   * a commit costs over a connection that answers at once). With a tracer installed it stays a
+   * statement, with its span. Either way its rows are read as they come (no row transform).
+   */
+  const insertRow = (key: Key): Effect.Effect<ReadonlyArray<{ readonly inserted: boolean }>, SqlError.SqlError> =>
+    Effect.withFiber((fiber) => {
+      const transaction = Context.getOrUndefined(fiber.context, sql.transactionService)
+      if (transaction === undefined || Context.get(fiber.context, Tracer.Tracer) !== Tracer.nativeTracer) {
+        return sql.unsafe<{ readonly inserted: boolean }>(insertText, [key.scope, key.id])
+      }
+      return transaction[0].execute(insertText, [key.scope, key.id], undefined) as Effect.Effect<
+        ReadonlyArray<{ readonly inserted: boolean }>,
+        SqlError.SqlError
+      >
+    })
+
   const commit = <A, E, R>(
     key: Key,
     effect: Effect.Effect<A, E, R>
@@ -115,13 +146,15 @@ export const make: (options?: Options) => Effect.Effect<
         ? boxed
         : Effect.tap(boxed, () => beforeCommit(key))
       const attempt = Effect.flatMap(
-        sql.unsafe<{ readonly inserted: boolean }>(insertText, [key.scope, key.id]),
+        insertRow(key),
         (rows): Effect.Effect<A | AlreadyCommitted, UserFailure<E>, R> =>
           rows.length === 0
             ? Effect.as(CurrentDelivery.reportFor(key, "AlreadyCommitted"), alreadyCommitted(key))
             : Effect.andThen(
               // Runs after the outermost COMMIT succeeded, even if the fiber was interrupted while
-              // it ran: the engine then reports the truth (committed), not a rollback.
+              // it ran: the engine then reports the truth (committed), not a rollback. (`onExit`
+              // around the transaction would not do: the interruption lands as the transaction's
+              // uninterruptible region ends, before `onExit` could see its success.)
               reportCommitted(sql, [key]),
               protectedEffect
             )

@@ -3,7 +3,7 @@ import { PgClient } from "@effect/sql-pg"
 import { CurrentDelivery } from "@jetworker/core/CurrentDelivery"
 import { commit, IdempotencyError, IdempotencyStore, isDuplicate, type Key } from "@jetworker/core/IdempotencyStore"
 import * as Probe from "@jetworker/core/Probe"
-import { Data, Deferred, Effect, Exit, Fiber, Layer, Option, Redacted, Ref } from "effect"
+import { Data, Deferred, Effect, Exit, Fiber, Layer, Option, Redacted, Ref, Tracer } from "effect"
 import { SqlClient, type Statement } from "effect/sql"
 import * as SqlErrors from "effect/sql/SqlError"
 import { randomUUID } from "node:crypto"
@@ -336,6 +336,77 @@ layer(
       assert.strictEqual(yield* dedupRows(key), 0)
       assert.strictEqual(yield* ledgerRows(key.id), 0)
       assert.isFalse(yield* store.isCommitted(key))
+    }))
+
+  it.effect("with a tracer installed the dedup row's statement has its span in the transaction's; with none, the commit records the same", () =>
+    Effect.gen(function*() {
+      const store = yield* IdempotencyStore
+      const spans: Array<Tracer.NativeSpan> = []
+      const tracer = Tracer.make({
+        span: (options) => {
+          const span = new Tracer.NativeSpan(options)
+          spans.push(span)
+          return span
+        }
+      })
+      const traced = freshKey()
+      assert.strictEqual(yield* store.commit(traced, Effect.as(record(traced.id), "traced")).pipe(Effect.withTracer(tracer)), "traced")
+      const transaction = spans.find((span) => span.name === "sql.transaction")
+      assert.isDefined(transaction)
+      const dedup = spans.find((span) => String(span.attributes.get("db.query.text")).includes("ON CONFLICT (scope, id) DO NOTHING"))
+      assert.isDefined(dedup, spans.map((span) => span.name).join(", "))
+      assert.strictEqual(Option.getOrUndefined(dedup!.parent)?.spanId, transaction!.spanId)
+      // Without a backend the row goes straight to the transaction's connection: same rows, same result.
+      const untraced = freshKey()
+      assert.strictEqual(yield* store.commit(untraced, Effect.as(record(untraced.id), "untraced")), "untraced")
+      assert.isTrue(isDuplicate(yield* store.commit(untraced, Effect.as(record(untraced.id), "again"))))
+      for (const key of [traced, untraced]) {
+        assert.strictEqual(yield* dedupRows(key), 1)
+        assert.strictEqual(yield* ledgerRows(key.id), 1)
+      }
+    }))
+
+  it.effect("BE-JOB-002: the delivery hears Committed only once the outermost COMMIT succeeded: at once for its own transaction, after an enclosing one, never after a rollback", () =>
+    Effect.gen(function*() {
+      const sql = yield* SqlClient.SqlClient
+      const store = yield* IdempotencyStore
+      const heard: Array<string> = []
+      const inDelivery = (key: Key) =>
+        Effect.provideService(CurrentDelivery, {
+          consumer: key.scope,
+          eventId: key.id,
+          attempt: 1,
+          attempts: 3,
+          subject: "ledger.transfer",
+          sequence: 1,
+          deliveryCount: 1,
+          expiresAt: undefined,
+          leaseDeadline: () => undefined,
+          report: (report) => heard.push(`${key.id}:${report}`)
+        })
+      const own = freshKey()
+      yield* store.commit(own, Effect.tap(record(own.id), () => Effect.sync(() => assert.deepStrictEqual(heard, [])))).pipe(inDelivery(own))
+      assert.deepStrictEqual(heard, [`${own.id}:Committed`])
+      // Inside an enclosing transaction: not before that one commits.
+      const enclosed = freshKey()
+      yield* sql.withTransaction(Effect.andThen(
+        store.commit(enclosed, record(enclosed.id)),
+        Effect.sync(() => assert.deepStrictEqual(heard, [`${own.id}:Committed`], "not before the enclosing COMMIT"))
+      )).pipe(inDelivery(enclosed))
+      assert.deepStrictEqual(heard, [`${own.id}:Committed`, `${enclosed.id}:Committed`])
+      // An enclosing transaction that rolls back: never.
+      const rolledBack = freshKey()
+      const boom = new Boom({ message: "the enclosing transaction fails" })
+      assert.strictEqual(
+        yield* Effect.flip(sql.withTransaction(Effect.andThen(store.commit(rolledBack, record(rolledBack.id)), Effect.fail(boom)))).pipe(
+          inDelivery(rolledBack)
+        ),
+        boom
+      )
+      // A duplicate is heard as such, at once.
+      yield* store.commit(own, record(own.id)).pipe(inDelivery(own))
+      assert.deepStrictEqual(heard, [`${own.id}:Committed`, `${enclosed.id}:Committed`, `${own.id}:AlreadyCommitted`])
+      assert.strictEqual(yield* dedupRows(rolledBack), 0)
     }))
 
   it.effect("purge deletes only rows older than olderThan, at most limit per call", () =>
