@@ -1,7 +1,7 @@
 import { assert, describe, it } from "@effect/vitest"
 import * as LiveSet from "../src/internal/liveSet.ts"
 
-describe("the live set of leases and idle workers", () => {
+describe("the live set of leases under watch", () => {
   it("holds what was added and not removed; a freed slot is reused", () => {
     const set = LiveSet.make<{ readonly name: string }>()
     const a = { name: "a" }
