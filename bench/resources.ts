@@ -27,6 +27,7 @@ import { spawn } from "node:child_process"
 import { mkdir, writeFile } from "node:fs/promises"
 import os from "node:os"
 import { fileURLToPath } from "node:url"
+import v8 from "node:v8"
 import { ackAll, publishAll } from "./rawLoop.ts"
 
 const servers = process.env.NATS_URL ?? "nats://127.0.0.1:4222"
@@ -45,6 +46,10 @@ interface ChildArgs {
 interface Drained {
   readonly rssMiB: number
   readonly rate: number
+  /** The largest size V8 gave its young generation (both semi-spaces) during the run, in MiB. */
+  readonly youngMiB: number
+  /** The largest size of V8's old space during the run, in MiB. */
+  readonly oldMiB: number
 }
 
 interface Latencies {
@@ -63,11 +68,33 @@ const percentiles = (values: Array<number>): Latencies => {
 const report = (value: unknown) => process.stdout.write(`RESULT ${JSON.stringify(value)}\n`)
 const rssMiB = () => process.resourceUsage().maxRSS / 1024
 
+/**
+ * Samples the sizes V8 gives its young generation and old space every 50 ms (no timer keeps the
+ * process alive) and returns their peaks so far: what the heap's sizing did during the run, the
+ * cause of most of the peak RSS's growth with the backlog (docs/performance.md, Known gaps).
+ */
+const heapPeaks = () => {
+  let young = 0
+  let old = 0
+  const sample = () => {
+    for (const space of v8.getHeapSpaceStatistics()) {
+      if (space.space_name === "new_space") young = Math.max(young, space.space_size)
+      else if (space.space_name === "old_space") old = Math.max(old, space.space_size)
+    }
+  }
+  setInterval(sample, 50).unref()
+  return () => {
+    sample()
+    return { youngMiB: young / 2 ** 20, oldMiB: old / 2 ** 20 }
+  }
+}
+
 // ---------------------------------------------------------------------------------------------
 // Children
 
 /** The hand-written loop: consume() with the prefetch, `concurrency` workers, confirmed acks. */
 const rawChild = async (args: ChildArgs, latency: boolean) => {
+  const peaks = heapPeaks()
   const nc = await connect({ servers, noAsyncTraces: true })
   const consumer = await jetstream(nc).consumers.get(args.stream, args.consumer)
   const messages = await consumer.consume({ max_messages: args.concurrency })
@@ -89,11 +116,12 @@ const rawChild = async (args: ChildArgs, latency: boolean) => {
   const seconds = (performance.now() - started) / 1000
   messages.stop()
   await nc.close()
-  report(latency ? percentiles(latencies) : ({ rssMiB: rssMiB(), rate: args.count / seconds } satisfies Drained))
+  report(latency ? percentiles(latencies) : ({ rssMiB: rssMiB(), rate: args.count / seconds, ...peaks() } satisfies Drained))
 }
 
 /** jetworker: `Consumer.run` over a `JetStreamSource`, a handler that does nothing. */
 const engineChild = async (args: ChildArgs, latency: boolean) => {
+  const peaks = heapPeaks()
   const sentAt = new Map<string, number>()
   const latencies: Array<number> = []
   const program = Effect.gen(function*() {
@@ -131,7 +159,7 @@ const engineChild = async (args: ChildArgs, latency: boolean) => {
     Effect.provideService(References.MinimumLogLevel, "Error")
   )
   const rate = await Effect.runPromise(program)
-  report(latency ? percentiles(latencies) : ({ rssMiB: rssMiB(), rate } satisfies Drained))
+  report(latency ? percentiles(latencies) : ({ rssMiB: rssMiB(), rate, ...peaks() } satisfies Drained))
 }
 
 /** A worker whose handlers each sleep 1 s; says "ready" once `concurrency` of them run. */
@@ -332,6 +360,15 @@ const parent = async () => {
       ...memory.map(({ backlog, rawBounded, engineBounded }) =>
         `| ${backlog} | ${fixed(rawBounded.rssMiB)} | ${fixed(engineBounded.rssMiB)} | ${fixed(engineBounded.rssMiB / rawBounded.rssMiB, 2)} | ` +
         `${fixed(rawBounded.rate)} | ${fixed(engineBounded.rate)} |`
+      ),
+      "",
+      "What V8's heap sizing did in those runs: the peak size of its young generation (both semi-spaces) and of its old " +
+        "space, in MiB. The peak RSS grows with the backlog where these grow, not where more stays alive:",
+      "",
+      "| backlog | raw loop young / old | jetworker young / old | bounded: raw loop young / old | bounded: jetworker young / old |",
+      "|---:|---:|---:|---:|---:|",
+      ...memory.map(({ backlog, raw, engine, rawBounded, engineBounded }) =>
+        `| ${backlog} | ${[raw, engine, rawBounded, engineBounded].map((side) => `${fixed(side.youngMiB)} / ${fixed(side.oldMiB)}`).join(" | ")} |`
       ),
       "",
       `Latency, publish to confirmed ack, at ${rate} msg/s for ${seconds} s (half the raw loop's ${fixed(capacity)} msg/s), in ms:`,

@@ -1,0 +1,207 @@
+/**
+ * The idempotent commit over the real PostgreSQL, without NATS: where between the driver, the store
+ * and the engine the commit path loses against the hand-written `pg` loop. In the same run,
+ * alternating rounds, `concurrency` transactions at once, each side on a pool of `concurrency`
+ * connections:
+ *
+ * - the `pg` loop: `concurrency` async workers, each BEGIN / dedup INSERT ... ON CONFLICT DO
+ *   NOTHING / effect INSERT / COMMIT per message (the statements of `bench/idempotent.ts`);
+ * - the store alone: `concurrency` fibers in a loop, each `IdempotencyStore.commit` on
+ *   `PgIdempotencyStore` with the same effect (what `@effect/sql-pg` and the store cost);
+ * - the engine: `Consumer.run` over an in-memory source (no broker), the handler
+ *   `IdempotencyStore.commit` with the same effect, `concurrency` handlers (what the engine adds).
+ *
+ * Prints each side's rate and this process's CPU per message (medians of the rounds, min and max)
+ * and the rate ratios. The machine's cores are shared with PostgreSQL, so a side's CPU per message
+ * costs it rate. Every round checks that each key it committed has its dedup row and one effect row
+ * (the engine's workers may commit a few more than `messages` before the run ends; its clock stops
+ * at the `messages`-th outcome).
+ *
+ *   node bench/commit-postgres.ts [messages=10000] [concurrency=16] [rounds=5]
+ *
+ * DATABASE_URL (default postgres://postgres@127.0.0.1:5432/test) selects the database; the run
+ * works in a schema of its own, dropped at the end.
+ */
+import { PgClient } from "@effect/sql-pg"
+import { Consumer, Envelope, IdempotencyStore } from "@jetworker/core"
+import { Migrations, PgIdempotencyStore } from "@jetworker/sql-pg"
+import { Deferred, Effect, Fiber, Layer, Logger, Redacted, References, Schema } from "effect"
+import { SqlClient } from "effect/sql"
+import { randomBytes } from "node:crypto"
+import pg from "pg"
+import { inMemorySource } from "./inMemorySource.ts"
+
+const total = Number(process.argv[2] ?? 10000)
+const concurrency = Number(process.argv[3] ?? 16)
+const rounds = Number(process.argv[4] ?? 5)
+for (const value of [total, concurrency, rounds]) {
+  if (!Number.isSafeInteger(value) || value < 1) throw new Error(`expected positive integers, got ${process.argv.slice(2).join(" ")}`)
+}
+const databaseUrl = process.env.DATABASE_URL ?? "postgres://postgres@127.0.0.1:5432/test"
+const schema = `jw_bench_commit_${randomBytes(4).toString("hex")}`
+const SCOPE = "bench"
+const insertDedup = `INSERT INTO jetworker_dedup (scope, id) VALUES ($1, $2) ON CONFLICT (scope, id) DO NOTHING RETURNING true AS inserted`
+const insertEffect = `INSERT INTO bench_effects (event_id, n) VALUES ($1, $2)`
+
+/** Each run's keys start with a prefix of their own, so that every commit inserts its dedup row. */
+let runs = 0
+const nextPrefix = (side: string) => `${side}${runs++}-`
+
+const baselinePool = new pg.Pool({ connectionString: databaseUrl, max: concurrency, options: `-c search_path=${schema}` })
+
+const pgLoop = async (prefix: string) => {
+  let next = 0
+  const worker = async () => {
+    while (next < total) {
+      const n = next++
+      const client = await baselinePool.connect()
+      try {
+        await client.query("BEGIN")
+        const inserted = await client.query(insertDedup, [SCOPE, `${prefix}${n}`])
+        if (inserted.rowCount === 1) await client.query(insertEffect, [`${prefix}${n}`, n])
+        await client.query("COMMIT")
+        client.release()
+      } catch (error) {
+        await client.query("ROLLBACK").catch(() => undefined)
+        client.release(error instanceof Error ? error : new Error(String(error)))
+        throw error
+      }
+    }
+  }
+  await Promise.all(Array.from({ length: concurrency }, worker))
+}
+
+/** The effect each commit protects: one statement. */
+const effectOf = (id: string, n: number) => SqlClient.SqlClient.use((sql) => sql`INSERT INTO bench_effects (event_id, n) VALUES (${id}, ${n})`)
+
+const storeAlone = (prefix: string) =>
+  Effect.suspend(() => {
+    let next = 0
+    const loop: Effect.Effect<void, unknown, IdempotencyStore.IdempotencyStore | SqlClient.SqlClient> = Effect.suspend(() => {
+      if (next >= total) return Effect.void
+      const n = next++
+      return Effect.flatMap(IdempotencyStore.commit(`${prefix}${n}`, effectOf(`${prefix}${n}`, n), { scope: SCOPE }), () => loop)
+    })
+    return Effect.all(Array.from({ length: concurrency }, () => loop), { concurrency: "unbounded", discard: true })
+  })
+
+const Event = Envelope.schema("bench.event", Schema.Struct({ n: Schema.Number }))
+const payloads = Array.from(
+  { length: 1000 },
+  (_, n) => new TextEncoder().encode(JSON.stringify({ id: `e${n}`, type: "bench.event", time: new Date().toISOString(), data: { n } }))
+)
+
+const throughEngine = (prefix: string) =>
+  Effect.gen(function*() {
+    const done = yield* Deferred.make<void>()
+    let started = 0
+    let settled = 0
+    const fiber = yield* Effect.forkChild(Consumer.run(Consumer.make({
+      name: `bench-${prefix}`,
+      source: inMemorySource((sequence) => payloads[sequence % payloads.length]!),
+      schema: Event,
+      // The payloads (and so their event ids) repeat: each run of the handler commits a key of its own.
+      handle: (event) => {
+        const id = `${prefix}${started++}`
+        return IdempotencyStore.commit(id, effectOf(id, event.data.n), { scope: SCOPE })
+      },
+      classify: { IdempotencyError: "isRetryable", SqlError: "isRetryable" },
+      concurrency,
+      onOutcome: (outcome) =>
+        Effect.sync(() => {
+          if (outcome._tag !== "Committed") Deferred.doneUnsafe(done, Effect.die(new Error(`unexpected outcome ${outcome._tag}`)))
+          else if (++settled === total) Deferred.doneUnsafe(done, Effect.void)
+        })
+    })))
+    yield* Deferred.await(done)
+    yield* Fiber.interrupt(fiber)
+  })
+
+interface Figure {
+  readonly rate: number
+  readonly cpu: number
+}
+
+type Services = IdempotencyStore.IdempotencyStore | SqlClient.SqlClient
+
+/** One round of a side, then a check that each of its `total` keys committed once. */
+const measured = (run: (prefix: string) => Effect.Effect<void, unknown, Services>, prefix: string, admin: pg.Client) =>
+  Effect.gen(function*() {
+    const before = process.cpuUsage()
+    const started = performance.now()
+    yield* run(prefix)
+    const seconds = (performance.now() - started) / 1000
+    const used = process.cpuUsage(before)
+    const { rows } = yield* Effect.promise(() =>
+      admin.query<{ dedup: string; effects: string; total: string }>(
+        `SELECT (SELECT count(*) FROM jetworker_dedup WHERE scope = $1 AND id LIKE $2) AS dedup,
+                (SELECT count(DISTINCT event_id) FROM bench_effects WHERE event_id LIKE $2) AS effects,
+                (SELECT count(*) FROM bench_effects WHERE event_id LIKE $2) AS total`,
+        [SCOPE, `${prefix}%`]
+      )
+    )
+    const counts = rows[0]!
+    // The engine's workers may have started (and committed) a few more than `total` before the end.
+    if (Number(counts.dedup) < total || counts.effects !== counts.dedup || counts.total !== counts.dedup) {
+      return yield* Effect.die(new Error(`${prefix}: expected ${total} keys or more, each with its dedup row and one effect, found ${JSON.stringify(counts)}`))
+    }
+    return { rate: total / seconds, cpu: (used.user + used.system) / total } satisfies Figure
+  })
+
+const sides: ReadonlyArray<{ readonly label: string; readonly key: string; readonly run: (prefix: string) => Effect.Effect<void, unknown, Services> }> = [
+  { label: "pg loop (hand-written)", key: "p", run: (prefix) => Effect.promise(() => pgLoop(prefix)) },
+  { label: "store alone (loop of fibers)", key: "s", run: storeAlone },
+  { label: "engine, handler IdempotencyStore.commit", key: "e", run: throughEngine }
+]
+
+const program = (admin: pg.Client) =>
+  Effect.gen(function*() {
+    const sql = yield* SqlClient.SqlClient
+    // Every connection of both pools open before the clock starts.
+    yield* Effect.forEach(Array.from({ length: concurrency }), () => sql`SELECT pg_sleep(0.005)`, { concurrency: "unbounded", discard: true })
+    yield* Effect.promise(() => Promise.all(Array.from({ length: concurrency }, () => baselinePool.query("SELECT pg_sleep(0.005)"))))
+    for (const side of sides) yield* measured(side.run, nextPrefix(side.key), admin) // warm-up
+    const figures: Array<Array<Figure>> = sides.map(() => [])
+    for (let round = 0; round < rounds; round++) {
+      for (const [i, side] of sides.entries()) figures[i]!.push(yield* measured(side.run, nextPrefix(side.key), admin))
+    }
+    return figures
+  }).pipe(
+    Effect.provide(PgIdempotencyStore.layer().pipe(Layer.provideMerge(PgClient.layer({
+      url: Redacted.make(databaseUrl),
+      maxConnections: concurrency,
+      applicationName: "jetworker-bench",
+      startupParameters: { search_path: schema }
+    })))),
+    Effect.provide(Logger.layer([Logger.consolePretty()])),
+    Effect.provideService(References.MinimumLogLevel, "Error")
+  )
+
+const admin = new pg.Client({ connectionString: databaseUrl, application_name: "jetworker-bench-admin" })
+await admin.connect()
+await admin.query(`CREATE SCHEMA "${schema}"`)
+try {
+  await admin.query(`SET search_path TO "${schema}"`)
+  for (const statement of [...Migrations.statements, `CREATE TABLE bench_effects (event_id text NOT NULL, n integer NOT NULL)`]) {
+    await admin.query(statement)
+  }
+  const figures = await Effect.runPromise(program(admin))
+  const median = (values: ReadonlyArray<number>) => [...values].sort((a, b) => a - b)[Math.floor(values.length / 2)]!
+  const range = (values: ReadonlyArray<number>) =>
+    `${median(values).toFixed(0).padStart(6)} ${Math.min(...values).toFixed(0).padStart(6)} ${Math.max(...values).toFixed(0).padStart(6)}`
+  console.log(`messages ${total} a round, concurrency ${concurrency}, ${rounds} rounds, PostgreSQL without NATS`)
+  console.log(`${"side".padEnd(42)} msg/s: median    min    max  CPU µs/msg: median    min    max`)
+  for (const [i, side] of sides.entries()) {
+    const values = figures[i]!
+    console.log(`${side.label.padEnd(42)} ${range(values.map((f) => f.rate))}              ${range(values.map((f) => f.cpu))}`)
+  }
+  const rate = (i: number) => median(figures[i]!.map((f) => f.rate))
+  console.log(
+    `rate ratios: store alone / pg loop ${(rate(1) / rate(0)).toFixed(2)}, engine / pg loop ${(rate(2) / rate(0)).toFixed(2)}, ` +
+      `engine / store alone ${(rate(2) / rate(1)).toFixed(2)}`
+  )
+} finally {
+  await baselinePool.end()
+  await admin.query(`DROP SCHEMA IF EXISTS "${schema}" CASCADE`)
+  await admin.end()
+}
