@@ -18,13 +18,13 @@
  *
  *   node bench/commit-in-memory.ts [messages=20000] [concurrency=16] [rounds=5]
  */
-import { Consumer, Envelope, IdempotencyStore } from "@jetworker/core"
+import { IdempotencyStore } from "@jetworker/core"
 import { PgIdempotencyStore } from "@jetworker/sql-pg"
-import { Deferred, Effect, Fiber, Layer, Logger, References, Schema } from "effect"
+import { Effect, Layer, Logger, References } from "effect"
 import * as Reactivity from "effect/reactivity/Reactivity"
 import { SqlClient, Statement } from "effect/sql"
 import type { Connection } from "effect/sql/SqlConnection"
-import { inMemorySource } from "./inMemorySource.ts"
+import { fibersLoop, throughEngine } from "./commitSides.ts"
 
 const total = Number(process.argv[2] ?? 20000)
 const concurrency = Number(process.argv[3] ?? 16)
@@ -63,11 +63,6 @@ const SqlLive = Layer.effect(
   })
 ).pipe(Layer.provide(Reactivity.layer))
 
-const Event = Envelope.schema("bench.event", Schema.Struct({ n: Schema.Number }))
-const payloads = Array.from(
-  { length: 1000 },
-  (_, n) => new TextEncoder().encode(JSON.stringify({ id: `e${n}`, type: "bench.event", time: new Date().toISOString(), data: { n } }))
-)
 let run = 0
 
 /** The effect each commit protects: one statement. */
@@ -75,36 +70,19 @@ const effectOf = (n: number) => SqlClient.SqlClient.use((sql) => Effect.asVoid(s
 
 const storeAlone = Effect.suspend(() => {
   const prefix = `r${run++}-`
-  let next = 0
-  const loop: Effect.Effect<void, unknown, IdempotencyStore.IdempotencyStore | SqlClient.SqlClient> = Effect.suspend(() => {
-    if (next >= total) return Effect.void
-    const n = next++
-    return Effect.flatMap(IdempotencyStore.commit(`${prefix}${n}`, effectOf(n), { scope: "bench" }), () => loop)
-  })
-  return Effect.all(Array.from({ length: concurrency }, () => loop), { concurrency: "unbounded", discard: true })
+  return fibersLoop(total, concurrency, (n) => IdempotencyStore.commit(`${prefix}${n}`, effectOf(n), { scope: "bench" }))
 })
 
-const throughEngine = (commit: boolean) =>
-  Effect.gen(function*() {
-    const done = yield* Deferred.make<void>()
+const engine = (commit: boolean) =>
+  Effect.suspend(() => {
     let committed = 0
-    let settled = 0
-    const source = inMemorySource((sequence) => payloads[sequence % payloads.length]!)
-    const fiber = yield* Effect.forkChild(Consumer.run(Consumer.make({
+    return throughEngine({
       name: `bench-${run++}`,
-      source,
-      schema: Event,
-      // The payloads (and so their event ids) repeat: each run of the handler commits a key of its own.
-      handle: (event) => commit ? IdempotencyStore.commit(`${++committed}`, effectOf(event.data.n)) : Effect.void,
-      classify: { IdempotencyError: "isRetryable", SqlError: "isRetryable" },
+      total,
       concurrency,
-      onOutcome: () =>
-        Effect.sync(() => {
-          if (++settled === total) Deferred.doneUnsafe(done, Effect.void)
-        })
-    })))
-    yield* Deferred.await(done)
-    yield* Fiber.interrupt(fiber)
+      // The payloads (and so their event ids) repeat: each run of the handler commits a key of its own.
+      handle: (event) => commit ? IdempotencyStore.commit(`${++committed}`, effectOf(event.data.n)) : Effect.void
+    })
   })
 
 /** CPU microseconds per message of one run of `effect`. */
@@ -122,8 +100,8 @@ const sides: ReadonlyArray<{
   readonly run: Effect.Effect<void, unknown, IdempotencyStore.IdempotencyStore | SqlClient.SqlClient>
 }> = [
   { label: "store alone (loop of fibers)", run: storeAlone },
-  { label: "engine, handler IdempotencyStore.commit", run: throughEngine(true) },
-  { label: "engine, handler that does nothing", run: throughEngine(false) }
+  { label: "engine, handler IdempotencyStore.commit", run: engine(true) },
+  { label: "engine, handler that does nothing", run: engine(false) }
 ]
 
 const program = Effect.gen(function*() {

@@ -23,13 +23,14 @@
  * works in a schema of its own, dropped at the end.
  */
 import { PgClient } from "@effect/sql-pg"
-import { Consumer, Envelope, IdempotencyStore } from "@jetworker/core"
+import { IdempotencyStore } from "@jetworker/core"
 import { Migrations, PgIdempotencyStore } from "@jetworker/sql-pg"
-import { Deferred, Effect, Fiber, Layer, Logger, Redacted, References, Schema } from "effect"
+import { Effect, Layer, Logger, Redacted, References } from "effect"
 import { SqlClient } from "effect/sql"
 import { randomBytes } from "node:crypto"
 import pg from "pg"
-import { inMemorySource } from "./inMemorySource.ts"
+import { fibersLoop, throughEngine } from "./commitSides.ts"
+import { commitByHand, effectDdl } from "./pgBaseline.ts"
 
 const total = Number(process.argv[2] ?? 10000)
 const concurrency = Number(process.argv[3] ?? 16)
@@ -40,8 +41,6 @@ for (const value of [total, concurrency, rounds]) {
 const databaseUrl = process.env.DATABASE_URL ?? "postgres://postgres@127.0.0.1:5432/test"
 const schema = `jw_bench_commit_${randomBytes(4).toString("hex")}`
 const SCOPE = "bench"
-const insertDedup = `INSERT INTO jetworker_dedup (scope, id) VALUES ($1, $2) ON CONFLICT (scope, id) DO NOTHING RETURNING true AS inserted`
-const insertEffect = `INSERT INTO bench_effects (event_id, n) VALUES ($1, $2)`
 
 /** Each run's keys start with a prefix of their own, so that every commit inserts its dedup row. */
 let runs = 0
@@ -49,23 +48,13 @@ const nextPrefix = (side: string) => `${side}${runs++}-`
 
 const baselinePool = new pg.Pool({ connectionString: databaseUrl, max: concurrency, options: `-c search_path=${schema}` })
 
+/** The hand-written loop: `concurrency` async workers, each committing one message after the other. */
 const pgLoop = async (prefix: string) => {
   let next = 0
   const worker = async () => {
     while (next < total) {
       const n = next++
-      const client = await baselinePool.connect()
-      try {
-        await client.query("BEGIN")
-        const inserted = await client.query(insertDedup, [SCOPE, `${prefix}${n}`])
-        if (inserted.rowCount === 1) await client.query(insertEffect, [`${prefix}${n}`, n])
-        await client.query("COMMIT")
-        client.release()
-      } catch (error) {
-        await client.query("ROLLBACK").catch(() => undefined)
-        client.release(error instanceof Error ? error : new Error(String(error)))
-        throw error
-      }
+      await commitByHand(baselinePool, SCOPE, `${prefix}${n}`, n)
     }
   }
   await Promise.all(Array.from({ length: concurrency }, worker))
@@ -75,46 +64,21 @@ const pgLoop = async (prefix: string) => {
 const effectOf = (id: string, n: number) => SqlClient.SqlClient.use((sql) => sql`INSERT INTO bench_effects (event_id, n) VALUES (${id}, ${n})`)
 
 const storeAlone = (prefix: string) =>
+  fibersLoop(total, concurrency, (n) => IdempotencyStore.commit(`${prefix}${n}`, effectOf(`${prefix}${n}`, n), { scope: SCOPE }))
+
+const engine = (prefix: string) =>
   Effect.suspend(() => {
-    let next = 0
-    const loop: Effect.Effect<void, unknown, IdempotencyStore.IdempotencyStore | SqlClient.SqlClient> = Effect.suspend(() => {
-      if (next >= total) return Effect.void
-      const n = next++
-      return Effect.flatMap(IdempotencyStore.commit(`${prefix}${n}`, effectOf(`${prefix}${n}`, n), { scope: SCOPE }), () => loop)
-    })
-    return Effect.all(Array.from({ length: concurrency }, () => loop), { concurrency: "unbounded", discard: true })
-  })
-
-const Event = Envelope.schema("bench.event", Schema.Struct({ n: Schema.Number }))
-const payloads = Array.from(
-  { length: 1000 },
-  (_, n) => new TextEncoder().encode(JSON.stringify({ id: `e${n}`, type: "bench.event", time: new Date().toISOString(), data: { n } }))
-)
-
-const throughEngine = (prefix: string) =>
-  Effect.gen(function*() {
-    const done = yield* Deferred.make<void>()
     let started = 0
-    let settled = 0
-    const fiber = yield* Effect.forkChild(Consumer.run(Consumer.make({
+    return throughEngine({
       name: `bench-${prefix}`,
-      source: inMemorySource((sequence) => payloads[sequence % payloads.length]!),
-      schema: Event,
+      total,
+      concurrency,
       // The payloads (and so their event ids) repeat: each run of the handler commits a key of its own.
       handle: (event) => {
         const id = `${prefix}${started++}`
         return IdempotencyStore.commit(id, effectOf(id, event.data.n), { scope: SCOPE })
-      },
-      classify: { IdempotencyError: "isRetryable", SqlError: "isRetryable" },
-      concurrency,
-      onOutcome: (outcome) =>
-        Effect.sync(() => {
-          if (outcome._tag !== "Committed") Deferred.doneUnsafe(done, Effect.die(new Error(`unexpected outcome ${outcome._tag}`)))
-          else if (++settled === total) Deferred.doneUnsafe(done, Effect.void)
-        })
-    })))
-    yield* Deferred.await(done)
-    yield* Fiber.interrupt(fiber)
+      }
+    })
   })
 
 interface Figure {
@@ -151,7 +115,7 @@ const measured = (run: (prefix: string) => Effect.Effect<void, unknown, Services
 const sides: ReadonlyArray<{ readonly label: string; readonly key: string; readonly run: (prefix: string) => Effect.Effect<void, unknown, Services> }> = [
   { label: "pg loop (hand-written)", key: "p", run: (prefix) => Effect.promise(() => pgLoop(prefix)) },
   { label: "store alone (loop of fibers)", key: "s", run: storeAlone },
-  { label: "engine, handler IdempotencyStore.commit", key: "e", run: throughEngine }
+  { label: "engine, handler IdempotencyStore.commit", key: "e", run: engine }
 ]
 
 const program = (admin: pg.Client) =>
@@ -182,7 +146,7 @@ await admin.connect()
 await admin.query(`CREATE SCHEMA "${schema}"`)
 try {
   await admin.query(`SET search_path TO "${schema}"`)
-  for (const statement of [...Migrations.statements, `CREATE TABLE bench_effects (event_id text NOT NULL, n integer NOT NULL)`]) {
+  for (const statement of [...Migrations.statements, effectDdl]) {
     await admin.query(statement)
   }
   const figures = await Effect.runPromise(program(admin))

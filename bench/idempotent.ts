@@ -64,6 +64,7 @@ import os from "node:os"
 import pg from "pg"
 import { barChart } from "./chart.ts"
 import { profiled } from "./cpuProfile.ts"
+import { commitByHand, effectDdl, transaction } from "./pgBaseline.ts"
 import { publishAll } from "./rawLoop.ts"
 
 const total = Number(process.argv[2] ?? 5000)
@@ -107,11 +108,7 @@ const encoder = new TextEncoder()
 const utf8 = new TextDecoder()
 const ack = encoder.encode("+ACK")
 
-// The SQL both hand-written baselines send; the per-message text is the store's own.
-const effectDdl = `CREATE TABLE bench_effects (event_id text NOT NULL, n integer NOT NULL)`
-const insertDedup =
-  `INSERT INTO jetworker_dedup (scope, id) VALUES ($1, $2) ON CONFLICT (scope, id) DO NOTHING RETURNING true AS inserted`
-const insertEffect = `INSERT INTO bench_effects (event_id, n) VALUES ($1, $2)`
+// The batched baseline's SQL (the per-message SQL and its transaction are in pgBaseline.ts).
 const insertDedupBatch = `INSERT INTO jetworker_dedup (scope, id)
 SELECT $1, id FROM unnest($2::text[]) AS t(id) ORDER BY id
 ON CONFLICT (scope, id) DO NOTHING RETURNING id`
@@ -217,22 +214,6 @@ const pool = (round: Round, max: number): pg.Pool =>
 const warm = (p: pg.Pool, connections: number) =>
   Promise.all(Array.from({ length: connections }, () => p.query("SELECT pg_sleep(0.005)")))
 
-/** Runs `body` on one pooled connection inside BEGIN/COMMIT (ROLLBACK and rethrow on failure). */
-const transaction = async <A>(p: pg.Pool, body: (client: pg.PoolClient) => Promise<A>): Promise<A> => {
-  const client = await p.connect()
-  try {
-    await client.query("BEGIN")
-    const result = await body(client)
-    await client.query("COMMIT")
-    client.release()
-    return result
-  } catch (error) {
-    await client.query("ROLLBACK").catch(() => undefined)
-    client.release(error instanceof Error ? error : new Error(String(error)))
-    throw error
-  }
-}
-
 /** Baseline 1: one transaction per message, `concurrency` at a time. */
 const baselinePerMessage = async (round: Round): Promise<Run> => {
   const db = pool(round, concurrency)
@@ -241,10 +222,7 @@ const baselinePerMessage = async (round: Round): Promise<Run> => {
     await warm(db, concurrency)
     const handle = async (m: JsMsg) => {
       const event = decode(m)
-      await transaction(db, async (client) => {
-        const inserted = await client.query(insertDedup, [CONSUMER, event.id])
-        if (inserted.rowCount === 1) await client.query(insertEffect, [event.id, event.n])
-      })
+      await commitByHand(db, CONSUMER, event.id, event.n)
       await ackConfirmed(nc, m)
     }
     const watch = stopwatch()
