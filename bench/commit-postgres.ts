@@ -11,8 +11,9 @@
  * - the engine: `Consumer.run` over an in-memory source (no broker), the handler
  *   `IdempotencyStore.commit` with the same effect, `concurrency` handlers (what the engine adds).
  *
- * Prints each side's rate and this process's CPU per message (medians of the rounds, min and max)
- * and the rate ratios. The machine's cores are shared with PostgreSQL, so a side's CPU per message
+ * Prints each side's rate and this process's CPU per message (medians of the rounds, min and max),
+ * its writes to PostgreSQL per message and the CPU spent in them (`socketWrites.ts`), and the rate
+ * ratios. The machine's cores are shared with PostgreSQL, so a side's CPU per message
  * costs it rate. Every round checks that each key it committed has its dedup row and one effect row
  * (the engine's workers may commit a few more than `messages` before the run ends; its clock stops
  * at the `messages`-th outcome).
@@ -31,6 +32,7 @@ import { randomBytes } from "node:crypto"
 import pg from "pg"
 import { fibersLoop, throughEngine } from "./commitSides.ts"
 import { commitByHand, effectDdl } from "./pgBaseline.ts"
+import * as SocketWrites from "./socketWrites.ts"
 
 const total = Number(process.argv[2] ?? 10000)
 const concurrency = Number(process.argv[3] ?? 16)
@@ -84,6 +86,9 @@ const engine = (prefix: string) =>
 interface Figure {
   readonly rate: number
   readonly cpu: number
+  /** Writes to PostgreSQL per message, and the CPU spent in them (µs per message). */
+  readonly writes: number
+  readonly inWrites: number
 }
 
 type Services = IdempotencyStore.IdempotencyStore | SqlClient.SqlClient
@@ -92,10 +97,12 @@ type Services = IdempotencyStore.IdempotencyStore | SqlClient.SqlClient
 const measured = (run: (prefix: string) => Effect.Effect<void, unknown, Services>, prefix: string, admin: pg.Client) =>
   Effect.gen(function*() {
     const before = process.cpuUsage()
+    const writesBefore = SocketWrites.read()
     const started = performance.now()
     yield* run(prefix)
     const seconds = (performance.now() - started) / 1000
     const used = process.cpuUsage(before)
+    const writes = SocketWrites.between(writesBefore, SocketWrites.read())
     const { rows } = yield* Effect.promise(() =>
       admin.query<{ dedup: string; effects: string; total: string }>(
         `SELECT (SELECT count(*) FROM jetworker_dedup WHERE scope = $1 AND id LIKE $2) AS dedup,
@@ -109,7 +116,12 @@ const measured = (run: (prefix: string) => Effect.Effect<void, unknown, Services
     if (Number(counts.dedup) < total || counts.effects !== counts.dedup || counts.total !== counts.dedup) {
       return yield* Effect.die(new Error(`${prefix}: expected ${total} keys or more, each with its dedup row and one effect, found ${JSON.stringify(counts)}`))
     }
-    return { rate: total / seconds, cpu: (used.user + used.system) / total } satisfies Figure
+    return {
+      rate: total / seconds,
+      cpu: (used.user + used.system) / total,
+      writes: writes.postgres / total,
+      inWrites: writes.micros / total
+    } satisfies Figure
   })
 
 const sides: ReadonlyArray<{ readonly label: string; readonly key: string; readonly run: (prefix: string) => Effect.Effect<void, unknown, Services> }> = [
@@ -141,6 +153,7 @@ const program = (admin: pg.Client) =>
     Effect.provideService(References.MinimumLogLevel, "Error")
   )
 
+const countsWrites = SocketWrites.install(databaseUrl, process.env.NATS_URL ?? "nats://127.0.0.1:4222")
 const admin = new pg.Client({ connectionString: databaseUrl, application_name: "jetworker-bench-admin" })
 await admin.connect()
 await admin.query(`CREATE SCHEMA "${schema}"`)
@@ -154,10 +167,18 @@ try {
   const range = (values: ReadonlyArray<number>) =>
     `${median(values).toFixed(0).padStart(6)} ${Math.min(...values).toFixed(0).padStart(6)} ${Math.max(...values).toFixed(0).padStart(6)}`
   console.log(`messages ${total} a round, concurrency ${concurrency}, ${rounds} rounds, PostgreSQL without NATS`)
-  console.log(`${"side".padEnd(42)} msg/s: median    min    max  CPU µs/msg: median    min    max`)
+  console.log(
+    `${"side".padEnd(42)} msg/s: median    min    max  CPU µs/msg: median    min    max` +
+      (countsWrites ? "  writes/msg  in writes µs/msg: median" : "")
+  )
   for (const [i, side] of sides.entries()) {
     const values = figures[i]!
-    console.log(`${side.label.padEnd(42)} ${range(values.map((f) => f.rate))}              ${range(values.map((f) => f.cpu))}`)
+    console.log(
+      `${side.label.padEnd(42)} ${range(values.map((f) => f.rate))}              ${range(values.map((f) => f.cpu))}` +
+        (countsWrites
+          ? `  ${median(values.map((f) => f.writes)).toFixed(2).padStart(10)}  ${median(values.map((f) => f.inWrites)).toFixed(0).padStart(23)}`
+          : "")
+    )
   }
   const rate = (i: number) => median(figures[i]!.map((f) => f.rate))
   console.log(

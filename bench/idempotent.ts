@@ -66,6 +66,7 @@ import { barChart } from "./chart.ts"
 import { profiled } from "./cpuProfile.ts"
 import { commitByHand, effectDdl, transaction } from "./pgBaseline.ts"
 import { publishAll } from "./rawLoop.ts"
+import * as SocketWrites from "./socketWrites.ts"
 
 const total = Number(process.argv[2] ?? 5000)
 const concurrency = Number(process.argv[3] ?? 16)
@@ -140,12 +141,14 @@ interface Round {
 
 /**
  * What a side reports, from opening the consumer to the last confirmed ack: wall seconds, this
- * process's CPU seconds (all threads) and its event loop's utilization (0..1).
+ * process's CPU seconds (all threads), its event loop's utilization (0..1), and its socket writes
+ * to each server with the time spent in them (`socketWrites.ts`).
  */
 interface Run {
   readonly seconds: number
   readonly cpuSeconds: number
   readonly loopBusy: number
+  readonly writes: SocketWrites.Writes
 }
 
 /** Starts the clock; `stop()` (first call wins) fixes the {@link Run}, `result()` returns it. */
@@ -153,6 +156,7 @@ const stopwatch = () => {
   const wall = performance.now()
   const cpu = process.cpuUsage()
   const loop = performance.eventLoopUtilization()
+  const writes = SocketWrites.read()
   let run: Run | undefined
   return {
     stop: (): void => {
@@ -161,7 +165,8 @@ const stopwatch = () => {
       run = {
         seconds: (performance.now() - wall) / 1000,
         cpuSeconds: (used.user + used.system) / 1e6,
-        loopBusy: performance.eventLoopUtilization(loop).utilization
+        loopBusy: performance.eventLoopUtilization(loop).utilization,
+        writes: SocketWrites.between(writes, SocketWrites.read())
       }
     },
     result: (): Run => {
@@ -489,6 +494,7 @@ if (sides.length === 0 || (only !== undefined && sides.length !== only.length)) 
   throw new Error(`BENCH_SIDES: expected some of ${allSides.map((side) => side.key).join(",")}, got ${process.env.BENCH_SIDES}`)
 }
 
+const countsWrites = SocketWrites.install(databaseUrl, servers)
 const admin = new pg.Client({ connectionString: databaseUrl, application_name: "jetworker-bench-admin" })
 await admin.connect()
 const nc = await connect({ servers, noAsyncTraces: true, name: "jetworker-bench-admin" })
@@ -591,7 +597,11 @@ try {
       runs.get(side.key)!.push(run)
       console.log(
         `round ${r + 1}: ${side.label.padEnd(36)} ${(side.messages / run.seconds).toFixed(0).padStart(7)} msg/s, ` +
-          `node CPU ${(run.cpuSeconds * 1e6 / side.messages).toFixed(0)} µs/msg, event loop ${(run.loopBusy * 100).toFixed(0)}% busy`
+          `node CPU ${(run.cpuSeconds * 1e6 / side.messages).toFixed(0)} µs/msg, event loop ${(run.loopBusy * 100).toFixed(0)}% busy` +
+          (countsWrites
+            ? `, writes per msg ${(run.writes.postgres / side.messages).toFixed(2)} to PostgreSQL and ${(run.writes.nats / side.messages).toFixed(2)} to NATS, ` +
+              `${(run.writes.micros / side.messages).toFixed(0)} µs/msg in them`
+            : "")
       )
     }
   }
@@ -610,7 +620,10 @@ const summary = sides.map((side) => {
     rates: sideRuns.map(rateOf(side.key)),
     ...stats(sideRuns.map(rateOf(side.key))),
     cpuMicros: stats(sideRuns.map((run) => run.cpuSeconds * 1e6 / side.messages)).median,
-    loopBusy: stats(sideRuns.map((run) => run.loopBusy)).median
+    loopBusy: stats(sideRuns.map((run) => run.loopBusy)).median,
+    postgresWrites: stats(sideRuns.map((run) => run.writes.postgres / side.messages)).median,
+    natsWrites: stats(sideRuns.map((run) => run.writes.nats / side.messages)).median,
+    writeMicros: stats(sideRuns.map((run) => run.writes.micros / side.messages)).median
   }
 })
 const median = (key: string) => summary.find((row) => row.side.key === key)!.median
@@ -633,12 +646,16 @@ const fixed = (value: number, digits = 0) => value.toFixed(digits)
 console.log()
 console.log(
   `${"side".padEnd(38)} ${"median".padStart(7)} ${"min".padStart(7)} ${"max".padStart(7)} msg/s  ` +
-    `${"CPU µs/msg".padStart(10)} ${"loop busy".padStart(9)}`
+    `${"CPU µs/msg".padStart(10)} ${"loop busy".padStart(9)}` +
+    (countsWrites ? `  ${"PG writes/msg".padStart(13)} ${"NATS writes/msg".padStart(15)} ${"in writes µs/msg".padStart(16)}` : "")
 )
 for (const row of summary) {
   console.log(
     `${row.side.label.padEnd(38)} ${fixed(row.median).padStart(7)} ${fixed(row.min).padStart(7)} ${fixed(row.max).padStart(7)}        ` +
-      `${fixed(row.cpuMicros).padStart(10)} ${`${fixed(row.loopBusy * 100)}%`.padStart(9)}`
+      `${fixed(row.cpuMicros).padStart(10)} ${`${fixed(row.loopBusy * 100)}%`.padStart(9)}` +
+      (countsWrites
+        ? `  ${fixed(row.postgresWrites, 2).padStart(13)} ${fixed(row.natsWrites, 2).padStart(15)} ${fixed(row.writeMicros).padStart(16)}`
+        : "")
   )
 }
 console.log()
@@ -658,14 +675,15 @@ Measured ${startedAt.toISOString()} by \`node bench/idempotent.ts ${total} ${con
 - Machine: Node ${process.version}, ${os.availableParallelism()} CPUs (${cpus[0]?.model.trim() ?? "unknown model"}), ${os.platform()} ${os.arch()}, ${Math.round(os.totalmem() / 2 ** 30)} GiB RAM; load average ${load(loadBefore)} before, ${load(loadAfter)} after
 - Servers on loopback, on the same machine (sharing its CPUs with the benchmark): nats-server ${versions.nats} (JetStream, file storage), PostgreSQL ${versions.postgres}
 - Parameters: ${parameters}
-- Per side and round: a fresh stream and schema; the clock runs from opening the consumer (pools warmed) to the last confirmed ack; the order of the sides rotates each round. CPU is this Node process's (all threads) over that span, per message; loop busy is its event loop utilization.
+- Per side and round: a fresh stream and schema; the clock runs from opening the consumer (pools warmed) to the last confirmed ack; the order of the sides rotates each round. CPU is this Node process's (all threads) over that span, per message; loop busy is its event loop utilization; writes are its socket writes to each server over that span, per message, and the time spent in them (each one a system call that, on loopback, also runs the receiving side's TCP path; \`bench/socketWrites.ts\`)${countsWrites ? "" : " (not counted on this Node version)"}.
 - Checked after every round: effect rows = distinct effect ids = dedup rows = messages; consumer has nothing pending, unacked or redelivered; jetworker: every outcome \`Committed\`, ack confirmed.
 
-| side | median msg/s | min | max | rounds | node CPU µs/msg | loop busy |
-|---|---:|---:|---:|---|---:|---:|
+| side | median msg/s | min | max | rounds | node CPU µs/msg | loop busy | writes/msg to PostgreSQL | to NATS | µs/msg in writes |
+|---|---:|---:|---:|---|---:|---:|---:|---:|---:|
 ${
   summary.map((row) =>
-    `| ${row.side.label} | ${fixed(row.median)} | ${fixed(row.min)} | ${fixed(row.max)} | ${row.rates.map((rate) => fixed(rate)).join(", ")} | ${fixed(row.cpuMicros)} | ${fixed(row.loopBusy * 100)}% |`
+    `| ${row.side.label} | ${fixed(row.median)} | ${fixed(row.min)} | ${fixed(row.max)} | ${row.rates.map((rate) => fixed(rate)).join(", ")} | ${fixed(row.cpuMicros)} | ${fixed(row.loopBusy * 100)}% | ` +
+    `${fixed(row.postgresWrites, 2)} | ${fixed(row.natsWrites, 2)} | ${fixed(row.writeMicros)} |`
   ).join("\n")
 }
 

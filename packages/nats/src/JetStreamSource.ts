@@ -247,21 +247,24 @@ export const make = (options: Options): Source.Source<NatsConnection> => {
         const id = (nextPull++).toString(36)
         const now = Date.now()
         requested += batch
-        waiting.push({ id, batch, sentAt: now, received: 0 })
+        const thisPull = { id, batch, sentAt: now, received: 0 }
+        waiting.push(thisPull)
         lastHeard = now
-        try {
-          connection.connection.publish(
-            pullSubject,
-            encoder.encode(`{"batch":${batch},"expires":${expiresMillis * 1_000_000},"idle_heartbeat":${heartbeatMillis * 1_000_000}}`),
-            { reply: inbox + id }
-          )
-        } catch (error) {
-          requested -= batch
-          waiting.pop()
-          const ended = terminal(error)
-          if (ended === undefined) pause()
-          else fail(ended)
-        }
+        // It leaves with the acks sent in the same turn of the event loop (`publishSoon`).
+        connection.publishSoon(
+          pullSubject,
+          encoder.encode(`{"batch":${batch},"expires":${expiresMillis * 1_000_000},"idle_heartbeat":${heartbeatMillis * 1_000_000}}`),
+          inbox + id,
+          (error) => {
+            // Never sent, so never answered: nothing of it is on its way.
+            requested -= batch
+            const at = waiting.indexOf(thisPull)
+            if (at >= 0) waiting.splice(at, 1)
+            const ended = terminal(error)
+            if (ended === undefined) pause()
+            else fail(ended)
+          }
+        )
       }
 
       // A status for one pull: it ended (expired, refused, or the server gave up on it).

@@ -24,6 +24,7 @@ import {
 import { readFileSync } from "node:fs"
 import { Lifecycle } from "@jetworker/core"
 import { Clock, Config, Context, Duration, Effect, Layer, Option, Redacted, Semaphore, Stream } from "effect"
+import * as Outgoing from "./internal/outgoing.ts"
 import * as Replies from "./internal/replies.ts"
 import * as NatsError from "./NatsError.ts"
 
@@ -109,6 +110,14 @@ export interface Shape {
     timeoutMillis: number,
     done: (result: Msg | NatsError.NatsError) => void
   ) => () => void
+  /**
+   * Publishes `payload` to `subject` with a `reply` subject, once the event loop has handled
+   * every socket that was ready (`setImmediate`), together with the requests of `request` and
+   * `send` queued meanwhile: what a consumer sends in answer to the replies read in one turn leaves
+   * in one write. `failed` is called, once and later, if the publish is refused (a closed
+   * connection).
+   */
+  readonly publishSoon: (subject: string, payload: Uint8Array, reply: string, failed: (error: unknown) => void) => void
 }
 
 /** The NATS connection service. */
@@ -336,13 +345,15 @@ export const make = (options: Options) =>
       try: () => jetstreamManager(connection, { timeout: apiTimeoutMillis, checkAPI: false }),
       catch: (error) => NatsError.fromUnknown("jetstreamManager", error)
     })
+    const outgoing = Outgoing.make(connection)
     return NatsConnection.of({
       connection,
       jetstream: jetstream(connection, { timeout: apiTimeoutMillis }),
       manager,
       apiTimeoutMillis,
       publishPermits: Semaphore.makeUnsafe(maxPublishes),
-      ...Replies.make(connection)
+      publishSoon: outgoing.publish,
+      ...Replies.make(connection, outgoing)
     })
   })
 

@@ -9,7 +9,18 @@ const encoder = new TextEncoder()
 const decoder = new TextDecoder()
 const subject = () => `replies.test.${Math.random().toString(36).slice(2)}`
 
-const withConnection = <A, E>(f: (connection: Awaited<ReturnType<typeof connect>>) => Effect.Effect<A, E>) =>
+type Connection = Awaited<ReturnType<typeof connect>>
+
+/** A subject on which `connection` answers every request with its payload. */
+const echoOn = (connection: Connection): string => {
+  const echo = subject()
+  connection.subscribe(echo, { callback: (_, msg) => {
+    msg.respond(msg.data)
+  } })
+  return echo
+}
+
+const withConnection = <A, E>(f: (connection: Connection) => Effect.Effect<A, E>) =>
   Effect.acquireUseRelease(
     Effect.promise(() => connect({ servers, noAsyncTraces: true })),
     f,
@@ -20,10 +31,7 @@ describe("Replies (confirmed requests)", () => {
   it.live("a reply confirms: each request gets its own reply, also when many are in flight", () =>
     withConnection((connection) =>
       Effect.gen(function*() {
-        const echo = subject()
-        connection.subscribe(echo, { callback: (_, msg) => {
-          msg.respond(msg.data)
-        } })
+        const echo = echoOn(connection)
         yield* Effect.promise(() => connection.flush())
         const replies = Replies.make(connection)
         const answers = yield* Effect.forEach(
@@ -43,10 +51,7 @@ describe("Replies (confirmed requests)", () => {
         assert.strictEqual(nobody.operation, "ack")
         const silent = subject()
         connection.subscribe(silent, { callback: () => undefined })
-        const echo = subject()
-        connection.subscribe(echo, { callback: (_, msg) => {
-          msg.respond(msg.data)
-        } })
+        const echo = echoOn(connection)
         yield* Effect.promise(() => connection.flush())
         const started = Date.now()
         const timeout = yield* Effect.flip(replies.request("ack", silent, encoder.encode("+ACK"), 300))
@@ -61,11 +66,8 @@ describe("Replies (confirmed requests)", () => {
   it.live("send: the callback form gets each reply or error once; a withdrawn request never calls back", () =>
     withConnection((connection) =>
       Effect.gen(function*() {
-        const echo = subject()
+        const echo = echoOn(connection)
         const silent = subject()
-        connection.subscribe(echo, { callback: (_, msg) => {
-          msg.respond(msg.data)
-        } })
         connection.subscribe(silent, { callback: () => undefined })
         yield* Effect.promise(() => connection.flush())
         const replies = Replies.make(connection)
@@ -92,6 +94,40 @@ describe("Replies (confirmed requests)", () => {
         assert.deepStrictEqual(answers.get(103), ["last"])
         assert.deepStrictEqual(answers.get(102), ["error Timeout"])
       })))
+
+  it.live("requests sent from separate macrotasks of one turn of the event loop leave in one write", () =>
+    withConnection((connection) =>
+      // The echoes answer from a connection of their own, so that only the requests write on this one.
+      withConnection((responder) =>
+      Effect.gen(function*() {
+        const echo = echoOn(responder)
+        yield* Effect.promise(() => responder.flush())
+        const replies = Replies.make(connection)
+        // The first request also opens the reply subscription: a write of its own.
+        yield* replies.request("echo", echo, encoder.encode("first"), 5000)
+        // What nats.js hands its socket: one `send` per write.
+        const transport = Reflect.get(Reflect.get(connection, "protocol") as object, "transport") as {
+          send: (frame: Uint8Array) => void
+        }
+        const send = transport.send.bind(transport)
+        let writes = 0
+        transport.send = (frame) => {
+          writes++
+          send(frame)
+        }
+        const answered = Deferred.makeUnsafe<ReadonlyArray<string>>()
+        const answers: Array<string> = []
+        const done = (result: unknown) => {
+          answers.push(result instanceof Error ? `error ${result.message}` : decoder.decode((result as { readonly data: Uint8Array }).data))
+          if (answers.length === 3) Deferred.doneUnsafe(answered, Effect.succeed(answers))
+        }
+        // Timers created in one tick share their start time, so they fire in one timers phase,
+        // each its own macrotask (nats.js alone would write after each).
+        for (const text of ["a", "b", "c"]) setTimeout(() => replies.send("echo", echo, encoder.encode(text), 5000, done), 5)
+        const received = yield* Deferred.await(answered).pipe(Effect.timeout("5 seconds"))
+        assert.deepStrictEqual(received, ["a", "b", "c"])
+        assert.strictEqual(writes, 1)
+      }))))
 
   it.live("closing the connection fails what is pending with ConnectionClosed; an interrupted request drops its reply", () =>
     withConnection((connection) =>

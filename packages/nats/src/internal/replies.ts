@@ -4,14 +4,17 @@
  * `Error` (its request is "cancelled" after it resolves) for every call: on the per-message path
  * that was a tenth of a consumer's CPU. Here one wildcard subscription per connection receives
  * every reply, a counter names each request, and requests with the same timeout share one timer,
- * because they expire in the order they were sent. Behaves as nats.js's request does: a reply
- * confirms, a 503 status means no responders, no reply within the bound is a timeout (also
- * across a reconnect), a closed connection fails what is pending. Internal to the adapter.
+ * because they expire in the order they were sent. The requests leave through `Outgoing`, with
+ * the other requests and pulls of the same turn of the event loop. Behaves as nats.js's request
+ * does: a reply confirms, a 503 status means no responders, no reply within the bound is a
+ * timeout (also across a reconnect), a closed connection fails what is pending. Internal to the
+ * adapter.
  */
 import { createInbox, type Msg, type NatsConnection as Connection, type Subscription } from "@nats-io/transport-node"
 import { Effect } from "effect"
 import type { Shape } from "../NatsConnection.ts"
 import * as NatsError from "../NatsError.ts"
+import * as Outgoing from "./outgoing.ts"
 
 /** Confirmed requests on one connection: `NatsConnection`'s `request` and `send`. */
 export interface Replies {
@@ -42,7 +45,7 @@ const timedOut = (operation: string, timeoutMillis: number) =>
   new NatsError.NatsError({ reason: "Timeout", operation, message: `no reply within ${timeoutMillis} ms` })
 
 /** The replies of `connection`; its subscription is opened by the first request. */
-export const make = (connection: Connection): Replies => {
+export const make = (connection: Connection, outgoing: Outgoing.Outgoing = Outgoing.make(connection)): Replies => {
   const prefix = `${createInbox()}.`
   // Keyed by each request's number, in an object rather than a `Map`: a long-lived `Map` that
   // adds and deletes an entry per message keeps the deleted entries alive through scavenges until
@@ -142,7 +145,9 @@ export const make = (connection: Connection): Replies => {
     try {
       subscribe()
       pending[token] = entry
-      connection.publish(subject, payload, { reply: prefix + token.toString(36) })
+      outgoing.publish(subject, payload, prefix + token.toString(36), (error) => {
+        if (!entry.settled) settle(entry, NatsError.fromUnknown(operation, error))
+      })
     } catch (error) {
       delete pending[token]
       entry.settled = true
