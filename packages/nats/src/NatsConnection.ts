@@ -346,6 +346,8 @@ export const make = (options: Options) =>
       catch: (error) => NatsError.fromUnknown("jetstreamManager", error)
     })
     const outgoing = Outgoing.make(connection)
+    // Runs before the connection's release (finalizers run in reverse): the drain sends what waits.
+    yield* Effect.addFinalizer(() => Effect.sync(outgoing.flush))
     return NatsConnection.of({
       connection,
       jetstream: jetstream(connection, { timeout: apiTimeoutMillis }),

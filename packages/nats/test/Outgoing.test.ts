@@ -52,6 +52,18 @@ describe("Outgoing (publishes held until the end of the poll phase)", () => {
       assert.deepStrictEqual(published, ["a r1", "b r2", "c r3", "d r4"])
     }))
 
+  it.effect("flush sends what waits at once, and the poll phase's end then finds nothing left", () =>
+    Effect.gen(function*() {
+      const { connection, published } = recording()
+      const outgoing = Outgoing.make(connection)
+      outgoing.publish("a", payload, "r1", unexpected)
+      outgoing.publish("b", payload, "r2", unexpected)
+      outgoing.flush()
+      assert.deepStrictEqual(published, ["a r1", "b r2"])
+      yield* nextTurn
+      assert.deepStrictEqual(published, ["a r1", "b r2"])
+    }))
+
   it.effect("a refused publish calls its own `failed`, once; the others still leave", () =>
     Effect.gen(function*() {
       const { connection, published } = recording((subject) => subject === "b")

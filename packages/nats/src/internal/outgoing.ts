@@ -14,6 +14,8 @@ import type { NatsConnection as Connection } from "@nats-io/transport-node"
 export interface Outgoing {
   /** Queues a publish; `failed` is called, once and later, if nats.js refuses it (a closed connection). */
   readonly publish: (subject: string, payload: Uint8Array, reply: string, failed: (error: unknown) => void) => void
+  /** Sends what is queued now (before the connection drains, so that a drain includes it). */
+  readonly flush: () => void
 }
 
 interface Queued {
@@ -50,5 +52,5 @@ export const make = (connection: Connection, limit = 1024): Outgoing => {
     if (queued.length >= limit) flush()
   }
 
-  return { publish }
+  return { publish, flush }
 }
