@@ -12,7 +12,7 @@
  *   `IdempotencyStore.commit` with the same effect, `concurrency` handlers (what the engine adds).
  *
  * Prints each side's rate and this process's CPU per message (medians of the rounds, min and max),
- * its writes to PostgreSQL per message and the CPU spent in them (`socketWrites.ts`), and the rate
+ * its writes to PostgreSQL per message and the time spent inside them (`socketWrites.ts`), and the rate
  * ratios. The machine's cores are shared with PostgreSQL, so a side's CPU per message
  * costs it rate. Every round checks that each key it committed has its dedup row and one effect row
  * (the engine's workers may commit a few more than `messages` before the run ends; its clock stops
@@ -86,7 +86,7 @@ const engine = (prefix: string) =>
 interface Figure {
   readonly rate: number
   readonly cpu: number
-  /** Writes to PostgreSQL per message, and the CPU spent in them (µs per message). */
+  /** Writes to PostgreSQL per message, and the time spent inside them (wall time, µs per message). */
   readonly writes: number
   readonly inWrites: number
 }

@@ -1,11 +1,12 @@
 /**
- * Counts this process's socket writes to PostgreSQL and to NATS, and the time spent in them. On
+ * Counts this process's socket writes to PostgreSQL and to NATS, and the time spent inside them
+ * (wall time: on this machine's guest a write can be descheduled, so it is not CPU time). On
  * loopback a write is a system call that also runs the receiving side's TCP path and wakes the
  * server, so its cost is much of a consumer's CPU per message, and the number of writes is the
  * number of round trips each message pays (every statement is one write to PostgreSQL, whoever
  * sends it). It wraps `net.Socket`'s internal `_writeGeneric`, through which Node sends every
  * `write` and `writev` of a socket at once (or queues it until the socket connects); where a
- * Node version has no such method, nothing is counted and `installed` is false.
+ * Node version has no such method, nothing is counted and {@link install} returns false.
  */
 import net from "node:net"
 

@@ -114,8 +114,8 @@ export interface Shape {
    * Publishes `payload` to `subject` with a `reply` subject, once the event loop has handled
    * every socket that was ready (`setImmediate`), together with the requests of `request` and
    * `send` queued meanwhile: what a consumer sends in answer to the replies read in one turn leaves
-   * in one write. `failed` is called, once and later, if the publish is refused (a closed
-   * connection).
+   * in one write. `failed` is called once if the publish is refused (a closed connection), when
+   * the queued publishes are sent.
    */
   readonly publishSoon: (subject: string, payload: Uint8Array, reply: string, failed: (error: unknown) => void) => void
 }

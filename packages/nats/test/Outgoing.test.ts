@@ -72,7 +72,7 @@ describe("Outgoing (publishes held until the end of the poll phase)", () => {
       outgoing.publish("a", payload, "r1", unexpected)
       outgoing.publish("b", payload, "r2", (error) => failures.push(String(error)))
       outgoing.publish("c", payload, "r3", unexpected)
-      assert.deepStrictEqual(failures, [], "a failure is reported later, never from inside `publish`")
+      assert.deepStrictEqual(failures, [], "below the limit, a failure is reported when the queue is sent, not from inside `publish`")
       yield* nextTurn
       assert.deepStrictEqual(published, ["a r1", "c r3"])
       assert.deepStrictEqual(failures, ["Error: refused b"])

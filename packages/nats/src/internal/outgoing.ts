@@ -12,7 +12,10 @@ import type { NatsConnection as Connection } from "@nats-io/transport-node"
 
 /** Publishes on one connection that leave together at the end of the poll phase. */
 export interface Outgoing {
-  /** Queues a publish; `failed` is called, once and later, if nats.js refuses it (a closed connection). */
+  /**
+   * Queues a publish; `failed` is called once if nats.js refuses it (a closed connection): when the
+   * queue is sent, at the end of the poll phase or at once when a publish fills it to its limit.
+   */
   readonly publish: (subject: string, payload: Uint8Array, reply: string, failed: (error: unknown) => void) => void
   /** Sends what is queued now (before the connection drains, so that a drain includes it). */
   readonly flush: () => void
