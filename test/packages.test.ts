@@ -6,7 +6,7 @@
  * `jetworker --help`.
  */
 import { assert, describe, layer } from "@effect/vitest"
-import { NatsConnection } from "@jetworker/nats"
+import { DeadLetter, MaxDeliveries, NatsConnection } from "@jetworker/nats"
 import { ChildWorker, TestDatabase } from "@jetworker/testing"
 import { Effect, Layer, Redacted } from "effect"
 import { fileURLToPath } from "node:url"
@@ -21,7 +21,14 @@ describe("the packed packages", () => {
         const schema = yield* TestDatabase.TestSchema
         const stream = `PACKED_${crypto.randomUUID().slice(0, 8).toUpperCase()}`
         const { manager } = yield* NatsConnection.NatsConnection
-        yield* Effect.addFinalizer(() => Effect.promise(() => manager.streams.delete(stream).catch(() => false)))
+        // The consumer ("greeter", in the fixture) also creates its dead-letter and capture streams.
+        yield* Effect.addFinalizer(() =>
+          Effect.forEach(
+            [stream, DeadLetter.destination(stream, "greeter").stream, MaxDeliveries.captureStream(stream, "greeter")],
+            (name) => Effect.promise(() => manager.streams.delete(name).catch(() => false)),
+            { discard: true }
+          )
+        )
         const child = yield* ChildWorker.spawn({
           script,
           env: {
