@@ -12,9 +12,10 @@
  *   `IdempotencyStore.commit` with the same effect, `concurrency` handlers (what the engine adds).
  *
  * Prints each side's rate and this process's CPU per message (medians of the rounds, min and max),
- * its writes to PostgreSQL per message and the time spent inside them (`socketWrites.ts`), and the rate
- * ratios. The machine's cores are shared with PostgreSQL, so a side's CPU per message
- * costs it rate. Every round checks that each key it committed has its dedup row and one effect row
+ * its writes to PostgreSQL per message and the time spent inside them (`socketWrites.ts`), the bytes
+ * it allocated, had promoted to V8's old generation and the collector's time, per message
+ * (`gcStats.ts`), and the rate ratios. The machine's cores are shared with PostgreSQL, so a side's
+ * CPU per message costs it rate. Every round checks that each key it committed has its dedup row and one effect row
  * (the engine's workers may commit a few more than `messages` before the run ends; its clock stops
  * at the `messages`-th outcome).
  *
@@ -31,6 +32,7 @@ import { SqlClient } from "effect/sql"
 import { randomBytes } from "node:crypto"
 import pg from "pg"
 import { fibersLoop, throughEngine } from "./commitSides.ts"
+import * as GcStats from "./gcStats.ts"
 import { commitByHand, effectDdl } from "./pgBaseline.ts"
 import * as SocketWrites from "./socketWrites.ts"
 
@@ -89,6 +91,10 @@ interface Figure {
   /** Writes to PostgreSQL per message, and the time spent inside them (wall time, µs per message). */
   readonly writes: number
   readonly inWrites: number
+  /** Per message: young-generation bytes allocated, bytes promoted, the collector's µs (`gcStats.ts`). */
+  readonly allocated: number
+  readonly promoted: number
+  readonly gcMicros: number
 }
 
 type Services = IdempotencyStore.IdempotencyStore | SqlClient.SqlClient
@@ -98,10 +104,12 @@ const measured = (run: (prefix: string) => Effect.Effect<void, unknown, Services
   Effect.gen(function*() {
     const before = process.cpuUsage()
     const writesBefore = SocketWrites.read()
+    const gc = GcStats.start()
     const started = performance.now()
     yield* run(prefix)
     const seconds = (performance.now() - started) / 1000
     const used = process.cpuUsage(before)
+    const collected = gc()
     const writes = SocketWrites.between(writesBefore, SocketWrites.read())
     const { rows } = yield* Effect.promise(() =>
       admin.query<{ dedup: string; effects: string; total: string }>(
@@ -120,7 +128,10 @@ const measured = (run: (prefix: string) => Effect.Effect<void, unknown, Services
       rate: total / seconds,
       cpu: (used.user + used.system) / total,
       writes: writes.postgres / total,
-      inWrites: writes.micros / total
+      inWrites: writes.micros / total,
+      allocated: collected.allocated / total,
+      promoted: collected.promoted / total,
+      gcMicros: collected.pauseMicros / total
     } satisfies Figure
   })
 
@@ -169,7 +180,7 @@ try {
   console.log(`messages ${total} a round, concurrency ${concurrency}, ${rounds} rounds, PostgreSQL without NATS`)
   console.log(
     `${"side".padEnd(42)} msg/s: median    min    max  CPU µs/msg: median    min    max` +
-      (countsWrites ? "  writes/msg  in writes µs/msg: median" : "")
+      (countsWrites ? "  writes/msg  in writes µs/msg: median" : "") + "  allocated KB/msg  promoted KB/msg  GC µs/msg"
   )
   for (const [i, side] of sides.entries()) {
     const values = figures[i]!
@@ -177,7 +188,9 @@ try {
       `${side.label.padEnd(42)} ${range(values.map((f) => f.rate))}              ${range(values.map((f) => f.cpu))}` +
         (countsWrites
           ? `  ${median(values.map((f) => f.writes)).toFixed(2).padStart(10)}  ${median(values.map((f) => f.inWrites)).toFixed(0).padStart(23)}`
-          : "")
+          : "") +
+        `  ${(median(values.map((f) => f.allocated)) / 1024).toFixed(1).padStart(16)}  ${(median(values.map((f) => f.promoted)) / 1024).toFixed(2).padStart(15)}` +
+        `  ${median(values.map((f) => f.gcMicros)).toFixed(1).padStart(9)}`
     )
   }
   const rate = (i: number) => median(figures[i]!.map((f) => f.rate))

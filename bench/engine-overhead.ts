@@ -5,7 +5,8 @@
  * and their ratio. No database: this isolates what the engine adds on top of the broker. The sides
  * alternate over `rounds` rounds (the order rotates); it prints medians with min and max, and
  * this process's CPU time per message on each side (the server shares the machine; CPU per
- * message moves less than rates between runs). BENCH_CPU_PROFILE=dir writes a CPU profile of
+ * message moves less than rates between runs), with the bytes it allocated and the garbage
+ * collector's time per message (`gcStats.ts`). BENCH_CPU_PROFILE=dir writes a CPU profile of
  * each of jetworker's rounds (the consumer's run only) to `dir`.
  *
  *   node bench/engine-overhead.ts [messages=5000] [concurrency=16] [prefetch=concurrency] [rounds=3]
@@ -16,6 +17,7 @@ import { jetstream, jetstreamManager } from "@nats-io/jetstream"
 import { connect } from "@nats-io/transport-node"
 import { Deferred, Effect, Fiber, Logger, References, Schema } from "effect"
 import { profiled } from "./cpuProfile.ts"
+import * as GcStats from "./gcStats.ts"
 import { ackAll, publishAll } from "./rawLoop.ts"
 
 const total = Number(process.argv[2] ?? 5000)
@@ -26,20 +28,40 @@ const servers = process.env.NATS_URL ?? "nats://127.0.0.1:4222"
 const Event = Envelope.schema("bench.event", Schema.Struct({ n: Schema.Number }))
 const encoder = new TextEncoder()
 
-/** A side's rate and this process's CPU time per message (user + system) while it consumed. */
+/**
+ * A side's rate, this process's CPU time per message (user + system) while it consumed, and what
+ * it cost the garbage collector per message (`gcStats.ts`).
+ */
 interface Run {
   readonly rate: number
   readonly cpuMicros: number
+  readonly allocatedBytes: number
+  readonly gcMicros: number
 }
 
-/** Measures `consume` (which consumes `total` messages): its rate and CPU per message. */
-const measured = async (consume: () => Promise<void>): Promise<Run> => {
+/** Starts the clock; the returned function stops it and gives the {@link Run} of `total` messages. */
+const stopwatch = () => {
   const cpu = process.cpuUsage()
+  const gc = GcStats.start()
   const started = performance.now()
+  return (): Run => {
+    const seconds = (performance.now() - started) / 1000
+    const used = process.cpuUsage(cpu)
+    const collected = gc()
+    return {
+      rate: total / seconds,
+      cpuMicros: (used.user + used.system) / total,
+      allocatedBytes: collected.allocated / total,
+      gcMicros: collected.pauseMicros / total
+    }
+  }
+}
+
+/** Measures `consume` (which consumes `total` messages). */
+const measured = async (consume: () => Promise<void>): Promise<Run> => {
+  const stop = stopwatch()
   await consume()
-  const seconds = (performance.now() - started) / 1000
-  const used = process.cpuUsage(cpu)
-  return { rate: total / seconds, cpuMicros: (used.user + used.system) / total }
+  return stop()
 }
 
 let profiles = 0
@@ -89,14 +111,12 @@ const engine = async (): Promise<Run> => {
       prefetch,
       onOutcome: () => Effect.suspend(() => (++done === total ? Deferred.succeed(allDone, undefined) : Effect.void))
     })
-    const cpu = process.cpuUsage()
-    const started = performance.now()
+    const stop = stopwatch()
     const fiber = yield* Effect.forkChild(Consumer.run(consumer))
     yield* Deferred.await(allDone)
-    const seconds = (performance.now() - started) / 1000
-    const used = process.cpuUsage(cpu)
+    const run = stop()
     yield* Fiber.interrupt(fiber)
-    return { rate: total / seconds, cpuMicros: (used.user + used.system) / total } satisfies Run
+    return run
   }).pipe(
     Effect.provide(NatsConnection.layer({ servers })),
     Effect.provide(Logger.layer([Logger.consolePretty()])),
@@ -128,7 +148,9 @@ for (let round = 0; round < rounds; round++) {
 const median = (values: ReadonlyArray<number>) => [...values].sort((a, b) => a - b)[Math.floor(values.length / 2)]!
 const range = (values: ReadonlyArray<number>) => `${Math.min(...values).toFixed(0)}..${Math.max(...values).toFixed(0)}`
 const rates = (runs: ReadonlyArray<Run>) => runs.map((run) => run.rate)
-const cpu = (runs: ReadonlyArray<Run>) => `CPU ${median(runs.map((run) => run.cpuMicros)).toFixed(0)} µs/msg`
+const cpu = (runs: ReadonlyArray<Run>) =>
+  `CPU ${median(runs.map((run) => run.cpuMicros)).toFixed(0)} µs/msg, allocated ${(median(runs.map((run) => run.allocatedBytes)) / 1024).toFixed(1)} KB/msg, ` +
+  `GC ${median(runs.map((run) => run.gcMicros)).toFixed(1)} µs/msg`
 const ratios = engines.map((run, i) => run.rate / bases[i]!.rate)
 console.log(`messages ${total}, concurrency ${concurrency}, prefetch ${prefetch}, confirmed acks, ${rounds} rounds`)
 console.log(`hand-written nats.js loop: ${median(rates(bases)).toFixed(0)} msg/s (${range(rates(bases))}), ${cpu(bases)}`)

@@ -66,6 +66,7 @@ import { barChart } from "./chart.ts"
 import { profiled } from "./cpuProfile.ts"
 import { commitByHand, effectDdl, transaction } from "./pgBaseline.ts"
 import { publishAll } from "./rawLoop.ts"
+import * as GcStats from "./gcStats.ts"
 import * as SocketWrites from "./socketWrites.ts"
 
 const total = Number(process.argv[2] ?? 5000)
@@ -141,14 +142,16 @@ interface Round {
 
 /**
  * What a side reports, from opening the consumer to the last confirmed ack: wall seconds, this
- * process's CPU seconds (all threads), its event loop's utilization (0..1), and its socket writes
- * to each server with the time spent in them (`socketWrites.ts`).
+ * process's CPU seconds (all threads), its event loop's utilization (0..1), its socket writes
+ * to each server with the time spent in them (`socketWrites.ts`), and what it cost the garbage
+ * collector (`gcStats.ts`).
  */
 interface Run {
   readonly seconds: number
   readonly cpuSeconds: number
   readonly loopBusy: number
   readonly writes: SocketWrites.Writes
+  readonly gc: GcStats.GcStats
 }
 
 /** Starts the clock; `stop()` (first call wins) fixes the {@link Run}, `result()` returns it. */
@@ -157,6 +160,7 @@ const stopwatch = () => {
   const cpu = process.cpuUsage()
   const loop = performance.eventLoopUtilization()
   const writes = SocketWrites.read()
+  const gc = GcStats.start()
   let run: Run | undefined
   return {
     stop: (): void => {
@@ -166,7 +170,8 @@ const stopwatch = () => {
         seconds: (performance.now() - wall) / 1000,
         cpuSeconds: (used.user + used.system) / 1e6,
         loopBusy: performance.eventLoopUtilization(loop).utilization,
-        writes: SocketWrites.between(writes, SocketWrites.read())
+        writes: SocketWrites.between(writes, SocketWrites.read()),
+        gc: gc()
       }
     },
     result: (): Run => {
@@ -601,7 +606,8 @@ try {
           (countsWrites
             ? `, writes per msg ${(run.writes.postgres / side.messages).toFixed(2)} to PostgreSQL and ${(run.writes.nats / side.messages).toFixed(2)} to NATS, ` +
               `${(run.writes.micros / side.messages).toFixed(0)} µs/msg in them`
-            : "")
+            : "") +
+          `, allocated ${(run.gc.allocated / side.messages / 1024).toFixed(1)} KB/msg, GC ${(run.gc.pauseMicros / side.messages).toFixed(1)} µs/msg`
       )
     }
   }
@@ -623,7 +629,9 @@ const summary = sides.map((side) => {
     loopBusy: stats(sideRuns.map((run) => run.loopBusy)).median,
     postgresWrites: stats(sideRuns.map((run) => run.writes.postgres / side.messages)).median,
     natsWrites: stats(sideRuns.map((run) => run.writes.nats / side.messages)).median,
-    writeMicros: stats(sideRuns.map((run) => run.writes.micros / side.messages)).median
+    writeMicros: stats(sideRuns.map((run) => run.writes.micros / side.messages)).median,
+    allocatedKb: stats(sideRuns.map((run) => run.gc.allocated / side.messages / 1024)).median,
+    gcMicros: stats(sideRuns.map((run) => run.gc.pauseMicros / side.messages)).median
   }
 })
 const median = (key: string) => summary.find((row) => row.side.key === key)!.median
@@ -647,7 +655,8 @@ console.log()
 console.log(
   `${"side".padEnd(38)} ${"median".padStart(7)} ${"min".padStart(7)} ${"max".padStart(7)} msg/s  ` +
     `${"CPU µs/msg".padStart(10)} ${"loop busy".padStart(9)}` +
-    (countsWrites ? `  ${"PG writes/msg".padStart(13)} ${"NATS writes/msg".padStart(15)} ${"in writes µs/msg".padStart(16)}` : "")
+    (countsWrites ? `  ${"PG writes/msg".padStart(13)} ${"NATS writes/msg".padStart(15)} ${"in writes µs/msg".padStart(16)}` : "") +
+    `  ${"alloc KB/msg".padStart(12)} ${"GC µs/msg".padStart(9)}`
 )
 for (const row of summary) {
   console.log(
@@ -655,7 +664,8 @@ for (const row of summary) {
       `${fixed(row.cpuMicros).padStart(10)} ${`${fixed(row.loopBusy * 100)}%`.padStart(9)}` +
       (countsWrites
         ? `  ${fixed(row.postgresWrites, 2).padStart(13)} ${fixed(row.natsWrites, 2).padStart(15)} ${fixed(row.writeMicros).padStart(16)}`
-        : "")
+        : "") +
+      `  ${fixed(row.allocatedKb, 1).padStart(12)} ${fixed(row.gcMicros, 1).padStart(9)}`
   )
 }
 console.log()
@@ -675,15 +685,15 @@ Measured ${startedAt.toISOString()} by \`node bench/idempotent.ts ${total} ${con
 - Machine: Node ${process.version}, ${os.availableParallelism()} CPUs (${cpus[0]?.model.trim() ?? "unknown model"}), ${os.platform()} ${os.arch()}, ${Math.round(os.totalmem() / 2 ** 30)} GiB RAM; load average ${load(loadBefore)} before, ${load(loadAfter)} after
 - Servers on loopback, on the same machine (sharing its CPUs with the benchmark): nats-server ${versions.nats} (JetStream, file storage), PostgreSQL ${versions.postgres}
 - Parameters: ${parameters}
-- Per side and round: a fresh stream and schema; the clock runs from opening the consumer (pools warmed) to the last confirmed ack; the order of the sides rotates each round. CPU is this Node process's (all threads) over that span, per message; loop busy is its event loop utilization; writes are its socket writes to each server over that span, per message, and the time spent in them (each one a system call that, on loopback, also runs the receiving side's TCP path; \`bench/socketWrites.ts\`)${countsWrites ? "" : " (not counted on this Node version)"}.
+- Per side and round: a fresh stream and schema; the clock runs from opening the consumer (pools warmed) to the last confirmed ack; the order of the sides rotates each round. CPU is this Node process's (all threads) over that span, per message; loop busy is its event loop utilization; writes are its socket writes to each server over that span, per message, and the time spent in them (each one a system call that, on loopback, also runs the receiving side's TCP path; \`bench/socketWrites.ts\`)${countsWrites ? "" : " (not counted on this Node version)"}; allocated is what V8 allocated in its young generation per message, and GC the collector's time on the main thread per message (\`bench/gcStats.ts\`).
 - Checked after every round: effect rows = distinct effect ids = dedup rows = messages; consumer has nothing pending, unacked or redelivered; jetworker: every outcome \`Committed\`, ack confirmed.
 
-| side | median msg/s | min | max | rounds | node CPU µs/msg | loop busy | writes/msg to PostgreSQL | to NATS | µs/msg in writes |
-|---|---:|---:|---:|---|---:|---:|---:|---:|---:|
+| side | median msg/s | min | max | rounds | node CPU µs/msg | loop busy | writes/msg to PostgreSQL | to NATS | µs/msg in writes | allocated KB/msg | GC µs/msg |
+|---|---:|---:|---:|---|---:|---:|---:|---:|---:|---:|---:|
 ${
   summary.map((row) =>
     `| ${row.side.label} | ${fixed(row.median)} | ${fixed(row.min)} | ${fixed(row.max)} | ${row.rates.map((rate) => fixed(rate)).join(", ")} | ${fixed(row.cpuMicros)} | ${fixed(row.loopBusy * 100)}% | ` +
-    `${fixed(row.postgresWrites, 2)} | ${fixed(row.natsWrites, 2)} | ${fixed(row.writeMicros)} |`
+    `${fixed(row.postgresWrites, 2)} | ${fixed(row.natsWrites, 2)} | ${fixed(row.writeMicros)} | ${fixed(row.allocatedKb, 1)} | ${fixed(row.gcMicros, 1)} |`
   ).join("\n")
 }
 
