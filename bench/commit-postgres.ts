@@ -15,9 +15,9 @@
  * its writes to PostgreSQL per message and the time spent inside them (`socketWrites.ts`), the bytes
  * it allocated, had promoted to V8's old generation and the collector's time, per message
  * (`gcStats.ts`), and the rate ratios. The machine's cores are shared with PostgreSQL, so a side's
- * CPU per message costs it rate. Every round checks that each key it committed has its dedup row and one effect row
- * (the engine's workers may commit a few more than `messages` before the run ends; its clock stops
- * at the `messages`-th outcome).
+ * CPU per message costs it rate. Every round checks that each key it committed has its dedup row
+ * and one effect row (the engine's workers may commit a few more than `messages` before the run
+ * ends; its clock stops at the `messages`-th outcome).
  *
  *   node bench/commit-postgres.ts [messages=10000] [concurrency=16] [rounds=5]
  *

@@ -71,7 +71,7 @@ const rssMiB = () => process.resourceUsage().maxRSS / 1024
 /**
  * Samples the sizes V8 gives its young generation and old space every 50 ms (no timer keeps the
  * process alive) and returns their peaks so far: what the heap's sizing did during the run, the
- * cause of most of the peak RSS's growth with the backlog (docs/performance.md, Known gaps).
+ * cause of most of the peak RSS's growth with the backlog (docs/performance-log.md, the known gaps in detail).
  */
 const heapPeaks = () => {
   let young = 0

@@ -223,7 +223,7 @@ export const make: (options?: Options) => Effect.Effect<
   ): Effect.Effect<ReadonlyArray<A | AlreadyCommitted>, E | IdempotencyError, R> => {
     if (keys.length === 0) return Effect.succeed([])
     // Without a generator: one suspended across the statements' round trips is the kind V8
-    // promotes with everything it last held (see docs/performance.md).
+    // promotes with everything it last held (see docs/performance-log.md).
     const attempt = Effect.flatMap(insertKeys(keys), (inserted): Effect.Effect<ReadonlyArray<A | AlreadyCommitted>, UserFailure<E> | SqlError.SqlError, R> => {
       const fresh: Array<number> = []
       for (const [i, key] of keys.entries()) {

@@ -237,7 +237,7 @@ interface PreparedBatch<A> {
  * module level, so that each captures only what it uses: a closure built inside the per-delivery
  * path keeps that whole scope alive (the delivery, its message, the decoded event). And such a
  * context can outlive the delivery: `SqlClient.afterCommit` keeps it until a full collection,
- * whose scavenges then carry (and promote) all of it (see docs/performance.md).
+ * whose scavenges then carry (and promote) all of it (see docs/performance-log.md).
  */
 const reporter = (reports: Reports) => (report: "Committed" | "AlreadyCommitted"): void => {
   if (report === "Committed") reports.committed = true

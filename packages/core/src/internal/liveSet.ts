@@ -3,7 +3,7 @@
  * array of slots with a free list instead of a `Set`. A long-lived `Set` or `Map` (one in V8's old
  * space) that adds and deletes young members at that rate keeps them alive through scavenges until
  * the next full collection, with everything they reference: a batch consumer promoted about 5 MB
- * per scavenge that way, a third of its CPU going to the collector (see docs/performance.md). An
+ * per scavenge that way, a third of its CPU going to the collector (see docs/performance-log.md). An
  * array slot set back to `undefined` holds nothing. Internal.
  */
 

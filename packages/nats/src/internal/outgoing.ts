@@ -5,7 +5,7 @@
  * socket read, so each ack would be a write of its own. Held until `setImmediate`, which runs once
  * the poll phase has handled every socket that was ready, the acks and pulls sent in answer to all
  * of them leave in one write: on the idempotent path 0.4 writes to NATS per message instead of
- * 1.2 (docs/performance.md). Order is kept: the publishes leave in the order they were queued.
+ * 1.2 (docs/performance-log.md). Order is kept: the publishes leave in the order they were queued.
  * Internal to the adapter.
  */
 import type { NatsConnection as Connection } from "@nats-io/transport-node"
