@@ -32,9 +32,9 @@ import { SqlClient } from "effect/sql"
 import { randomBytes } from "node:crypto"
 import pg from "pg"
 import { fibersLoop, throughEngine } from "./commitSides.ts"
-import * as GcStats from "./gcStats.ts"
 import { commitByHand, effectDdl } from "./pgBaseline.ts"
 import * as SocketWrites from "./socketWrites.ts"
+import * as Stopwatch from "./stopwatch.ts"
 
 const total = Number(process.argv[2] ?? 10000)
 const concurrency = Number(process.argv[3] ?? 16)
@@ -102,15 +102,9 @@ type Services = IdempotencyStore.IdempotencyStore | SqlClient.SqlClient
 /** One round of a side, then a check that each of its `total` keys committed once. */
 const measured = (run: (prefix: string) => Effect.Effect<void, unknown, Services>, prefix: string, admin: pg.Client) =>
   Effect.gen(function*() {
-    const before = process.cpuUsage()
-    const writesBefore = SocketWrites.read()
-    const gc = GcStats.start()
-    const started = performance.now()
+    const stopped = Stopwatch.start()
     yield* run(prefix)
-    const seconds = (performance.now() - started) / 1000
-    const used = process.cpuUsage(before)
-    const collected = gc()
-    const writes = SocketWrites.between(writesBefore, SocketWrites.read())
+    const { seconds, cpuSeconds, writes, gc } = stopped()
     const { rows } = yield* Effect.promise(() =>
       admin.query<{ dedup: string; effects: string; total: string }>(
         `SELECT (SELECT count(*) FROM jetworker_dedup WHERE scope = $1 AND id LIKE $2) AS dedup,
@@ -126,12 +120,12 @@ const measured = (run: (prefix: string) => Effect.Effect<void, unknown, Services
     }
     return {
       rate: total / seconds,
-      cpu: (used.user + used.system) / total,
+      cpu: cpuSeconds * 1e6 / total,
       writes: writes.postgres / total,
       inWrites: writes.micros / total,
-      allocated: collected.allocated / total,
-      promoted: collected.promoted / total,
-      gcMicros: collected.pauseMicros / total
+      allocated: gc.allocated / total,
+      promoted: gc.promoted / total,
+      gcMicros: gc.pauseMicros / total
     } satisfies Figure
   })
 

@@ -17,8 +17,8 @@ import { jetstream, jetstreamManager } from "@nats-io/jetstream"
 import { connect } from "@nats-io/transport-node"
 import { Deferred, Effect, Fiber, Logger, References, Schema } from "effect"
 import { profiled } from "./cpuProfile.ts"
-import * as GcStats from "./gcStats.ts"
 import { ackAll, publishAll } from "./rawLoop.ts"
+import * as Stopwatch from "./stopwatch.ts"
 
 const total = Number(process.argv[2] ?? 5000)
 const concurrency = Number(process.argv[3] ?? 16)
@@ -42,19 +42,15 @@ interface Run {
 
 /** Starts the clock; the returned function stops it and gives the {@link Run} of `total` messages. */
 const stopwatch = () => {
-  const cpu = process.cpuUsage()
-  const gc = GcStats.start()
-  const started = performance.now()
+  const stopped = Stopwatch.start()
   return (): Run => {
-    const seconds = (performance.now() - started) / 1000
-    const used = process.cpuUsage(cpu)
-    const collected = gc()
+    const { seconds, cpuSeconds, gc } = stopped()
     return {
       rate: total / seconds,
-      cpuMicros: (used.user + used.system) / total,
-      allocatedBytes: collected.allocated / total,
-      promotedBytes: collected.promoted / total,
-      gcMicros: collected.pauseMicros / total
+      cpuMicros: cpuSeconds * 1e6 / total,
+      allocatedBytes: gc.allocated / total,
+      promotedBytes: gc.promoted / total,
+      gcMicros: gc.pauseMicros / total
     }
   }
 }

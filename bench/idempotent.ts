@@ -66,8 +66,8 @@ import { barChart } from "./chart.ts"
 import { profiled } from "./cpuProfile.ts"
 import { commitByHand, effectDdl, transaction } from "./pgBaseline.ts"
 import { publishAll } from "./rawLoop.ts"
-import * as GcStats from "./gcStats.ts"
 import * as SocketWrites from "./socketWrites.ts"
+import * as Stopwatch from "./stopwatch.ts"
 
 const total = Number(process.argv[2] ?? 5000)
 const concurrency = Number(process.argv[3] ?? 16)
@@ -141,38 +141,18 @@ interface Round {
 }
 
 /**
- * What a side reports, from opening the consumer to the last confirmed ack: wall seconds, this
- * process's CPU seconds (all threads), its event loop's utilization (0..1), its socket writes
- * to each server with the time spent in them (`socketWrites.ts`), and what it cost the garbage
- * collector (`gcStats.ts`).
+ * What a side reports, from opening the consumer to the last confirmed ack (`stopwatch.ts`): wall
+ * seconds, CPU, event-loop utilization, socket writes to each server, garbage-collector figures.
  */
-interface Run {
-  readonly seconds: number
-  readonly cpuSeconds: number
-  readonly loopBusy: number
-  readonly writes: SocketWrites.Writes
-  readonly gc: GcStats.GcStats
-}
+type Run = Stopwatch.Measured
 
 /** Starts the clock; `stop()` (first call wins) fixes the {@link Run}, `result()` returns it. */
 const stopwatch = () => {
-  const wall = performance.now()
-  const cpu = process.cpuUsage()
-  const loop = performance.eventLoopUtilization()
-  const writes = SocketWrites.read()
-  const gc = GcStats.start()
+  const stopped = Stopwatch.start()
   let run: Run | undefined
   return {
     stop: (): void => {
-      if (run !== undefined) return
-      const used = process.cpuUsage(cpu)
-      run = {
-        seconds: (performance.now() - wall) / 1000,
-        cpuSeconds: (used.user + used.system) / 1e6,
-        loopBusy: performance.eventLoopUtilization(loop).utilization,
-        writes: SocketWrites.between(writes, SocketWrites.read()),
-        gc: gc()
-      }
+      if (run === undefined) run = stopped()
     },
     result: (): Run => {
       if (run === undefined) throw new Error("stopwatch read before it was stopped")
