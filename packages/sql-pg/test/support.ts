@@ -76,12 +76,14 @@ export interface LockWaiter {
   readonly pid: number
   readonly waitEvent: string
   readonly query: string
+  /** `active` once the status row shows the statement that waits (see {@link awaitLockWaiters}). */
+  readonly state: string
 }
 
 /** The backends waiting (`wait_event_type = 'Lock'`) on a lock held by backend `blocker`, now. */
 export const lockWaiters = (blocker: number): Effect.Effect<ReadonlyArray<LockWaiter>, SqlError, Observer> =>
   Observer.use((sql) =>
-    sql<LockWaiter>`SELECT pid, wait_event AS "waitEvent", query FROM pg_stat_activity
+    sql<LockWaiter>`SELECT pid, wait_event AS "waitEvent", query, state FROM pg_stat_activity
       WHERE wait_event_type = 'Lock' AND ${blocker}::int = ANY(pg_blocking_pids(pid)) ORDER BY pid`
   )
 
@@ -92,7 +94,13 @@ export const awaitLockWaiters = (
 ): Effect.Effect<ReadonlyArray<LockWaiter>, SqlError, Observer> =>
   pollUntil(
     `${count} backend(s) blocked by ${blocker}`,
-    Effect.map(lockWaiters(blocker), (rows) => rows.length >= count ? Option.some(rows) : Option.none())
+    Effect.map(lockWaiters(blocker), (rows) => {
+      // PostgreSQL reads a backend's wait event live but its state and query from a copy taken
+      // when the observing statement began: a backend that began waiting in between still shows
+      // its previous statement (say `ROLLBACK`, idle). Only rows showing the waiting statement count.
+      const current = rows.filter((row) => row.state === "active")
+      return current.length >= count ? Option.some(current) : Option.none()
+    })
   )
 
 /** Waits (bounded) until no backend waits on a lock held by `blocker`. */
