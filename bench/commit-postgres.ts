@@ -13,7 +13,7 @@
  *
  * Prints each side's rate and this process's CPU per message (medians of the rounds, min and max),
  * its writes to PostgreSQL per message and the time spent inside them (`socketWrites.ts`), the bytes
- * it allocated, had promoted to V8's old generation and the collector's time, per message
+ * it allocated, had promoted to V8's old generation, allocated straight into its old space, and the collector's time, per message
  * (`gcStats.ts`), and the rate ratios. The machine's cores are shared with PostgreSQL, so a side's
  * CPU per message costs it rate. Every round checks that each key it committed has its dedup row
  * and one effect row (the engine's workers may commit a few more than `messages` before the run
@@ -91,9 +91,13 @@ interface Figure {
   /** Writes to PostgreSQL per message, and the time spent inside them (wall time, µs per message). */
   readonly writes: number
   readonly inWrites: number
-  /** Per message: young-generation bytes allocated, bytes promoted, the collector's µs (`gcStats.ts`). */
+  /**
+   * Per message: young-generation bytes allocated, bytes promoted, bytes allocated straight into
+   * the old space, the collector's µs (`gcStats.ts`).
+   */
   readonly allocated: number
   readonly promoted: number
+  readonly tenured: number
   readonly gcMicros: number
 }
 
@@ -125,6 +129,7 @@ const measured = (run: (prefix: string) => Effect.Effect<void, unknown, Services
       inWrites: writes.micros / total,
       allocated: gc.allocated / total,
       promoted: gc.promoted / total,
+      tenured: gc.tenured / total,
       gcMicros: gc.pauseMicros / total
     } satisfies Figure
   })
@@ -174,7 +179,7 @@ try {
   console.log(`messages ${total} a round, concurrency ${concurrency}, ${rounds} rounds, PostgreSQL without NATS`)
   console.log(
     `${"side".padEnd(42)} msg/s: median    min    max  CPU µs/msg: median    min    max` +
-      (countsWrites ? "  writes/msg  in writes µs/msg: median" : "") + "  allocated KB/msg  promoted KB/msg  GC µs/msg"
+      (countsWrites ? "  writes/msg  in writes µs/msg: median" : "") + "  allocated KB/msg  promoted KB/msg  tenured KB/msg  GC µs/msg"
   )
   for (const [i, side] of sides.entries()) {
     const values = figures[i]!
@@ -184,6 +189,7 @@ try {
           ? `  ${median(values.map((f) => f.writes)).toFixed(2).padStart(10)}  ${median(values.map((f) => f.inWrites)).toFixed(0).padStart(23)}`
           : "") +
         `  ${(median(values.map((f) => f.allocated)) / 1024).toFixed(1).padStart(16)}  ${(median(values.map((f) => f.promoted)) / 1024).toFixed(2).padStart(15)}` +
+        `  ${(median(values.map((f) => f.tenured)) / 1024).toFixed(2).padStart(14)}` +
         `  ${median(values.map((f) => f.gcMicros)).toFixed(1).padStart(9)}`
     )
   }

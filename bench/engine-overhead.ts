@@ -5,9 +5,10 @@
  * and their ratio. No database: this isolates what the engine adds on top of the broker. The sides
  * alternate over `rounds` rounds (the order rotates); it prints medians with min and max, and
  * this process's CPU time per message on each side (the server shares the machine; CPU per
- * message moves less than rates between runs), with the bytes it allocated (and had promoted) and
- * the garbage collector's time per message (`gcStats.ts`). BENCH_CPU_PROFILE=dir writes a CPU profile of
- * each of jetworker's rounds (the consumer's run only) to `dir`.
+ * message moves less than rates between runs), with the bytes it allocated (and had promoted, and
+ * allocated straight into the old space) and the garbage collector's time per message
+ * (`gcStats.ts`). BENCH_CPU_PROFILE=dir writes a CPU profile of each of jetworker's rounds (the
+ * consumer's run only) to `dir`.
  *
  *   node bench/engine-overhead.ts [messages=5000] [concurrency=16] [prefetch=concurrency] [rounds=3]
  */
@@ -37,6 +38,8 @@ interface Run {
   readonly cpuMicros: number
   readonly allocatedBytes: number
   readonly promotedBytes: number
+  /** Bytes allocated straight into V8's old space per message (`gcStats.ts`). */
+  readonly tenuredBytes: number
   readonly gcMicros: number
 }
 
@@ -50,6 +53,7 @@ const stopwatch = () => {
       cpuMicros: cpuSeconds * 1e6 / total,
       allocatedBytes: gc.allocated / total,
       promotedBytes: gc.promoted / total,
+      tenuredBytes: gc.tenured / total,
       gcMicros: gc.pauseMicros / total
     }
   }
@@ -148,7 +152,7 @@ const range = (values: ReadonlyArray<number>) => `${Math.min(...values).toFixed(
 const rates = (runs: ReadonlyArray<Run>) => runs.map((run) => run.rate)
 const cpu = (runs: ReadonlyArray<Run>) =>
   `CPU ${median(runs.map((run) => run.cpuMicros)).toFixed(0)} µs/msg, allocated ${(median(runs.map((run) => run.allocatedBytes)) / 1024).toFixed(1)} KB/msg ` +
-  `(promoted ${(median(runs.map((run) => run.promotedBytes)) / 1024).toFixed(2)}), GC ${median(runs.map((run) => run.gcMicros)).toFixed(1)} µs/msg`
+  `(promoted ${(median(runs.map((run) => run.promotedBytes)) / 1024).toFixed(2)}, tenured ${(median(runs.map((run) => run.tenuredBytes)) / 1024).toFixed(2)}), GC ${median(runs.map((run) => run.gcMicros)).toFixed(1)} µs/msg`
 const ratios = engines.map((run, i) => run.rate / bases[i]!.rate)
 console.log(`messages ${total}, concurrency ${concurrency}, prefetch ${prefetch}, confirmed acks, ${rounds} rounds`)
 console.log(`hand-written nats.js loop: ${median(rates(bases)).toFixed(0)} msg/s (${range(rates(bases))}), ${cpu(bases)}`)

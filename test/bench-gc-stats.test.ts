@@ -4,6 +4,7 @@
  * no server involved.
  */
 import { assert, describe, it } from "@effect/vitest"
+import v8 from "node:v8"
 import * as GcStats from "../bench/gcStats.ts"
 
 /** Allocates `count` arrays of 16 numbers, each reachable until 64 more have been allocated. */
@@ -18,15 +19,37 @@ const churn = (count: number): number => {
   return sum + ring.length
 }
 
+const youngUsed = () => v8.getHeapSpaceStatistics().find((space) => space.space_name === "new_space")!.space_used_size
+
+/**
+ * Churns, 50 000 arrays at a time, until the young generation has been collected at least
+ * `scavenges` times (its use fell): how many allocations that takes depends on the size V8 has
+ * grown it to in this process, up to 64 MiB per semi-space. Bounded: at most 400 rounds (over 4 GB).
+ * Returns the arrays allocated.
+ */
+const churnThroughScavenges = (scavenges: number): number => {
+  let seen = 0
+  let rounds = 0
+  let before = youngUsed()
+  while (seen < scavenges && rounds < 400) {
+    churn(50_000)
+    rounds++
+    const after = youngUsed()
+    if (after < before) seen++
+    before = after
+  }
+  assert.isAtLeast(seen, scavenges, `${scavenges} scavenges within ${rounds} rounds of churn`)
+  return rounds * 50_000
+}
+
 describe("bench gcStats", () => {
   it("counts what the work allocated in the young generation, across the scavenges it caused", () => {
     const stop = GcStats.start()
-    churn(500_000)
+    const arrays = churnThroughScavenges(2)
     const stats = stop()
-    // Each array is at least its 16 elements of 8 bytes: 64 MB in all, more than any young
-    // generation V8 sizes by default, so scavenges ran in between.
-    assert.isAbove(stats.scavenges, 0)
-    assert.isAtLeast(stats.allocated, 500_000 * 16 * 8)
+    // Each array is at least its 16 elements of 8 bytes.
+    assert.isAtLeast(stats.scavenges, 2)
+    assert.isAtLeast(stats.allocated, arrays * 16 * 8)
     assert.isAbove(stats.pauseMicros, 0)
   })
 
@@ -34,15 +57,20 @@ describe("bench gcStats", () => {
     const kept: Array<{ readonly n: number; readonly label: string }> = []
     const stop = GcStats.start()
     for (let i = 0; i < 200_000; i++) kept.push({ n: i, label: `kept ${i}` })
-    churn(500_000)
+    // An object surviving its second scavenge moves to the old generation.
+    churnThroughScavenges(3)
     const stats = stop()
     // 200 000 objects and strings alive throughout: well over 4 MB moved to the old generation.
     assert.isAbove(stats.promoted, 4 * 1024 * 1024)
     assert.strictEqual(kept.length, 200_000)
+    // However V8 placed them (moved by scavenges, or allocated in the old space once it sees that
+    // their allocation site's objects survive), they all ended in the old generation.
+    assert.isAbove(stats.promoted + stats.tenured, 200_000 * 16)
 
     const stopQuiet = GcStats.start()
-    churn(500_000)
+    churnThroughScavenges(3)
     const quiet = stopQuiet()
     assert.isBelow(quiet.promoted, stats.promoted / 4)
+    assert.isBelow(quiet.promoted + quiet.tenured, (stats.promoted + stats.tenured) / 4)
   })
 })
