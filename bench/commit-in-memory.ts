@@ -12,7 +12,8 @@
  * - the engine with a handler that does nothing (what the engine costs alone with this source).
  *
  * Prints each side's CPU time per message (user + system, median of the rounds, min and max) and
- * the engine's ratio to the store alone. The connection is a stand-in: it checks nothing and
+ * the engine's ratio to the store alone, then the steps of the Effect runtime each side takes
+ * per message (`fiberSteps.ts`, one more run of each), which move with the code only. The connection is a stand-in: it checks nothing and
  * stores nothing, so no figure here says anything about correctness (the tests against the real
  * PostgreSQL do).
  *
@@ -25,6 +26,7 @@ import * as Reactivity from "effect/reactivity/Reactivity"
 import { SqlClient, Statement } from "effect/sql"
 import type { Connection } from "effect/sql/SqlConnection"
 import { fibersLoop, throughEngine } from "./commitSides.ts"
+import { counted } from "./fiberSteps.ts"
 
 const total = Number(process.argv[2] ?? 20000)
 const concurrency = Number(process.argv[3] ?? 16)
@@ -110,14 +112,16 @@ const program = Effect.gen(function*() {
   for (let round = 0; round < rounds; round++) {
     for (const [i, side] of sides.entries()) figures[i]!.push(yield* cpuPerMessage(side.run))
   }
-  return figures
+  const steps: Array<number> = []
+  for (const side of sides) steps.push((yield* counted(side.run))[1] / total)
+  return { figures, steps }
 }).pipe(
   Effect.provide(PgIdempotencyStore.layer().pipe(Layer.provideMerge(SqlLive))),
   Effect.provide(Logger.layer([Logger.consolePretty()])),
   Effect.provideService(References.MinimumLogLevel, "Error")
 )
 
-const figures = await Effect.runPromise(program)
+const { figures, steps } = await Effect.runPromise(program)
 const median = (values: ReadonlyArray<number>) => [...values].sort((a, b) => a - b)[Math.floor(values.length / 2)]!
 console.log(`messages ${total} a round, concurrency ${concurrency}, ${rounds} rounds, SQL connection answering on the next macrotask`)
 console.log(`${"side".padEnd(42)} CPU µs/msg: median    min    max`)
@@ -128,3 +132,4 @@ for (const [i, side] of sides.entries()) {
   )
 }
 console.log(`engine with the commit / store alone: ${(median(figures[1]!) / median(figures[0]!)).toFixed(2)}`)
+console.log(`steps of the Effect runtime per message: ${sides.map((side, i) => `${side.label} ${steps[i]!.toFixed(1)}`).join(", ")}`)

@@ -6,7 +6,8 @@
  * slot per batch. A delivery, or a batch, goes through named stages:
  *
  * - `prepare`: decode, metadata, ordering key, expiry, the delivery and attempt bounds (`check`,
- *   synchronous; the attempt store is read only for a redelivery);
+ *   synchronous, and done at once by `checkNow` unless the attempt store must be read, for a
+ *   redelivery);
  * - admit (per key only): the key's lane, its turn, then a slot;
  * - run (`runHandler`): the handler (`attempt`: expiry before each run; each run a fiber of its
  *   own, cut at `handlerTimeout` by the consumer's one deadline watcher; in-process retries built
@@ -18,8 +19,10 @@
  *
  * The success path is kept cheap on purpose (the performance notes in docs/performance.md): no
  * fiber, slot or timer per delivery beyond the handler run's own fiber, the clock, the metric
- * series and the probe read once per run, the stages `flatMap`s rather than generators, and
- * nothing waits for an event-loop turn that it does not need.
+ * series and the probe read once per run, the stages `flatMap`s rather than generators, a stage
+ * that needs no effect done as plain code where the delivery's effect runs (each step of a fiber
+ * is CPU on every message: `bench/commit-in-memory.ts` counts them), and nothing waits for an
+ * event-loop turn that it does not need.
  *
  * On interruption it drains. Internal: the public face is `Consumer`.
  */
@@ -337,11 +340,10 @@ const makeProcess = <A, E extends Tagged, R>(
   // Every Delivery command is bounded by its implementation (the Delivery contract), so no
   // second timer here: a failure or timeout just means "not confirmed".
   const succeededCommand = Effect.succeed("confirmed" as const)
+  const commandFailed = (cause: Cause.Cause<unknown>): Effect.Effect<"failed"> =>
+    Effect.as(Effect.logWarning("broker command failed", ErrorSummary.fromCause(cause)), "failed" as const)
   const confirmed = <X, Y>(effect: Effect.Effect<X, Y>): Effect.Effect<"confirmed" | "failed"> =>
-    Effect.matchCauseEffect(effect, {
-      onSuccess: () => succeededCommand,
-      onFailure: (cause) => Effect.as(Effect.logWarning("broker command failed", ErrorSummary.fromCause(cause)), "failed" as const)
-    })
+    Effect.matchCauseEffect(effect, { onSuccess: () => succeededCommand, onFailure: commandFailed })
 
   /**
    * Sends `command`: `confirmed`, `failed`, or for a dead letter `stored` — written and confirmed,
@@ -543,8 +545,16 @@ const makeProcess = <A, E extends Tagged, R>(
     restore: <X, Y, Z>(effect: Effect.Effect<X, Y, Z>) => Effect.Effect<X, Y, Z>,
     lease: LeaseKeeper.Lease,
     admission: Admission | undefined
-  ): Effect.Effect<Verdict, never, R> =>
-    judge(delivery, restore, lease, admission).pipe(Effect.catchCause(defectVerdict(messageRef(delivery))))
+  ): Effect.Effect<Verdict, never, R> => {
+    // `judge` builds its effect here, preparing the delivery at once: what that throws is caught too.
+    let judged: Effect.Effect<Verdict, never, R>
+    try {
+      judged = judge(delivery, restore, lease, admission)
+    } catch (error) {
+      return Effect.succeed(defect(messageRef(delivery), ErrorSummary.fromError(error, "Defect")))
+    }
+    return Effect.catchCause(judged, defectVerdict(messageRef(delivery)))
+  }
 
   /**
    * Decode: the checks before any wait or handler run. Fails with the verdict of a delivery that
@@ -644,32 +654,45 @@ const makeProcess = <A, E extends Tagged, R>(
     }
   }
 
+  // Called when the delivery's effect runs (inside `process`): a delivery whose checks need no
+  // I/O is prepared at once, without the steps of an effect (see "Where the time goes", docs/performance.md).
   const judge = (
     delivery: Delivery,
     restore: <X, Y, Z>(effect: Effect.Effect<X, Y, Z>) => Effect.Effect<X, Y, Z>,
     lease: LeaseKeeper.Lease,
     admission: Admission | undefined
   ): Effect.Effect<Verdict, never, R> =>
-    Effect.flatMap(prepare(delivery), (prepared): Effect.Effect<Verdict, never, R> => {
-      if (Result.isFailure(prepared)) return Effect.succeed(prepared.failure)
-      if (admission === undefined) return runHandler(prepared.success, delivery, restore, lease)
-      // Interruptible: a shutdown past its drain, or a lost lease, ends the wait. Expiry is
-      // checked again before the handler runs (stage AfterWait).
-      return Effect.flatMap(Effect.exit(restore(admit(admission, prepared.success.orderKey))), (waited) => {
-        if (Exit.isSuccess(waited)) return runHandler(prepared.success, delivery, restore, lease)
-        const message = prepared.success.message
-        return Effect.succeed(
-          lease.lost
-            ? Outcome.verdict("Released", {
-              message,
-              reason: "LeaseLost",
-              error: ErrorSummary.make("LeaseLost", "no lease extension was confirmed while the delivery waited for its key"),
-              retryIn: undefined
-            })
-            : Outcome.verdict("Released", { message, reason: "Interrupted", error: undefined, retryIn: Duration.zero })
-        )
-      })
+    attemptStore === undefined || delivery.deliveryCount === 1
+      ? judgePrepared(checkNow(delivery), delivery, restore, lease, admission)
+      : Effect.flatMap(prepare(delivery), (prepared) => judgePrepared(prepared, delivery, restore, lease, admission))
+
+  /** `judge` once the delivery is prepared: the verdict of its checks, or its run. */
+  const judgePrepared = (
+    prepared: Result.Result<Prepared<A>, Verdict>,
+    delivery: Delivery,
+    restore: <X, Y, Z>(effect: Effect.Effect<X, Y, Z>) => Effect.Effect<X, Y, Z>,
+    lease: LeaseKeeper.Lease,
+    admission: Admission | undefined
+  ): Effect.Effect<Verdict, never, R> => {
+    if (Result.isFailure(prepared)) return Effect.succeed(prepared.failure)
+    if (admission === undefined) return runHandler(prepared.success, delivery, restore, lease)
+    // Interruptible: a shutdown past its drain, or a lost lease, ends the wait. Expiry is
+    // checked again before the handler runs (stage AfterWait).
+    return Effect.flatMap(Effect.exit(restore(admit(admission, prepared.success.orderKey))), (waited) => {
+      if (Exit.isSuccess(waited)) return runHandler(prepared.success, delivery, restore, lease)
+      const message = prepared.success.message
+      return Effect.succeed(
+        lease.lost
+          ? Outcome.verdict("Released", {
+            message,
+            reason: "LeaseLost",
+            error: ErrorSummary.make("LeaseLost", "no lease extension was confirmed while the delivery waited for its key"),
+            retryIn: undefined
+          })
+          : Outcome.verdict("Released", { message, reason: "Interrupted", error: undefined, retryIn: Duration.zero })
+      )
     })
+  }
 
   /** Run: the handler (with its in-process retries) under the lease, then the verdict. */
   const runHandler = (
@@ -677,23 +700,35 @@ const makeProcess = <A, E extends Tagged, R>(
     delivery: Delivery,
     restore: <X, Y, Z>(effect: Effect.Effect<X, Y, Z>) => Effect.Effect<X, Y, Z>,
     lease: LeaseKeeper.Lease
-  ): Effect.Effect<Verdict, never, R> => {
-    const run = Effect.suspend(() => {
-      const startedAt = now()
-      // What the store reports about this delivery's effect, whatever the handler returns.
-      const reports: Reports = { committed: false, alreadyCommitted: false }
-      return Effect.flatMap(
-        Effect.exit(restore(attempt(prepared.event, delivery, prepared.metadata, prepared.failedBefore + 1, reports, lease))),
-        (exit) => {
-          keeper.unregister(lease)
-          record(handlerDuration, now() - startedAt)
-          return conclude(prepared, delivery, exit, reports, lease)
-        }
+  ): Effect.Effect<Verdict, never, R> =>
+    // Called as the delivery's effect runs (see `judge`): the run starts now, unless a probe
+    // watches, whose point comes first.
+    probe === undefined
+      ? runHandlerNow(prepared, delivery, restore, lease)
+      : Effect.andThen(
+        hit({ point: "received", consumer: definition.name, sequence: delivery.sequence, eventId: prepared.metadata.id }),
+        Effect.suspend(() => runHandlerNow(prepared, delivery, restore, lease))
       )
+
+  const runHandlerNow = (
+    prepared: Prepared<A>,
+    delivery: Delivery,
+    restore: <X, Y, Z>(effect: Effect.Effect<X, Y, Z>) => Effect.Effect<X, Y, Z>,
+    lease: LeaseKeeper.Lease
+  ): Effect.Effect<Verdict, never, R> => {
+    const startedAt = now()
+    // What the store reports about this delivery's effect, whatever the handler returns.
+    const reports: Reports = { committed: false, alreadyCommitted: false }
+    const concluded = (exit: Exit.Exit<unknown, unknown>) => {
+      keeper.unregister(lease)
+      record(handlerDuration, now() - startedAt)
+      return conclude(prepared, delivery, exit, reports, lease)
+    }
+    // One step for the run's end, where `Effect.exit` and a `flatMap` take three.
+    return Effect.matchCauseEffect(restore(attempt(prepared.event, delivery, prepared.metadata, prepared.failedBefore + 1, reports, lease)), {
+      onSuccess: (value) => concluded(Exit.succeed(value)),
+      onFailure: (cause) => concluded(Exit.failCause(cause))
     })
-    return probe === undefined
-      ? run
-      : Effect.andThen(hit({ point: "received", consumer: definition.name, sequence: delivery.sequence, eventId: prepared.metadata.id }), run)
   }
 
   /** The verdict on a handler that returned: committed, or a duplicate the store recognised. */
@@ -812,19 +847,32 @@ const makeProcess = <A, E extends Tagged, R>(
 
   /**
    * Settle and record: sends the verdict's broker command (never an ack past the lease), then
-   * counts, logs and reports the outcome. Never fails.
+   * counts, logs and reports the outcome. Never fails. Called as the delivery's effect runs (the
+   * continuation of its judging), so the command's time is read as it is sent. An ack, the
+   * common command, goes straight to its outcome (no steps of `execute` and no value passed on:
+   * each step of the fiber is CPU on every message, see docs/performance.md).
    */
-  const settle = (
+  const settle = (delivery: Delivery, judged: Verdict, receivedAt: number, lease: LeaseKeeper.Lease): Effect.Effect<void> => {
+    const decided = decide(judged, lease)
+    if (decided.command._tag === "Ack") {
+      return Effect.matchCauseEffect(delivery.ack, {
+        onSuccess: () => settledAlone(delivery, decided, "confirmed", receivedAt),
+        onFailure: (cause) => Effect.flatMap(commandFailed(cause), (result) => settledAlone(delivery, decided, result, receivedAt))
+      })
+    }
+    return Effect.flatMap(execute(delivery, decided.command), (result) => settledAlone(delivery, decided, result, receivedAt))
+  }
+
+  /** `settled` for a delivery settled alone: nothing reads its outcome back. */
+  const settledAlone = (
     delivery: Delivery,
-    judged: Verdict,
-    receivedAt: number,
-    lease: LeaseKeeper.Lease,
-    ownSpan = true
+    decided: Decided,
+    result: "confirmed" | "stored" | "failed",
+    receivedAt: number
   ): Effect.Effect<void> =>
-    Effect.suspend(() => {
-      const decided = decide(judged, lease)
-      return Effect.flatMap(execute(delivery, decided.command), (result) => Effect.asVoid(settled(delivery, decided, result, receivedAt, ownSpan, true)))
-    })
+    probe !== undefined || (decided.command._tag === "DeadLetter" && result === "failed")
+      ? Effect.asVoid(settled(delivery, decided, result, receivedAt, true, true))
+      : recordOutcome(delivery, outcomeOf(decided, result, receivedAt, settledAt(decided)), true)
 
   /** The verdict to act on and its broker command, decided when the command is sent. */
   const decide = (judged: Verdict, lease: LeaseKeeper.Lease): Decided => {
@@ -847,31 +895,40 @@ const makeProcess = <A, E extends Tagged, R>(
    */
   const settled = (
     delivery: Delivery,
-    { command, commandStart, verdict }: Decided,
+    decided: Decided,
     result: "confirmed" | "stored" | "failed",
     receivedAt: number,
     ownSpan: boolean,
     report: boolean
   ): Effect.Effect<Outcome.Outcome> => {
-    const sent = result === "confirmed"
-    const settledAt = now()
-    if (command._tag !== "Leave") record(settleLatency[command._tag], settledAt - commandStart)
+    const { command, verdict } = decided
+    const at = settledAt(decided)
     if (command._tag === "DeadLetter" && result === "failed") {
       return Effect.flatMap(deadLetterFailed(delivery, verdict, receivedAt), (outcome) => Effect.as(recordOutcome(delivery, outcome, ownSpan, report), outcome))
     }
-    // A withheld ack is not a confirmed one, although saying nothing always "succeeds". A
-    // dead letter `stored` but whose term was lost stays dead-lettered for good (a redelivery
-    // writes the same dead letter again, stored once), unconfirmed, and nothing is naked.
-    const confirmed = sent && !(verdict._tag === "Committed" && verdict.ackWithheld !== undefined)
-    const outcome = finish(verdict, confirmed, settledAt - receivedAt)
+    const outcome = outcomeOf(decided, result, receivedAt, at)
     const recorded = Effect.as(recordOutcome(delivery, outcome, ownSpan, report), outcome)
-    return sent && command._tag === "Ack" && probe !== undefined
+    return result === "confirmed" && command._tag === "Ack" && probe !== undefined
       ? Effect.andThen(
         hit({ point: "after-ack", consumer: definition.name, sequence: delivery.sequence, eventId: verdict.message.eventId }),
         recorded
       )
       : recorded
   }
+
+  /** The time the command's answer came, with the command's latency recorded. */
+  const settledAt = ({ command, commandStart }: Decided): number => {
+    const at = now()
+    if (command._tag !== "Leave") record(settleLatency[command._tag], at - commandStart)
+    return at
+  }
+
+  /** The outcome of a verdict whose command had `result` at `at` (not a dead letter that failed). */
+  const outcomeOf = ({ verdict }: Decided, result: "confirmed" | "stored" | "failed", receivedAt: number, at: number): Outcome.Outcome =>
+    // A withheld ack is not a confirmed one, although saying nothing always "succeeds". A
+    // dead letter `stored` but whose term was lost stays dead-lettered for good (a redelivery
+    // writes the same dead letter again, stored once), unconfirmed, and nothing is naked.
+    finish(verdict, result === "confirmed" && !(verdict._tag === "Committed" && verdict.ackWithheld !== undefined), at - receivedAt)
 
   /** An ack `ackAll` could not confirm: as `execute` reports a failed command. */
   const unconfirmedAck = (error: unknown) => Effect.as(Effect.logWarning("broker command failed", ErrorSummary.fromError(error)), "failed" as const)
@@ -972,12 +1029,12 @@ const makeProcess = <A, E extends Tagged, R>(
     if (attemptStore !== undefined && outcome._tag !== "Released" && outcome.message.eventId !== undefined && hadFailures) {
       // Bounded growth: a message's failure count goes once it is settled for good (a count
       // left by a rewound delivery count is purged by age: `PgAttemptStore.purge`).
-      effect = Effect.andThen(attemptStore.clear({ scope: definition.name, id: outcome.message.eventId }).pipe(Effect.ignore), effect)
+      effect = sequence(attemptStore.clear({ scope: definition.name, id: outcome.message.eventId }).pipe(Effect.ignore), effect)
     }
     record(counters.get(outcome._tag)!, 1)
     record(inFlightGauge, --running)
     recordKind(outcome)
-    if (env.debugLogs || !isRoutine(outcome)) effect = Effect.andThen(effect, logOutcome(outcome))
+    if (env.debugLogs || !isRoutine(outcome)) effect = sequence(effect, logOutcome(outcome))
     if (reportsProgress) {
       progress.counts.set(outcome._tag, (progress.counts.get(outcome._tag) ?? 0) + 1)
       progress.settled.set(outcome._tag, (progress.settled.get(outcome._tag) ?? 0) + 1)
@@ -989,7 +1046,7 @@ const makeProcess = <A, E extends Tagged, R>(
           const counts = countsInTableOrder(progress.settled)
           const settled = Object.values(counts).reduce((sum, n) => sum + n, 0)
           const text = Object.entries(counts).map(([tag, n]) => `${n} ${tag}`).join(", ")
-          effect = Effect.andThen(
+          effect = sequence(
             effect,
             Effect.logInfo(`consumer ${definition.name} drained its backlog (${settled} settled: ${text})`).pipe(
               Effect.annotateLogs({ event: "consumer.drained", settled, counts })
@@ -1001,7 +1058,7 @@ const makeProcess = <A, E extends Tagged, R>(
     }
     const onOutcome = definition.onOutcome
     if (onOutcome === undefined || !report) return effect
-    return Effect.andThen(
+    return sequence(
       effect,
       // Its own fiber (interruptible, so the bound holds even though settlement itself is not).
       bounded(Effect.suspend(() => onOutcome(outcome)), outcomeDeadlines, onOutcomeTimedOut).pipe(Effect.catchCause(onOutcomeFailed))
@@ -1298,6 +1355,13 @@ const makeProcess = <A, E extends Tagged, R>(
 
   return { one, many, summary, running: () => running }
 }
+
+/**
+ * `first`, then `second`, where `Effect.void` stands for nothing to do and costs no step of the
+ * fiber (the outcome's bookkeeping is usually nothing but `onOutcome`).
+ */
+const sequence = (first: Effect.Effect<void>, second: Effect.Effect<void>): Effect.Effect<void> =>
+  first === Effect.void ? second : second === Effect.void ? first : Effect.andThen(first, second)
 
 /** Counts by outcome tag, in the outcome table's order (so a line reads the same way every time). */
 const countsInTableOrder = (counts: ReadonlyMap<Outcome.Tag, number>): Record<string, number> => {
