@@ -13,9 +13,9 @@
  *
  * Prints each side's CPU time per message (user + system, median of the rounds, min and max) and
  * the engine's ratio to the store alone, then the steps of the Effect runtime each side takes
- * per message (`fiberSteps.ts`, one more run of each), which move with the code only. The connection is a stand-in: it checks nothing and
- * stores nothing, so no figure here says anything about correctness (the tests against the real
- * PostgreSQL do).
+ * per message (`fiberSteps.ts`, one more run of each), which move with the code only. The
+ * connection is a stand-in: it checks nothing and stores nothing, so no figure here says anything
+ * about correctness (the tests against the real PostgreSQL do).
  *
  *   node bench/commit-in-memory.ts [messages=20000] [concurrency=16] [rounds=5]
  */
