@@ -85,21 +85,7 @@ const engine = (prefix: string) =>
     })
   })
 
-interface Figure {
-  readonly rate: number
-  readonly cpu: number
-  /** Writes to PostgreSQL per message, and the time spent inside them (wall time, µs per message). */
-  readonly writes: number
-  readonly inWrites: number
-  /**
-   * Per message: young-generation bytes allocated, bytes promoted, bytes allocated straight into
-   * the old space, the collector's µs (`gcStats.ts`).
-   */
-  readonly allocated: number
-  readonly promoted: number
-  readonly tenured: number
-  readonly gcMicros: number
-}
+type Figure = Stopwatch.PerMessage
 
 type Services = IdempotencyStore.IdempotencyStore | SqlClient.SqlClient
 
@@ -108,7 +94,7 @@ const measured = (run: (prefix: string) => Effect.Effect<void, unknown, Services
   Effect.gen(function*() {
     const stopped = Stopwatch.start()
     yield* run(prefix)
-    const { seconds, cpuSeconds, writes, gc } = stopped()
+    const measuredRound = stopped()
     const { rows } = yield* Effect.promise(() =>
       admin.query<{ dedup: string; effects: string; total: string }>(
         `SELECT (SELECT count(*) FROM jetworker_dedup WHERE scope = $1 AND id LIKE $2) AS dedup,
@@ -122,16 +108,7 @@ const measured = (run: (prefix: string) => Effect.Effect<void, unknown, Services
     if (Number(counts.dedup) < total || counts.effects !== counts.dedup || counts.total !== counts.dedup) {
       return yield* Effect.die(new Error(`${prefix}: expected ${total} keys or more, each with its dedup row and one effect, found ${JSON.stringify(counts)}`))
     }
-    return {
-      rate: total / seconds,
-      cpu: cpuSeconds * 1e6 / total,
-      writes: writes.postgres / total,
-      inWrites: writes.micros / total,
-      allocated: gc.allocated / total,
-      promoted: gc.promoted / total,
-      tenured: gc.tenured / total,
-      gcMicros: gc.pauseMicros / total
-    } satisfies Figure
+    return Stopwatch.perMessage(measuredRound, total)
   })
 
 const sides: ReadonlyArray<{ readonly label: string; readonly key: string; readonly run: (prefix: string) => Effect.Effect<void, unknown, Services> }> = [
@@ -184,12 +161,12 @@ try {
   for (const [i, side] of sides.entries()) {
     const values = figures[i]!
     console.log(
-      `${side.label.padEnd(42)} ${range(values.map((f) => f.rate))}              ${range(values.map((f) => f.cpu))}` +
+      `${side.label.padEnd(42)} ${range(values.map((f) => f.rate))}              ${range(values.map((f) => f.cpuMicros))}` +
         (countsWrites
-          ? `  ${median(values.map((f) => f.writes)).toFixed(2).padStart(10)}  ${median(values.map((f) => f.inWrites)).toFixed(0).padStart(23)}`
+          ? `  ${median(values.map((f) => f.writesPostgres)).toFixed(2).padStart(10)}  ${median(values.map((f) => f.inWritesMicros)).toFixed(0).padStart(23)}`
           : "") +
-        `  ${(median(values.map((f) => f.allocated)) / 1024).toFixed(1).padStart(16)}  ${(median(values.map((f) => f.promoted)) / 1024).toFixed(2).padStart(15)}` +
-        `  ${(median(values.map((f) => f.tenured)) / 1024).toFixed(2).padStart(14)}` +
+        `  ${(median(values.map((f) => f.allocatedBytes)) / 1024).toFixed(1).padStart(16)}  ${(median(values.map((f) => f.promotedBytes)) / 1024).toFixed(2).padStart(15)}` +
+        `  ${(median(values.map((f) => f.tenuredBytes)) / 1024).toFixed(2).padStart(14)}` +
         `  ${median(values.map((f) => f.gcMicros)).toFixed(1).padStart(9)}`
     )
   }

@@ -29,34 +29,13 @@ const servers = process.env.NATS_URL ?? "nats://127.0.0.1:4222"
 const Event = Envelope.schema("bench.event", Schema.Struct({ n: Schema.Number }))
 const encoder = new TextEncoder()
 
-/**
- * A side's rate, this process's CPU time per message (user + system) while it consumed, and what
- * it cost the garbage collector per message (`gcStats.ts`).
- */
-interface Run {
-  readonly rate: number
-  readonly cpuMicros: number
-  readonly allocatedBytes: number
-  readonly promotedBytes: number
-  /** Bytes allocated straight into V8's old space per message (`gcStats.ts`). */
-  readonly tenuredBytes: number
-  readonly gcMicros: number
-}
+/** A side's figures per message (rate, CPU, allocation, the collector's time). */
+type Run = Stopwatch.PerMessage
 
 /** Starts the clock; the returned function stops it and gives the {@link Run} of `total` messages. */
 const stopwatch = () => {
   const stopped = Stopwatch.start()
-  return (): Run => {
-    const { seconds, cpuSeconds, gc } = stopped()
-    return {
-      rate: total / seconds,
-      cpuMicros: cpuSeconds * 1e6 / total,
-      allocatedBytes: gc.allocated / total,
-      promotedBytes: gc.promoted / total,
-      tenuredBytes: gc.tenured / total,
-      gcMicros: gc.pauseMicros / total
-    }
-  }
+  return (): Run => Stopwatch.perMessage(stopped(), total)
 }
 
 /** Measures `consume` (which consumes `total` messages). */

@@ -2,7 +2,8 @@
  * What a stretch of work took in this process, measured the same way by every benchmark: wall
  * seconds, CPU seconds (user + system, all threads), the event loop's utilization (0..1), the
  * socket writes to each server with the time spent in them (`socketWrites.ts`, zero unless
- * installed), and what it cost the garbage collector (`gcStats.ts`).
+ * installed), and what it cost the garbage collector (`gcStats.ts`); `perMessage` gives the same
+ * per message.
  */
 import * as GcStats from "./gcStats.ts"
 import * as SocketWrites from "./socketWrites.ts"
@@ -34,3 +35,31 @@ export const start = (): () => Measured => {
     }
   }
 }
+
+/** What a stretch of work that handled `count` messages took, per message. */
+export interface PerMessage {
+  readonly rate: number
+  /** CPU microseconds (user + system). */
+  readonly cpuMicros: number
+  /** Socket writes to PostgreSQL, and the wall time spent inside writes (µs). */
+  readonly writesPostgres: number
+  readonly inWritesMicros: number
+  /** Bytes allocated in the young generation, promoted, and allocated straight into the old space (`gcStats.ts`). */
+  readonly allocatedBytes: number
+  readonly promotedBytes: number
+  readonly tenuredBytes: number
+  /** The collector's main-thread microseconds. */
+  readonly gcMicros: number
+}
+
+/** `measured`, over `count` messages. */
+export const perMessage = ({ cpuSeconds, gc, seconds, writes }: Measured, count: number): PerMessage => ({
+  rate: count / seconds,
+  cpuMicros: cpuSeconds * 1e6 / count,
+  writesPostgres: writes.postgres / count,
+  inWritesMicros: writes.micros / count,
+  allocatedBytes: gc.allocated / count,
+  promotedBytes: gc.promoted / count,
+  tenuredBytes: gc.tenured / count,
+  gcMicros: gc.pauseMicros / count
+})
