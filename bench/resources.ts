@@ -4,7 +4,7 @@
  *
  * - peak RSS while consuming a backlog of each size in `backlogs`, each side in a child process
  *   of its own (`process.resourceUsage().maxRSS` at the end), with the rate it reached; each side
- *   twice, with V8's default heap sizing and with the heap bounded (`boundedHeap`);
+ *   under each of `heapSettings` (V8's defaults, and the heap bounded two ways);
  * - latency from publish to confirmed ack (p50, p90, p99, max) at a paced load of half the raw
  *   loop's capacity (measured above on the first backlog), the same offered load for both sides;
  * - time from SIGTERM to exit for a jetworker worker under `Worker.runMain` with `concurrency`
@@ -191,11 +191,22 @@ const sigtermChild = (args: ChildArgs) => {
 const children = new Map<string, ReturnType<typeof spawn>>()
 
 /**
- * The V8 flags of the bounded-heap runs: a young generation of at most 4 MiB per semi-space and
- * an old generation of at most 128 MiB (a worker's live heap is about 50 MiB, mostly code), as
- * docs/performance.md suggests for a deployment that wants its memory flat under load.
+ * The heap settings each side drains every backlog under, each in a process of its own:
+ *
+ * - V8's defaults;
+ * - bounded, as docs/performance.md suggests for a deployment that wants its memory flat under
+ *   load: a young generation of at most 4 MiB per semi-space, an old generation of at most
+ *   128 MiB, well above the 30 to 40 MiB a worker's old space holds after start-up;
+ * - bounded tight: a young generation of a fixed 4 MiB per semi-space and an old generation of at
+ *   most 56 MiB, close to what the process needs: the old space then grows by a few MiB over a
+ *   long run instead of filling a larger bound. Tighter costs rate: at 48 MiB both sides ran at
+ *   about half their rate (docs/performance-log.md).
  */
-const boundedHeap = ["--max-semi-space-size=4", "--max-old-space-size=128"]
+const heapSettings = [
+  { key: "default", name: "V8's default heap sizing", flags: [] },
+  { key: "bounded", name: "the heap bounded", flags: ["--max-semi-space-size=4", "--max-old-space-size=128"] },
+  { key: "tight", name: "the heap bounded tight", flags: ["--min-semi-space-size=4", "--max-semi-space-size=4", "--max-old-space-size=56"] }
+] as const
 
 const child = (mode: string, args: ChildArgs, onReady?: () => void, timeoutMillis = 600_000, flags: ReadonlyArray<string> = []) =>
   new Promise<{ readonly result: unknown; readonly code: number | null; readonly exitedAt: number }>((resolve, reject) => {
@@ -257,7 +268,7 @@ const parent = async () => {
   const cleanup = async () => {
     for (const stream of streams) {
       await jsm.streams.delete(stream).catch(() => false)
-      for (const name of ["raw", "engine", "engine-bounded", "sigterm"]) {
+      for (const name of ["engine", "sigterm", ...heapSettings.map(({ key }) => `engine-${key}`)]) {
         await jsm.streams.delete(DeadLetter.destination(stream, name).stream).catch(() => false)
       }
     }
@@ -267,39 +278,38 @@ const parent = async () => {
     // Peak RSS per backlog; both sides' consumers on one stream, filled once. The first backlog
     // measures the capacity for the latency run, which comes before the larger backlogs (whose
     // stream deletion keeps the server busy for a while).
-    // Each side twice: with V8's default heap sizing, and with the heap bounded (`boundedHeap`).
+    // Each side once under each of `heapSettings`.
     interface Memory {
       readonly backlog: number
-      readonly raw: Drained
-      readonly engine: Drained
-      readonly rawBounded: Drained
-      readonly engineBounded: Drained
+      /** By setting, in the order of `heapSettings`. */
+      readonly sides: ReadonlyArray<{ readonly raw: Drained; readonly engine: Drained }>
     }
     const memory: Array<Memory> = []
     const drain = async (backlog: number) => {
-      const stream = await makeStream(["raw", "engine", "raw-bounded", "engine-bounded"])
+      const stream = await makeStream(heapSettings.flatMap(({ key }) => [`raw-${key}`, `engine-${key}`]))
       const filledAt = performance.now()
       await fill(stream, backlog)
       console.log(`backlog ${backlog}: published in ${((performance.now() - filledAt) / 1000).toFixed(1)} s`)
-      const run = async (mode: string, consumer: string, flags: ReadonlyArray<string> = []) =>
-        (await child(mode, { stream, consumer, count: backlog, concurrency }, undefined, 600_000, flags)).result as Drained
-      const raw = await run("raw-drain", "raw")
-      const engine = await run("engine-drain", "engine")
-      const rawBounded = await run("raw-drain", "raw-bounded", boundedHeap)
-      const engineBounded = await run("engine-drain", "engine-bounded", boundedHeap)
-      console.log(
-        `backlog ${backlog}: raw loop ${raw.rssMiB.toFixed(0)} MiB at ${raw.rate.toFixed(0)} msg/s, ` +
-          `jetworker ${engine.rssMiB.toFixed(0)} MiB at ${engine.rate.toFixed(0)} msg/s; bounded heap: ` +
-          `raw loop ${rawBounded.rssMiB.toFixed(0)} MiB at ${rawBounded.rate.toFixed(0)} msg/s, ` +
-          `jetworker ${engineBounded.rssMiB.toFixed(0)} MiB at ${engineBounded.rate.toFixed(0)} msg/s`
-      )
-      memory.push({ backlog, raw, engine, rawBounded, engineBounded })
+      const run = async (side: "raw" | "engine", key: string, flags: ReadonlyArray<string>) =>
+        (await child(`${side}-drain`, { stream, consumer: `${side}-${key}`, count: backlog, concurrency }, undefined, 600_000, flags))
+          .result as Drained
+      const sides: Array<Memory["sides"][number]> = []
+      for (const { flags, key, name } of heapSettings) {
+        const raw = await run("raw", key, flags)
+        const engine = await run("engine", key, flags)
+        console.log(
+          `backlog ${backlog}, ${name}: raw loop ${raw.rssMiB.toFixed(0)} MiB at ${raw.rate.toFixed(0)} msg/s, ` +
+            `jetworker ${engine.rssMiB.toFixed(0)} MiB at ${engine.rate.toFixed(0)} msg/s`
+        )
+        sides.push({ raw, engine })
+      }
+      memory.push({ backlog, sides })
       await jsm.streams.delete(stream)
     }
     await drain(backlogs[0]!)
 
     // Latency at half the raw loop's capacity, the same offered load for both sides.
-    const capacity = memory[0]!.raw.rate
+    const capacity = memory[0]!.sides[0]!.raw.rate
     const rate = Math.max(100, Math.floor(capacity / 2))
     const seconds = 5
     const latency: Record<string, Latencies> = {}
@@ -346,29 +356,28 @@ const parent = async () => {
     for (const backlog of backlogs.slice(1)) await drain(backlog)
 
     const fixed = (value: number, digits = 0) => value.toFixed(digits)
+    const rssTable = (setting: number) => [
+      "| backlog | raw loop peak RSS (MiB) | jetworker peak RSS (MiB) | jetworker / raw | raw msg/s | jetworker msg/s |",
+      "|---:|---:|---:|---:|---:|---:|",
+      ...memory.map(({ backlog, sides }) => {
+        const { engine, raw } = sides[setting]!
+        return `| ${backlog} | ${fixed(raw.rssMiB)} | ${fixed(engine.rssMiB)} | ${fixed(engine.rssMiB / raw.rssMiB, 2)} | ${fixed(raw.rate)} | ${fixed(engine.rate)} |`
+      })
+    ]
     const table = [
-      "| backlog | raw loop peak RSS (MiB) | jetworker peak RSS (MiB) | jetworker / raw | raw msg/s | jetworker msg/s |",
-      "|---:|---:|---:|---:|---:|---:|",
-      ...memory.map(({ backlog, raw, engine }) =>
-        `| ${backlog} | ${fixed(raw.rssMiB)} | ${fixed(engine.rssMiB)} | ${fixed(engine.rssMiB / raw.rssMiB, 2)} | ${fixed(raw.rate)} | ${fixed(engine.rate)} |`
-      ),
-      "",
-      `The same with the heap bounded (\`node ${boundedHeap.join(" ")}\`, both sides):`,
-      "",
-      "| backlog | raw loop peak RSS (MiB) | jetworker peak RSS (MiB) | jetworker / raw | raw msg/s | jetworker msg/s |",
-      "|---:|---:|---:|---:|---:|---:|",
-      ...memory.map(({ backlog, rawBounded, engineBounded }) =>
-        `| ${backlog} | ${fixed(rawBounded.rssMiB)} | ${fixed(engineBounded.rssMiB)} | ${fixed(engineBounded.rssMiB / rawBounded.rssMiB, 2)} | ` +
-        `${fixed(rawBounded.rate)} | ${fixed(engineBounded.rate)} |`
-      ),
-      "",
+      ...heapSettings.flatMap(({ flags, name }, setting) => [
+        setting === 0 ? `With ${name}:` : `With ${name} (\`node ${flags.join(" ")}\`, both sides):`,
+        "",
+        ...rssTable(setting),
+        ""
+      ]),
       "What V8's heap sizing did in those runs: the peak size of its young generation (both semi-spaces) and of its old " +
         "space, in MiB. The peak RSS grows with the backlog where these grow, not where more stays alive:",
       "",
-      "| backlog | raw loop young / old | jetworker young / old | bounded: raw loop young / old | bounded: jetworker young / old |",
-      "|---:|---:|---:|---:|---:|",
-      ...memory.map(({ backlog, raw, engine, rawBounded, engineBounded }) =>
-        `| ${backlog} | ${[raw, engine, rawBounded, engineBounded].map((side) => `${fixed(side.youngMiB)} / ${fixed(side.oldMiB)}`).join(" | ")} |`
+      `| backlog | ${heapSettings.map(({ key }) => `${key}: raw loop young / old | ${key}: jetworker young / old`).join(" | ")} |`,
+      `|---:|${heapSettings.map(() => "---:|---:|").join("")}`,
+      ...memory.map(({ backlog, sides }) =>
+        `| ${backlog} | ${sides.flatMap(({ engine, raw }) => [raw, engine]).map((side) => `${fixed(side.youngMiB)} / ${fixed(side.oldMiB)}`).join(" | ")} |`
       ),
       "",
       `Latency, publish to confirmed ack, at ${rate} msg/s for ${seconds} s (half the raw loop's ${fixed(capacity)} msg/s), in ms:`,
@@ -382,13 +391,12 @@ const parent = async () => {
       `SIGTERM to exit with ${concurrency} handlers in flight and 1 s of work left in each: ${fixed(shutdownMillis)} ms ` +
         `(exit code 0, all ${concurrency} acked).`
     ].join("\n")
-    const last = memory[memory.length - 1]!
-    const first = memory[0]!
-    const ratios = `jetworker peak RSS / raw loop's at ${last.backlog}: ${fixed(last.engine.rssMiB / last.raw.rssMiB, 2)}; ` +
-      `jetworker at ${last.backlog} / at ${first.backlog}: ${fixed(last.engine.rssMiB / first.engine.rssMiB, 2)} ` +
-      `(raw loop: ${fixed(last.raw.rssMiB / first.raw.rssMiB, 2)}); bounded heap: jetworker / raw loop at ${last.backlog}: ` +
-      `${fixed(last.engineBounded.rssMiB / last.rawBounded.rssMiB, 2)}, jetworker at ${last.backlog} / at ${first.backlog}: ` +
-      `${fixed(last.engineBounded.rssMiB / first.engineBounded.rssMiB, 2)}`
+    const ratios = heapSettings.map(({ name }, setting) => {
+      const [first, last] = [memory[0]!.sides[setting]!, memory[memory.length - 1]!.sides[setting]!]
+      return `${name[0]!.toUpperCase()}${name.slice(1)}: jetworker peak RSS / raw loop's at ${memory[memory.length - 1]!.backlog}: ` +
+        `${fixed(last.engine.rssMiB / last.raw.rssMiB, 2)}; jetworker at ${memory[memory.length - 1]!.backlog} / at ` +
+        `${memory[0]!.backlog}: ${fixed(last.engine.rssMiB / first.engine.rssMiB, 2)} (raw loop: ${fixed(last.raw.rssMiB / first.raw.rssMiB, 2)})`
+    }).join("\n")
     console.log()
     console.log(table)
     console.log()
