@@ -251,12 +251,17 @@ describe("worker process", () => {
         yield* worker.child.waitForExit("15 seconds")
       }))
 
-    it.effect("/metrics parses as Prometheus text and counts outcomes by consumer and outcome", () =>
+    it.effect("/metrics parses as Prometheus text, counts outcomes by consumer and outcome, and reports the process's memory and heap bound", () =>
       Effect.gen(function*() {
         const { stream, settings } = yield* ledgerStream()
         const schema = yield* TestDatabase.TestSchema
         const { p, a, b } = yield* twoAccounts("metrics")
-        const worker = yield* W.start({ ...workerEnv(settings, schema.name, databaseUrl, natsUrl), ...quickBudget })
+        // A heap bound as docs/performance.md suggests (V8's own on this machine is about 4 GiB).
+        const worker = yield* W.start({
+          ...workerEnv(settings, schema.name, databaseUrl, natsUrl),
+          ...quickBudget,
+          NODE_OPTIONS: "--max-semi-space-size=4 --max-old-space-size=128"
+        })
         yield* W.waitReady(worker)
         yield* stream.publish("eur", transfer(`${p}.ok`, a, b, 1_00), `${p}.ok`)
         yield* stream.publish("eur", "not json", `${p}.bad`)
@@ -270,6 +275,12 @@ describe("worker process", () => {
           )?.value
         assert.strictEqual(outcome("Committed"), 1)
         assert.strictEqual(outcome("Rejected"), 1)
+        const gauge = (name: string) => samples.find((s) => s.name === name)?.value ?? Number.NaN
+        const limit = gauge("nodejs_heap_size_limit_bytes")
+        assert.isAbove(limit, 128 * 2 ** 20, "the old space's bound and the young generation's")
+        assert.isAtMost(limit, 160 * 2 ** 20, "the bound the worker was started with, not V8's default")
+        assert.isAbove(gauge("process_resident_memory_bytes"), 0)
+        assert.isAbove(gauge("nodejs_heap_size_used_bytes"), 0)
         yield* worker.child.kill("SIGTERM")
         yield* worker.child.waitForExit("15 seconds")
       }))

@@ -6,7 +6,10 @@
  * - `GET /healthz/ready`: 200 only while the process is running (start-up over, not shutting
  *   down) and every readiness component (consumers, dependencies such as the NATS connection) is
  *   up; 503 otherwise. The JSON body says which part is not ready and why;
- * - `GET /metrics`: every Effect metric of the process in the Prometheus text format;
+ * - `GET /metrics`: every Effect metric of the process in the Prometheus text format, and the
+ *   process's memory, read at each scrape: `process_resident_memory_bytes`,
+ *   `nodejs_heap_size_total_bytes`, `nodejs_heap_size_used_bytes`, `nodejs_external_memory_bytes`
+ *   and `nodejs_heap_size_limit_bytes` (V8's bound, which `--max-old-space-size` sets);
  * - anything else: 404.
  *
  * It binds once and logs the bound address as one `health.listening` line with a `port` field
@@ -21,6 +24,7 @@ import { type HttpServerError, HttpServerRequest, HttpServerResponse } from "eff
 import { PrometheusMetrics } from "effect/observability"
 import { createServer } from "node:http"
 import * as EventLoopLag from "./internal/eventLoopLag.ts"
+import * as ProcessMetrics from "./internal/processMetrics.ts"
 
 /** Where to listen and what to report. */
 export interface Options {
@@ -69,7 +73,7 @@ export const make = (options: Options): Effect.Effect<HealthServer, HttpServerEr
         }
         case "/metrics": {
           const body = yield* PrometheusMetrics.format()
-          return HttpServerResponse.text(body, { contentType: "text/plain; version=0.0.4; charset=utf-8" })
+          return HttpServerResponse.text(body + ProcessMetrics.prometheusText(body), { contentType: "text/plain; version=0.0.4; charset=utf-8" })
         }
         default:
           return HttpServerResponse.text("not found\n", { status: 404 })
