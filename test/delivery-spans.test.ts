@@ -8,7 +8,7 @@ import { assert, describe, layer } from "@effect/vitest"
 import { Consumer } from "@jetworker/core"
 import { JetStreamSource } from "@jetworker/nats"
 import { JsonLogger } from "@jetworker/node"
-import { OutcomeLog, TestStream } from "@jetworker/testing"
+import { OutcomeLog, SpanLog, TestStream } from "@jetworker/testing"
 import { DateTime, Deferred, Effect, Fiber, Logger, Option, Schema, Tracer } from "effect"
 import { NatsLive } from "./support/services.ts"
 
@@ -85,21 +85,14 @@ describe("a delivery's span", () => {
       Effect.gen(function*() {
         const stream = yield* TestStream.make()
         const outcomes = yield* OutcomeLog.make
-        const spans: Array<Tracer.NativeSpan> = []
-        const tracer = Tracer.make({
-          span: (options) => {
-            const span = new Tracer.NativeSpan(options)
-            spans.push(span)
-            return span
-          }
-        })
-        const fiber = yield* Effect.forkChild(consumerOf(stream, () => Effect.void, outcomes).pipe(Effect.withTracer(tracer)))
+        const spans = yield* SpanLog.make
+        const fiber = yield* Effect.forkChild(consumerOf(stream, () => Effect.void, outcomes).pipe(Effect.withTracer(spans.tracer)))
         yield* stream.publish("a", JSON.stringify({ id: "exported" }), "exported")
         yield* outcomes.waitUntil((all) => all.length === 1, "15 seconds", "the outcome")
         yield* Fiber.interrupt(fiber)
 
-        const span = spans.find((s) => s.name === `process ${stream.subject("a")}`)
-        assert.isDefined(span, spans.map((s) => s.name).join(", "))
+        const [span] = yield* spans.named(`process ${stream.subject("a")}`)
+        assert.isDefined(span, (yield* spans.all).map((s) => s.name).join(", "))
         assert.strictEqual(span!.kind, "consumer")
         assert.strictEqual(span!.status._tag, "Ended")
         assert.deepInclude(Object.fromEntries(span!.attributes), {

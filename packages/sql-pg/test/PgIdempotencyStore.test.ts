@@ -3,10 +3,11 @@ import { PgClient } from "@effect/sql-pg"
 import { CurrentDelivery } from "@jetworker/core/CurrentDelivery"
 import { commit, IdempotencyError, IdempotencyStore, isDuplicate, type Key } from "@jetworker/core/IdempotencyStore"
 import * as Probe from "@jetworker/core/Probe"
-import { Data, Deferred, Effect, Exit, Fiber, Layer, Option, Redacted, Ref, Tracer } from "effect"
+import { Data, Deferred, Effect, Exit, Fiber, Layer, Option, Redacted, Ref } from "effect"
 import { SqlClient, type Statement } from "effect/sql"
 import * as SqlErrors from "effect/sql/SqlError"
 import { randomUUID } from "node:crypto"
+import * as SpanLog from "../../testing/src/SpanLog.ts"
 import * as TestDatabase from "../../testing/src/TestDatabase.ts"
 import { classify, reasonForSqlState, sqlState, sqlStateReasons } from "../src/internal/errors.ts"
 import * as PgIdempotencyStore from "../src/PgIdempotencyStore.ts"
@@ -341,17 +342,11 @@ layer(
   it.effect("with a tracer installed the dedup row's statement has its span in the transaction's; with none, the commit records the same", () =>
     Effect.gen(function*() {
       const store = yield* IdempotencyStore
-      const spans: Array<Tracer.NativeSpan> = []
-      const tracer = Tracer.make({
-        span: (options) => {
-          const span = new Tracer.NativeSpan(options)
-          spans.push(span)
-          return span
-        }
-      })
+      const log = yield* SpanLog.make
       const traced = freshKey()
-      assert.strictEqual(yield* store.commit(traced, Effect.as(record(traced.id), "traced")).pipe(Effect.withTracer(tracer)), "traced")
-      const transaction = spans.find((span) => span.name === "sql.transaction")
+      assert.strictEqual(yield* store.commit(traced, Effect.as(record(traced.id), "traced")).pipe(Effect.withTracer(log.tracer)), "traced")
+      const spans = yield* log.all
+      const [transaction] = yield* log.named("sql.transaction")
       assert.isDefined(transaction)
       const dedup = spans.find((span) => String(span.attributes.get("db.query.text")).includes("ON CONFLICT (scope, id) DO NOTHING"))
       assert.isDefined(dedup, spans.map((span) => span.name).join(", "))

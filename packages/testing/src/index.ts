@@ -7,6 +7,7 @@
 export * as FaultProxy from "./FaultProxy.ts"
 export * as ChildWorker from "./ChildWorker.ts"
 export * as OutcomeLog from "./OutcomeLog.ts"
+export * as SpanLog from "./SpanLog.ts"
 export * as TestStream from "./TestStream.ts"
 export * as TestDatabase from "./TestDatabase.ts"
 export * as Eventually from "./Eventually.ts"
