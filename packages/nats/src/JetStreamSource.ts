@@ -316,8 +316,11 @@ export const make = (options: Options): Source.Source<NatsConnection> => {
       })
 
       // Two heartbeats without a word while pulls are open: the server lost them (a restart, a
-      // lost connection); the count is reset and the room pulled again. A tick that came late
-      // (the event loop was busy) judges nothing: what arrived meanwhile is not read yet.
+      // lost connection) or never had them: a pull to a consumer deleted while no pull of ours was
+      // open (the server answers an open pull's deletion with a 409) gets no answer at all. The
+      // count is reset and the room pulled again once the consumer is known to exist (`pause`),
+      // as nats.js does after missed heartbeats. A tick that came late (the event loop was busy)
+      // judges nothing: what arrived meanwhile is not read yet.
       let lastTick = Date.now()
       const watchdog = setInterval(() => {
         const now = Date.now()
@@ -327,7 +330,7 @@ export const make = (options: Options): Source.Source<NatsConnection> => {
         else if (requested > 0 && !pausing && now - lastHeard > silenceMillis) {
           requested = 0
           waiting.length = 0
-          pump()
+          pause()
         }
       }, heartbeatMillis)
       watchdog.unref()

@@ -1,7 +1,7 @@
 import { assert, describe, layer } from "@effect/vitest"
 import { Consumer, Envelope, Retry } from "@jetworker/core"
 import { DeadLetter, JetStreamSource, NatsConnection } from "@jetworker/nats"
-import { OutcomeLog, TestStream } from "@jetworker/testing"
+import { Eventually, OutcomeLog, TestStream } from "@jetworker/testing"
 import { Data, Effect, Fiber, Ref, Schema } from "effect"
 import type { Delivery } from "@jetworker/core"
 
@@ -77,6 +77,27 @@ describe("JetStreamSource", () => {
         assert.strictEqual(info.num_ack_pending, 0)
         assert.strictEqual(info.num_pending, 0)
       }))
+
+    it.effect("a consumer deleted while no pull is open ends the intake: a pull to a deleted consumer gets no answer at all, so a silent pull is followed by a check that the consumer exists", () =>
+      Effect.gen(function*() {
+        const stream = yield* TestStream.make()
+        for (const n of [1, 2, 3, 4]) yield* stream.publish("a", envelope(`e${n}`, n), `e${n}`)
+        // Heartbeats every 500 ms: a pull is silent after 1.5 s.
+        const intake = yield* JetStreamSource.make({ stream: stream.stream, consumer: stream.consumer, pullExpires: "1 second" })
+          .open({ consumer: stream.consumer, prefetch: 4, attempts: 3, ordering: "Unordered" })
+        // The first pull brought all four: the buffer is full and no pull is open on the server,
+        // which would otherwise answer the deletion with a 409 (the case that always worked).
+        yield* Eventually.holds("the four messages delivered", Effect.map(stream.info, (info) => info.num_ack_pending === 4))
+        const connection = yield* NatsConnection.NatsConnection
+        yield* Effect.promise(() => connection.manager.consumers.delete(stream.stream, stream.consumer))
+        for (const n of [1, 2, 3, 4]) assert.strictEqual((yield* intake.take).sequence, n, "the buffered messages are still taken")
+        // Taking them pulled again, from the deleted consumer.
+        const ended = yield* Effect.flip(intake.take).pipe(
+          Effect.timeoutOrElse({ duration: "10 seconds", orElse: () => Effect.die(new Error("the intake never noticed the deleted consumer")) })
+        )
+        assert.strictEqual(ended.reason, "ConsumerNotFound", ended.message)
+        assert.include(ended.message, stream.consumer)
+      }).pipe(Effect.scoped))
 
     it.effect("ackAll acks a batch's deliveries at once, each confirmed on its own: an ack the broker cannot take fails alone, and a delivery of another source is acked by its own ack", () =>
       Effect.gen(function*() {
