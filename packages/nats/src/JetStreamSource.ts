@@ -209,8 +209,13 @@ export const make = (options: Options): Source.Source<NatsConnection> => {
         }
         if (/exceeded maxrequest|push based|bad request/i.test(text)) return mismatch(`${name}: the server refuses its pulls: ${text}`)
         const mapped = NatsError.fromUnknown(`pull ${name}`, error)
+        // The consumer existed when the intake opened: missing now, it was deleted (found by the
+        // check after a silent pull, when no pull of ours was open to hear the server's 409).
+        if (mapped.reason === "ConsumerNotFound") {
+          return new Source.SourceError({ reason: "ConsumerDeleted", message: `${name}: consumer deleted (${mapped.message})` })
+        }
         return mapped.reason === "ConnectionClosed" || mapped.reason === "StreamNotFound" ||
-            mapped.reason === "ConsumerNotFound" || mapped.reason === "NotAuthorized" || mapped.code === 400
+            mapped.reason === "NotAuthorized" || mapped.code === 400
           ? sourceError(mapped)
           : undefined
       }

@@ -95,8 +95,9 @@ describe("JetStreamSource", () => {
         const ended = yield* Effect.flip(intake.take).pipe(
           Effect.timeoutOrElse({ duration: "10 seconds", orElse: () => Effect.die(new Error("the intake never noticed the deleted consumer")) })
         )
-        assert.strictEqual(ended.reason, "ConsumerNotFound", ended.message)
-        assert.include(ended.message, stream.consumer)
+        // The same reason as when an open pull hears of the deletion.
+        assert.strictEqual(ended.reason, "ConsumerDeleted", ended.message)
+        assert.include(ended.message, `${stream.stream}/${stream.consumer}: consumer deleted`)
       }).pipe(Effect.scoped))
 
     it.effect("ackAll acks a batch's deliveries at once, each confirmed on its own: an ack the broker cannot take fails alone, and a delivery of another source is acked by its own ack", () =>
