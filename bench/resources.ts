@@ -391,11 +391,12 @@ const parent = async () => {
       `SIGTERM to exit with ${concurrency} handlers in flight and 1 s of work left in each: ${fixed(shutdownMillis)} ms ` +
         `(exit code 0, all ${concurrency} acked).`
     ].join("\n")
+    const [smallest, largest] = [memory[0]!, memory[memory.length - 1]!]
     const ratios = heapSettings.map(({ name }, setting) => {
-      const [first, last] = [memory[0]!.sides[setting]!, memory[memory.length - 1]!.sides[setting]!]
-      return `${name[0]!.toUpperCase()}${name.slice(1)}: jetworker peak RSS / raw loop's at ${memory[memory.length - 1]!.backlog}: ` +
-        `${fixed(last.engine.rssMiB / last.raw.rssMiB, 2)}; jetworker at ${memory[memory.length - 1]!.backlog} / at ` +
-        `${memory[0]!.backlog}: ${fixed(last.engine.rssMiB / first.engine.rssMiB, 2)} (raw loop: ${fixed(last.raw.rssMiB / first.raw.rssMiB, 2)})`
+      const [first, last] = [smallest.sides[setting]!, largest.sides[setting]!]
+      return `${name[0]!.toUpperCase()}${name.slice(1)}: jetworker peak RSS / raw loop's at ${largest.backlog}: ` +
+        `${fixed(last.engine.rssMiB / last.raw.rssMiB, 2)}; jetworker at ${largest.backlog} / at ${smallest.backlog}: ` +
+        `${fixed(last.engine.rssMiB / first.engine.rssMiB, 2)} (raw loop: ${fixed(last.raw.rssMiB / first.raw.rssMiB, 2)})`
     }).join("\n")
     console.log()
     console.log(table)
