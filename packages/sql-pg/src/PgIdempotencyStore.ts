@@ -286,7 +286,10 @@ export const layer = (options?: Options): Layer.Layer<IdempotencyStore, Idempote
  * `AlreadyCommitted` to the current delivery, so the outcome is `Committed` or `Duplicate`.
  *
  * A statement that does not use `fresh` is refused (`Misconfigured`) before anything is sent: it
- * would repeat its effect on every redelivery. Any failure, the statement's own included (a
+ * would repeat its effect on every redelivery. So is one that does not begin with `INSERT`, `UPDATE`
+ * or `DELETE` (after whitespace and comments), a `SELECT` of a function that writes included:
+ * PostgreSQL skips a read-only `WITH` query that nothing reads, so its effect would never run while
+ * the key was recorded. Any failure, the statement's own included (a
  * violated constraint is `InvalidData`), is an `IdempotencyError` classified as for `commit`.
  * There is no `before-commit` probe point: nothing runs between the effect and its commit.
  */
@@ -300,6 +303,16 @@ export const commitStatement = (
     const sql = yield* SqlClient.SqlClient
     const fresh = sql.literal("EXISTS (SELECT 1 FROM jetworker_fresh)")
     const effect = statement(fresh)
+    // PostgreSQL runs a data-modifying WITH query exactly once, and skips a read-only one that
+    // nothing reads: a `SELECT` (even of a function that writes) would record the row alone.
+    const first = effect.segments[0]
+    if (first?._tag !== "Literal" || !dataModifying.test(first.value)) {
+      return yield* new IdempotencyError({
+        reason: "Misconfigured",
+        message: "commitStatement: the statement must be one INSERT, UPDATE or DELETE (PostgreSQL would skip anything else " +
+          "inside the combined statement and record the key alone); use commit for other effects"
+      })
+    }
     // Interpolation copies segments by reference: the guard is used if its segment is there.
     if (!effect.segments.includes(fresh.segments[0]!)) {
       return yield* new IdempotencyError({
@@ -319,6 +332,9 @@ SELECT EXISTS (SELECT 1 FROM jetworker_fresh) AS inserted`.pipe(Effect.mapError(
     yield* CurrentDelivery.reportFor(key, "AlreadyCommitted")
     return alreadyCommitted(key)
   })
+
+/** Starts with `INSERT`, `UPDATE` or `DELETE`, after any whitespace and comments. */
+const dataModifying = /^(?:\s|--[^\n]*(?:\n|$)|\/\*[\s\S]*?\*\/)*(?:insert|update|delete)\b/i
 
 /** Options of {@link purge}. */
 export interface PurgeOptions {

@@ -510,6 +510,49 @@ layer(
       assert.strictEqual(yield* dedupRows(key), 0)
     }))
 
+  it.effect("commitStatement refuses a statement that is not INSERT, UPDATE or DELETE, before sending anything: PostgreSQL skips a read-only WITH query nothing reads, so its effect would never run", () =>
+    Effect.gen(function*() {
+      const sql = yield* SqlClient.SqlClient
+      // An effect done by a function, called from a SELECT: inside the one statement it would be
+      // an unreferenced read-only WITH query, which PostgreSQL never evaluates, while the dedup
+      // row committed and the outcome said Committed.
+      yield* sql.unsafe(
+        `CREATE OR REPLACE FUNCTION jw_test_note(n text) RETURNS void LANGUAGE sql AS $$ INSERT INTO ledger (note) VALUES (n) $$`
+      )
+      const key = freshKey()
+      for (const statement of [
+        (fresh: Statement.Fragment) => sql`SELECT jw_test_note(${key.id}) WHERE ${fresh}`,
+        (fresh: Statement.Fragment) => sql`WITH n AS (SELECT ${key.id} AS note) INSERT INTO ledger (note) SELECT note FROM n WHERE ${fresh}`,
+        (fresh: Statement.Fragment) => sql`${sql.literal("VALUES (1)")} LIMIT (CASE WHEN ${fresh} THEN 1 ELSE 0 END)`
+      ]) {
+        const error = yield* Effect.flip(PgIdempotencyStore.commitStatement(key, statement))
+        assert.strictEqual(error.reason, "Misconfigured")
+        assert.match(error.message, /INSERT, UPDATE or DELETE/)
+      }
+      assert.strictEqual(yield* ledgerRows(key.id), 0)
+      assert.strictEqual(yield* dedupRows(key), 0)
+    }))
+
+  it.effect("commitStatement takes UPDATE and DELETE, in any case and after comments", () =>
+    Effect.gen(function*() {
+      const sql = yield* SqlClient.SqlClient
+      const key = freshKey()
+      yield* sql`INSERT INTO ledger (note) VALUES (${`${key.id}/old`})`
+      assert.isUndefined(
+        yield* PgIdempotencyStore.commitStatement(key, (fresh) =>
+          sql`
+  -- renames the note
+  /* once */ update ledger SET note = ${key.id} WHERE note = ${`${key.id}/old`} AND ${fresh}`)
+      )
+      assert.strictEqual(yield* ledgerRows(key.id), 1)
+      const other = freshKey()
+      assert.isUndefined(
+        yield* PgIdempotencyStore.commitStatement(other, (fresh) => sql`Delete FROM ledger WHERE note = ${key.id} AND ${fresh}`)
+      )
+      assert.strictEqual(yield* ledgerRows(key.id), 0)
+      assert.strictEqual(yield* dedupRows(other), 1)
+    }))
+
   it.effect("commitStatement: a statement that fails records nothing and is classified (a NOT NULL violation is InvalidData)", () =>
     Effect.gen(function*() {
       const sql = yield* SqlClient.SqlClient
