@@ -124,5 +124,31 @@ describe("engine: user code that throws", () => {
         yield* Fiber.interrupt(hanging).pipe(Effect.timeout("5 seconds"))
         assert.isBelow((yield* Clock.currentTimeMillis) - before, 2_000, "bounded by onOutcomeTimeout, not the drain")
       }))
+
+    it.effect("BE-SHUT-004: an onOutcome still running when the drain budget ends stays bounded by onOutcomeTimeout, whether its handler finished within the drain or was cut after it", () =>
+      Effect.gen(function*() {
+        // The drain budget (200 ms) ends before the hanging onOutcome's own bound (600 ms): what is
+        // left is interrupted and awaited, and the bound must still cut the onOutcome then.
+        for (const handlerOutlivesDrain of [false, true]) {
+          const stream = yield* TestStream.make({ ackWait: "5 seconds" })
+          const started = yield* Ref.make(false)
+          const consumer = yield* Effect.forkChild(Consumer.run(Consumer.make({
+            ...consumerOf(stream),
+            metadata: metadataOf,
+            handle: () => handlerOutlivesDrain ? Effect.never : Effect.void,
+            onOutcomeTimeout: "600 millis",
+            drainTimeout: "200 millis",
+            onOutcome: () => Effect.andThen(Ref.set(started, true), Effect.never)
+          })))
+          const id = handlerOutlivesDrain ? "cut" : "finished"
+          yield* stream.publish("a", job(id, 1), id)
+          if (!handlerOutlivesDrain) yield* Eventually.holds("onOutcome started", Ref.get(started))
+          else yield* Eventually.holds("the handler runs", Effect.map(stream.info, (info) => info.num_ack_pending === 1))
+          const before = yield* Clock.currentTimeMillis
+          const stopped = yield* Fiber.interrupt(consumer).pipe(Effect.timeoutOption("10 seconds"))
+          assert.isTrue(stopped._tag === "Some", `the consumer did not stop (handler ${id})`)
+          assert.isBelow((yield* Clock.currentTimeMillis) - before, 3_000, `bounded by the drain and onOutcomeTimeout (handler ${id})`)
+        }
+      }))
   })
 })

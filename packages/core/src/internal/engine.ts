@@ -1397,17 +1397,19 @@ export const run = <A, E extends Tagged, R>(definition: Definition<A, E, R>): Ef
       })
       const slots = Slots.make(definition.concurrency)
       const releaseSlot = Effect.sync(slots.release)
+      // Created before the FiberSet, so they outlive its finalizer: it interrupts what outlived the
+      // drain and waits for it, and meanwhile leases must still be extended, and a settling's
+      // handler run and onOutcome still cut at their bounds.
+      const keeper = yield* LeaseKeeper.make(intake.lease)
+      const clock = yield* Clock.Clock
+      const deadlines = yield* Deadlines.make(definition.handlerTimeout, clock)
+      const outcomeDeadlines = definition.onOutcome === undefined ? Deadlines.none : yield* Deadlines.make(definition.onOutcomeTimeout, clock)
       // The workers (or, with per-key ordering and for batches, the deliveries and batches) running.
       const inFlight = yield* FiberSet.make<void, SourceError>()
       // Set once shutdown has begun: a worker whose take then fails ends quietly.
       let closing = false
       // The workers waiting for a delivery (without per-key ordering and batches): shutdown ends their wait.
       const idleWorkers = new Set<Fiber.Fiber<unknown, unknown>>()
-      // Created before the drain finalizer, so it keeps extending leases while handlers drain.
-      const keeper = yield* LeaseKeeper.make(intake.lease)
-      const clock = yield* Clock.Clock
-      const deadlines = yield* Deadlines.make(definition.handlerTimeout, clock)
-      const outcomeDeadlines = definition.onOutcome === undefined ? Deadlines.none : yield* Deadlines.make(definition.onOutcomeTimeout, clock)
       // Runs before the FiberSet's own finalizer (which interrupts what is left) and before the
       // intake's: stop reserving, then let running handlers finish until the drain share of the
       // worker's shutdown budget ends (unmanaged: for `drainTimeout`).
