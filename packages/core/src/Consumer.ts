@@ -67,7 +67,9 @@ export interface BaseOptions<A, E extends Tagged, R, RS> {
   /**
    * Bound on one run of the handler (each in-process retry is a run of its own). A run past it is
    * interrupted, so its transaction rolls back, and fails with `HandlerTimeout`, which counts as
-   * transient. Default: 30 seconds.
+   * transient. A run reached while its `COMMIT` is in flight is cut once the `COMMIT` has ended:
+   * when it committed, the outcome is `Committed` with the ack withheld (`HandlerTimeout`), and the
+   * redelivery, a `Duplicate`, runs what the handler had left. Default: 30 seconds.
    */
   readonly handlerTimeout?: Duration.Input | undefined
   /**

@@ -73,10 +73,11 @@ export type Outcome = Data.TaggedEnum<{
     readonly message: MessageRef
     /**
      * Why no ack was sent although the effect committed: the handler was interrupted while its
-     * `COMMIT` ran (`Interrupted`: shutdown; `LeaseLost`: another consumer may own the message).
-     * The redelivery settles as `Duplicate`. Absent when the ack was sent.
+     * `COMMIT` ran (`Interrupted`: shutdown; `LeaseLost`: another consumer may own the message;
+     * `HandlerTimeout`: the run reached `handlerTimeout`, so what the handler had left after the
+     * commit did not run). The redelivery settles as `Duplicate`. Absent when the ack was sent.
      */
-    readonly ackWithheld?: "Interrupted" | "LeaseLost" | undefined
+    readonly ackWithheld?: "Interrupted" | "LeaseLost" | "HandlerTimeout" | undefined
     /** Whether the server confirmed the ack; if not, expect a harmless `Duplicate` later. */
     readonly confirmed: boolean
     /** Wall time from receipt to settlement, in milliseconds. */

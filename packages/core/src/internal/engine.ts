@@ -158,16 +158,22 @@ interface Prepared<A> {
 interface Reports {
   committed: boolean
   alreadyCommitted: boolean
+  /** When the store reported `Committed` (the clock's millis), if it did. */
+  committedAt: number
 }
 
 /** No report from the store (a batch element judged by its own result). */
-const noReports: Reports = { committed: false, alreadyCommitted: false }
+const noReports: Reports = { committed: false, alreadyCommitted: false, committedAt: 0 }
 
 /** The event expired while the engine waited to run the handler again (an in-process retry). */
 class ExpiredBeforeRun extends Data.TaggedError("ExpiredBeforeRun")<{ readonly detectedAt: number }> {}
 
-/** A handler attempt that ran past `handlerTimeout`; transient. */
-export class HandlerTimeout extends Data.TaggedError("HandlerTimeout")<{ readonly message: string }> {}
+/**
+ * A handler attempt that ran past `handlerTimeout`; transient. `cutAt`: when the deadline watcher
+ * interrupted it (the clock's millis), which tells a run cut while its `COMMIT` ran (the store
+ * reported `Committed` after it) from one cut in work done after the commit.
+ */
+export class HandlerTimeout extends Data.TaggedError("HandlerTimeout")<{ readonly message: string; readonly cutAt: number }> {}
 
 type Verdict = Outcome.Verdict
 
@@ -242,9 +248,11 @@ interface PreparedBatch<A> {
  * context can outlive the delivery: `SqlClient.afterCommit` keeps it until a full collection,
  * whose scavenges then carry (and promote) all of it (see docs/performance-log.md).
  */
-const reporter = (reports: Reports) => (report: "Committed" | "AlreadyCommitted"): void => {
-  if (report === "Committed") reports.committed = true
-  else reports.alreadyCommitted = true
+const reporter = (reports: Reports, now: () => number) => (report: "Committed" | "AlreadyCommitted"): void => {
+  if (report === "Committed") {
+    reports.committed = true
+    reports.committedAt = now()
+  } else reports.alreadyCommitted = true
 }
 const leaseDeadlineOf = (hold: LeaseKeeper.Hold, leaseMillis: number) => (): number => hold.since + leaseMillis * 0.9
 const noDeadline = (): undefined => undefined
@@ -386,7 +394,7 @@ const makeProcess = <A, E extends Tagged, R>(
   const bounded = <X, Y, Z, W, V>(
     effect: Effect.Effect<X, Y, Z>,
     watcher: Deadlines.Deadlines,
-    onTimeout: () => Effect.Effect<W, V>
+    onTimeout: (cutAt: number) => Effect.Effect<W, V>
   ): Effect.Effect<X | W, Y | V, Z> =>
     Effect.suspend(() => {
       const startedAt = now()
@@ -398,27 +406,27 @@ const makeProcess = <A, E extends Tagged, R>(
     run: Fiber.Fiber<X, Y>,
     startedAt: number,
     watcher: Deadlines.Deadlines,
-    onTimeout: () => Effect.Effect<W, V>
+    onTimeout: (cutAt: number) => Effect.Effect<W, V>
   ): Effect.Effect<X | W, Y | V> => {
     const ended = run.pollUnsafe()
     if (ended !== undefined) return ended
-    let timedOut = false
+    let cutAt: number | undefined
     const entry = watcher.add(startedAt, () => {
-      timedOut = true
+      cutAt = now()
       run.interruptUnsafe()
     })
     return Effect.flatMap(
       Effect.onInterrupt(Fiber.await(run), () => Effect.andThen(Fiber.interrupt(run), Effect.sync(() => watcher.withdraw(entry)))),
       (exit): Effect.Effect<X | W, Y | V> => {
         watcher.withdraw(entry)
-        return timedOut && Exit.isFailure(exit) && Cause.hasInterruptsOnly(exit.cause) ? onTimeout() : exit
+        return cutAt !== undefined && Exit.isFailure(exit) && Cause.hasInterruptsOnly(exit.cause) ? onTimeout(cutAt) : exit
       }
     )
   }
 
   /** A handler run bounded by `handlerTimeout`: past it, `HandlerTimeout` (transient). */
   const supervised = <X, Y, Z>(effect: Effect.Effect<X, Y, Z>, message: string): Effect.Effect<X, Y | HandlerTimeout, Z> =>
-    bounded(effect, deadlines, () => Effect.fail(new HandlerTimeout({ message })))
+    bounded(effect, deadlines, (cutAt) => Effect.fail(new HandlerTimeout({ message, cutAt })))
 
   /** One run of the handler: skipped once the event has expired, bounded by `handlerTimeout`. */
   const runOnce = (event: A, metadata: Metadata): Effect.Effect<unknown, E | ExpiredBeforeRun | HandlerTimeout, R | CurrentDelivery> =>
@@ -467,7 +475,7 @@ const makeProcess = <A, E extends Tagged, R>(
         deliveryCount: delivery.deliveryCount,
         expiresAt: metadata.expiresAt === undefined ? undefined : metadata.expiresAt.epochMilliseconds + definition.skewMillis,
         leaseDeadline: leaseMillis > 0 ? leaseDeadlineOf(lease.hold, leaseMillis) : noDeadline,
-        report: reporter(reports)
+        report: reporter(reports, now)
       })
     )
 
@@ -718,7 +726,7 @@ const makeProcess = <A, E extends Tagged, R>(
   ): Effect.Effect<Verdict, never, R> => {
     const startedAt = now()
     // What the store reports about this delivery's effect, whatever the handler returns.
-    const reports: Reports = { committed: false, alreadyCommitted: false }
+    const reports: Reports = { committed: false, alreadyCommitted: false, committedAt: 0 }
     const concluded = (exit: Exit.Exit<unknown, unknown>) => {
       keeper.unregister(lease)
       record(handlerDuration, now() - startedAt)
@@ -767,14 +775,22 @@ const makeProcess = <A, E extends Tagged, R>(
         if (verdict._tag === "Committed") yield* afterCommit
         return verdict
       }
-      if (reports.committed && Cause.hasInterruptsOnly(exit.cause)) {
+      const failure = Cause.findErrorOption(exit.cause)
+      // Cut by `handlerTimeout` while its COMMIT ran: the interruption waited for the COMMIT, and
+      // the store reported it after the cut. Not a failed attempt: nothing after the commit ran.
+      const timedOutInCommit = reports.committed && Option.isSome(failure) && failure.value instanceof HandlerTimeout &&
+        !Cause.hasDies(exit.cause) && reports.committedAt >= failure.value.cutAt
+      if (reports.committed && (Cause.hasInterruptsOnly(exit.cause) || timedOutInCommit)) {
         // Interrupted while COMMIT ran: the effect is committed. Say so, and leave the ack to the
-        // redelivery (a Duplicate): a lost lease forbids it, and shutdown is past its drain.
+        // redelivery (a Duplicate), which runs what the handler had left after its commit: a lost
+        // lease forbids the ack, and shutdown is past its drain.
         yield* afterCommit
-        return Outcome.verdict("Committed", { message, ackWithheld: lease.lost ? "LeaseLost" : "Interrupted" })
+        return Outcome.verdict("Committed", {
+          message,
+          ackWithheld: lease.lost ? "LeaseLost" : timedOutInCommit ? "HandlerTimeout" : "Interrupted"
+        })
       }
       const error = ErrorSummary.fromCause(exit.cause)
-      const failure = Cause.findErrorOption(exit.cause)
       if (
         Option.isSome(failure) && (failure.value instanceof ExpiredBeforeRun || failure.value instanceof WorkExpired) &&
         metadata.expiresAt !== undefined
@@ -1153,7 +1169,7 @@ const makeProcess = <A, E extends Tagged, R>(
       if (Result.isFailure(prepared)) verdicts.push(prepared.failure)
       else {
         verdicts.push(undefined)
-        runnable.push({ index, prepared: prepared.success, reports: { committed: false, alreadyCommitted: false } })
+        runnable.push({ index, prepared: prepared.success, reports: { committed: false, alreadyCommitted: false, committedAt: 0 } })
       }
     }
     const readsStore = (delivery: Delivery) => attemptStore !== undefined && delivery.deliveryCount > 1
@@ -1194,7 +1210,7 @@ const makeProcess = <A, E extends Tagged, R>(
       subject: deliveries[index]!.subject,
       sequence: deliveries[index]!.sequence,
       deliveryCount: deliveries[index]!.deliveryCount,
-      report: reporter(reports)
+      report: reporter(reports, now)
     }))
     const run = Effect.suspend(() => {
       const startedAt = now()
@@ -1235,7 +1251,7 @@ const makeProcess = <A, E extends Tagged, R>(
             prepared,
             deliveries[index]!,
             Result.isSuccess(result) ? Exit.succeed(result.success) : Exit.fail(result.failure),
-            { committed: false, alreadyCommitted: false },
+            { committed: false, alreadyCommitted: false, committedAt: 0 },
             leases[index]!
           ))
       }
@@ -1254,7 +1270,7 @@ const makeProcess = <A, E extends Tagged, R>(
         ),
         judgeEach(runnable, ({ index, prepared }) => {
           const delivery = deliveries[index]!
-          const reports: Reports = { committed: false, alreadyCommitted: false }
+          const reports: Reports = { committed: false, alreadyCommitted: false, committedAt: 0 }
           return Effect.flatMap(
             Effect.exit(restore(attempt(prepared.event, delivery, prepared.metadata, prepared.failedBefore + 1, reports, leases[index]!))),
             (single) => concludeSafely(prepared, delivery, single, reports, leases[index]!)
