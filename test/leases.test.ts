@@ -6,12 +6,16 @@
  * consumer's `$JS.ACK` subjects sees every ack, with the delivery count it was sent for.
  */
 import { assert, describe, layer } from "@effect/vitest"
-import { Eventually, FaultProxy, TestDatabase } from "@jetworker/testing"
-import { Duration, Effect } from "effect"
+import { Consumer, CurrentDelivery, Lease } from "@jetworker/core"
+import { JetStreamSource } from "@jetworker/nats"
+import { Eventually, FaultProxy, OutcomeLog, TestDatabase, TestStream } from "@jetworker/testing"
+import { DateTime, Duration, Effect, Fiber, Schema } from "effect"
 import { balances, ledgerStream, transfer, transferCounts, twoAccounts, workerEnv } from "./support/ledger.ts"
 import { databaseUrl, LedgerTestLive, natsUrl } from "./support/services.ts"
 import { watchAcks } from "./support/acks.ts"
 import * as W from "./support/worker.ts"
+
+const Job = Schema.Struct({ id: Schema.String, work: Schema.Number })
 
 describe("leases (BE-JOB-006)", () => {
   layer(LedgerTestLive, { excludeTestServices: true, timeout: "120 seconds" })((it) => {
@@ -110,5 +114,56 @@ describe("leases (BE-JOB-006)", () => {
 
     it.effect("BE-JOB-006: delayed extension: a worker whose broker link stalls (extensions sent, never answered) loses its lease, is interrupted and never acks; the new owner commits once", () =>
       losesLease("pause"))
+
+    it.effect("BE-JOB-006: a message that waited in the prefetch buffer has its lease counted from receipt: no effect and no ack after the broker's ack wait ran out on it", () =>
+      Effect.gen(function*() {
+        // One handler at a time, two prefetched: the second message waits 1.5 s in the buffer
+        // while the ack wait (2 s) runs on the server since its delivery. Counted from its take,
+        // the engine would extend only after the server had redelivered it, pass `Lease.ensure`
+        // and ack: the irreversible step of the handler twice, the old delivery's ack after the
+        // new one was handed out.
+        const stream = yield* TestStream.make({ ackWait: "2 seconds" })
+        const acks = yield* watchAcks(stream.stream, stream.consumer)
+        const steps: Array<string> = []
+        const log = yield* OutcomeLog.make
+        const fiber = yield* Effect.forkChild(Consumer.run(Consumer.make({
+          name: stream.consumer,
+          source: JetStreamSource.make({ stream: stream.stream, consumer: stream.consumer }),
+          schema: Job,
+          metadata: (job) => ({ id: job.id, time: DateTime.makeUnsafe(0) }),
+          classify: {},
+          concurrency: 1,
+          prefetch: 2,
+          handle: (job) =>
+            Effect.andThen(
+              Effect.sleep(job.work),
+              Effect.andThen(Lease.ensure, CurrentDelivery.CurrentDelivery.use((delivery) =>
+                Effect.sync(() => steps.push(`${job.id}#${delivery.deliveryCount}`))))
+            ),
+          onOutcome: log.record
+        })))
+        yield* stream.publish("a", JSON.stringify({ id: "first", work: 1_500 }), "first")
+        yield* stream.publish("a", JSON.stringify({ id: "second", work: 1_200 }), "second")
+        yield* Eventually.holds(
+          "both settled on the server",
+          Effect.map(stream.info, (info) => info.num_ack_pending === 0 && info.num_pending === 0),
+          "30 seconds"
+        )
+        yield* Fiber.interrupt(fiber)
+        const ids = steps.map((step) => step.split("#")[0])
+        assert.deepStrictEqual([...ids].sort(), ["first", "second"], `each irreversible step once: ${steps.join(", ")}`)
+        // No ack for a delivery of a message that the server had delivered again meanwhile.
+        const redelivered = new Map<number, number>()
+        for (const ack of acks) {
+          const latest = redelivered.get(ack.sequence) ?? 0
+          assert.isFalse(
+            ack.body.startsWith("+ACK") && ack.deliveryCount < latest,
+            `an ack for delivery ${ack.deliveryCount} of ${ack.sequence} after delivery ${latest}: ${JSON.stringify(acks)}`
+          )
+          redelivered.set(ack.sequence, Math.max(latest, ack.deliveryCount))
+        }
+        const outcomes = yield* log.all
+        assert.isTrue(outcomes.some((o) => o.message.eventId === "second" && o._tag === "Committed"), JSON.stringify(outcomes))
+      }))
   })
 })

@@ -54,7 +54,8 @@ export interface BaseOptions<A, E extends Tagged, R, RS> {
   readonly concurrency?: number | undefined
   /**
    * Deliveries reserved ahead and waiting locally, 1 to 10 000. Default: `concurrency`. A waiting
-   * delivery already runs down its lease, so keep `prefetch × slowest handler` under the lease.
+   * delivery already runs down its lease (the engine counts it from the source's receipt, and one
+   * taken too late is not acked), so keep `prefetch × slowest handler` under the lease.
    */
   readonly prefetch?: number | undefined
   /**

@@ -45,6 +45,13 @@ export interface Delivery {
    * it (JetStream: the pending count of its ack subject), if the source knows. For progress lines.
    */
   readonly pending?: number | undefined
+  /**
+   * When the source received the message from the broker, in epoch millis (`Date.now()`), for a
+   * source that holds messages before the engine takes them (a prefetch buffer). The broker's
+   * lease (JetStream: the ack wait) ran from then at the latest, so the engine counts the lease
+   * from here, not from when it took the delivery. Absent: the lease starts when it is taken.
+   */
+  readonly receivedAt?: number | undefined
   /** Reads one header of the message (the first value when repeated). */
   readonly header: (name: string) => string | undefined
   /** Acknowledges; succeeds only once the broker confirms. */

@@ -304,7 +304,7 @@ export const make = (options: Options): Source.Source<NatsConnection> => {
           return
         }
         lastHeard = Date.now()
-        const pulled = parse(msg)
+        const pulled = parse(msg, lastHeard)
         if (pulled === undefined) return onStatus(msg)
         // A pull re-sent after a reconnect may bring more than was counted.
         if (requested > 0) requested--

@@ -5,8 +5,8 @@ import { parse } from "../src/internal/delivery.ts"
 const msg = (reply: string | undefined): Msg => ({ subject: "orders.created", reply, data: new Uint8Array() }) as unknown as Msg
 
 describe("a pulled message's ack reply subject", () => {
-  it("the short form (NATS 2.9): stream, deliveries, stream sequence, stored time and pending", () => {
-    const pulled = parse(msg("$JS.ACK.ORDERS.shipper.3.1042.77.1764578000123456789.12"))
+  it("the short form (NATS 2.9): stream, deliveries, stream sequence, stored time and pending, with the time it was received", () => {
+    const pulled = parse(msg("$JS.ACK.ORDERS.shipper.3.1042.77.1764578000123456789.12"), 1764578000200)
     assert.deepStrictEqual(pulled && { ...pulled, msg: undefined }, {
       msg: undefined,
       reply: "$JS.ACK.ORDERS.shipper.3.1042.77.1764578000123456789.12",
@@ -14,7 +14,8 @@ describe("a pulled message's ack reply subject", () => {
       deliveryCount: 3,
       streamSequence: 1042,
       storedAtMillis: 1764578000123,
-      pending: 12
+      pending: 12,
+      receivedAt: 1764578000200
     })
   })
 

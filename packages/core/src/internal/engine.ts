@@ -254,6 +254,9 @@ const reporter = (reports: Reports, now: () => number) => (report: "Committed" |
     reports.committedAt = now()
   } else reports.alreadyCommitted = true
 }
+/** Since when `delivery`'s lease has run, taken at `takenAt`: never later than the source's receipt. */
+const leaseStart = (delivery: Delivery, takenAt: number): number =>
+  delivery.receivedAt === undefined ? takenAt : Math.min(takenAt, delivery.receivedAt)
 const leaseDeadlineOf = (hold: LeaseKeeper.Hold, leaseMillis: number) => (): number => hold.since + leaseMillis * 0.9
 const noDeadline = (): undefined => undefined
 
@@ -847,8 +850,9 @@ const makeProcess = <A, E extends Tagged, R>(
       record(inFlightGauge, ++running)
       if (delivery.deliveryCount > 1) record(redeliveries, 1)
       if (delivery.pending !== undefined) progress.pending = delivery.pending
-      // The lease is watched from receipt: also while the delivery waits for its key's turn.
-      const lease = keeper.register(delivery, receivedAt, fiber)
+      // The lease is watched from receipt, the source's if it held the delivery in a buffer
+      // (the broker's lease ran meanwhile), and also while the delivery waits for its key's turn.
+      const lease = keeper.register(delivery, leaseStart(delivery, receivedAt), fiber)
       return Effect.flatMap(judgeSafely(delivery, restore, lease, admission), (judged) => {
         keeper.unregister(lease)
         if (admission !== undefined) {
@@ -1143,7 +1147,7 @@ const makeProcess = <A, E extends Tagged, R>(
         const last = deliveries[deliveries.length - 1]!
         if (last.pending !== undefined) progress.pending = last.pending
         record(inFlightGauge, running)
-        const leases = deliveries.map((delivery) => keeper.register(delivery, receivedAt, fiber))
+        const leases = deliveries.map((delivery) => keeper.register(delivery, leaseStart(delivery, receivedAt), fiber))
         return prepareBatch(deliveries).pipe(
           Effect.flatMap(({ verdicts, runnable }) =>
             runnable.length === 0 ? Effect.succeed(verdicts) : runBatch(deliveries, batch, leases, verdicts, runnable, restore)

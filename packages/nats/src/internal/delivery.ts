@@ -26,6 +26,8 @@ export interface Pulled {
   readonly storedAtMillis: number
   /** The consumer's pending count when it was delivered. */
   readonly pending: number
+  /** When the source read it from the socket, in epoch milliseconds: its ack wait ran from then at the latest. */
+  readonly receivedAt: number
 }
 
 /**
@@ -33,7 +35,7 @@ export interface Pulled {
  * seq>.<consumer seq>.<stored, ns>.<pending>`, or the form with a domain and account hash after
  * `ACK` (12 tokens, as newer servers send). `undefined` for anything else.
  */
-export const parse = (msg: Msg): Pulled | undefined => {
+export const parse = (msg: Msg, receivedAt: number = Date.now()): Pulled | undefined => {
   const reply = msg.reply
   if (reply === undefined || !reply.startsWith("$JS.ACK.")) return undefined
   const tokens = reply.split(".")
@@ -49,7 +51,8 @@ export const parse = (msg: Msg): Pulled | undefined => {
     streamSequence: Number(tokens[at + 3]),
     // Nanoseconds (19 digits now) to milliseconds by dropping six digits: exact, no bigint.
     storedAtMillis: stored.length > 6 ? Number(stored.slice(0, -6)) : 0,
-    pending: Number(tokens[at + 6])
+    pending: Number(tokens[at + 6]),
+    receivedAt
   }
   return Number.isSafeInteger(pulled.deliveryCount) && Number.isSafeInteger(pulled.streamSequence) ? pulled : undefined
 }
@@ -92,6 +95,7 @@ class JetStreamDelivery implements Delivery.Delivery {
   readonly deliveryCount: number
   readonly publishedAt: number
   readonly pending: number
+  readonly receivedAt: number
   readonly #settling: Settling
   readonly #pulled: Pulled
 
@@ -104,6 +108,7 @@ class JetStreamDelivery implements Delivery.Delivery {
     this.deliveryCount = pulled.deliveryCount
     this.publishedAt = pulled.storedAtMillis
     this.pending = pulled.pending
+    this.receivedAt = pulled.receivedAt
   }
 
   header(name: string): string | undefined {
