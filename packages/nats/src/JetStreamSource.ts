@@ -181,7 +181,8 @@ export const make = (options: Options): Source.Source<NatsConnection> => {
       // the oldest. (Only used to end a pull; `requested` is kept exactly by the statuses.)
       const waiting: Array<{ readonly id: string; readonly batch: number; readonly sentAt: number; received: number }> = []
       let nextPull = 0
-      let lastHeard = Date.now()
+      // Silence and pull ages on the monotonic clock (a wall clock step would fake or hide silence).
+      let lastHeard = performance.now()
       // What ended the intake for good; surfaces once `buffered` is drained.
       let failure: Source.SourceError | undefined
       // After a failed pull: a growing pause, then a consumer info check, before pulling again.
@@ -250,7 +251,7 @@ export const make = (options: Options): Source.Source<NatsConnection> => {
 
       const pull = (batch: number) => {
         const id = (nextPull++).toString(36)
-        const now = Date.now()
+        const now = performance.now()
         requested += batch
         const thisPull = { id, batch, sentAt: now, received: 0 }
         waiting.push(thisPull)
@@ -284,7 +285,7 @@ export const make = (options: Options): Source.Source<NatsConnection> => {
         const text = `${code} ${msg.headers?.description ?? ""}`.trim()
         if (code === 408 || code === 404) {
           // Ended early with nothing (not by its expiry): do not spin on it.
-          if (ended !== undefined && ended.received === 0 && Date.now() - ended.sentAt < expiresMillis / 2) pause()
+          if (ended !== undefined && ended.received === 0 && performance.now() - ended.sentAt < expiresMillis / 2) pause()
           else pump()
           return
         }
@@ -303,8 +304,9 @@ export const make = (options: Options): Source.Source<NatsConnection> => {
           else fail(ended)
           return
         }
-        lastHeard = Date.now()
-        const pulled = parse(msg, lastHeard)
+        lastHeard = performance.now()
+        // Its receipt on the wall clock, as the engine's clock reads it.
+        const pulled = parse(msg, Date.now())
         if (pulled === undefined) return onStatus(msg)
         // A pull re-sent after a reconnect may bring more than was counted.
         if (requested > 0) requested--
@@ -326,9 +328,9 @@ export const make = (options: Options): Source.Source<NatsConnection> => {
       // count is reset and the room pulled again once the consumer is known to exist (`pause`),
       // as nats.js does after missed heartbeats. A tick that came late (the event loop was busy)
       // judges nothing: what arrived meanwhile is not read yet.
-      let lastTick = Date.now()
+      let lastTick = performance.now()
       const watchdog = setInterval(() => {
-        const now = Date.now()
+        const now = performance.now()
         const late = now - lastTick - heartbeatMillis
         lastTick = now
         if (late > heartbeatMillis / 2) lastHeard = now

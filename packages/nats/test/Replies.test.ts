@@ -1,6 +1,7 @@
 import { assert, describe, it } from "@effect/vitest"
 import { connect } from "@nats-io/transport-node"
 import { Deferred, Effect, Fiber } from "effect"
+import { vi } from "vitest"
 import * as Replies from "../src/internal/replies.ts"
 
 // The confirmed requests behind every ack, nak, term and extension, against the real server.
@@ -61,6 +62,25 @@ describe("Replies (confirmed requests)", () => {
         assert.isBelow(waited, 3000)
         const after = yield* replies.request("echo", echo, encoder.encode("again"), 2000)
         assert.strictEqual(decoder.decode(after.data), "again")
+      })))
+
+  it.live("the bound is measured on a monotonic clock: the wall clock stepping back does not stretch it", () =>
+    withConnection((connection) =>
+      Effect.gen(function*() {
+        const replies = Replies.make(connection)
+        const silent = subject()
+        connection.subscribe(silent, { callback: () => undefined })
+        yield* Effect.promise(() => connection.flush())
+        const started = performance.now()
+        const waiting = yield* Effect.forkChild(Effect.flip(replies.request("ack", silent, encoder.encode("+ACK"), 500)), { startImmediately: true })
+        // An NTP step or a resumed VM: the wall clock goes back 30 s while the ack waits.
+        const wall = Date.now
+        const stepped = vi.spyOn(Date, "now").mockImplementation(() => wall() - 30_000)
+        const timeout = yield* Fiber.join(waiting).pipe(Effect.ensuring(Effect.sync(() => stepped.mockRestore())))
+        const waited = performance.now() - started
+        assert.strictEqual(timeout.reason, "Timeout")
+        assert.isAtLeast(waited, 490)
+        assert.isBelow(waited, 3000, "the bound followed the wall clock back")
       })))
 
   it.live("send: the callback form gets each reply or error once; a withdrawn request never calls back", () =>

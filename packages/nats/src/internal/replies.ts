@@ -114,7 +114,7 @@ export const make = (connection: Connection, outgoing: Outgoing.Outgoing = Outgo
 
   // Fires at the oldest live deadline of one timeout; what has settled meanwhile is skipped.
   const arm = (queue: Expiries) => {
-    const now = Date.now()
+    const now = performance.now()
     const entries = queue.entries
     let head = queue.head
     while (head < entries.length) {
@@ -141,7 +141,8 @@ export const make = (connection: Connection, outgoing: Outgoing.Outgoing = Outgo
     // Below 2^31, where integer keys stay array indices; wrapped long after any reply is due.
     const token = next
     next = next === 0x7fffffff ? 0 : next + 1
-    const entry: Pending = { token, operation, deadline: Date.now() + timeoutMillis, done, settled: false }
+    // Deadlines on the monotonic clock: a wall clock stepped back (NTP, a resumed VM) would stretch them.
+    const entry: Pending = { token, operation, deadline: performance.now() + timeoutMillis, done, settled: false }
     try {
       subscribe()
       pending[token] = entry
