@@ -13,7 +13,7 @@
  *
  * @since 0.1.0
  */
-import { createInbox, type Msg } from "@nats-io/transport-node"
+import { createInbox, type Msg, type Subscription } from "@nats-io/transport-node"
 import { type Delivery, Source, Telemetry } from "@jetworker/core"
 import { Duration, Effect, Metric } from "effect"
 import * as Contract from "./Contract.ts"
@@ -173,7 +173,10 @@ export const make = (options: Options): Source.Source<NatsConnection> => {
       const heartbeatMillis = Math.min(5_000, Math.floor(expiresMillis / 2))
       const silenceMillis = 2 * heartbeatMillis + 500
       const pullSubject = `$JS.API.CONSUMER.MSG.NEXT.${options.stream}.${durable}`
-      const inbox = `${createInbox()}.`
+      let inbox = `${createInbox()}.`
+      // Inboxes of pulls written off after a silence, still subscribed until the server has
+      // dropped those pulls (see the watchdog and `pause`).
+      const retired: Array<Subscription> = []
       const buffered: Array<Pulled> = []
       const settling = { connection, settleTimeoutMillis, destination }
       let requested = 0
@@ -221,6 +224,28 @@ export const make = (options: Options): Source.Source<NatsConnection> => {
           : undefined
       }
 
+      // Within `settleTimeoutMillis`, failed or not: a step of the checks below, never a hang.
+      const boundedPromise = (f: () => Promise<unknown>): Promise<void> =>
+        new Promise<void>((resolve) => {
+          const timer = setTimeout(resolve, settleTimeoutMillis)
+          f().then(() => undefined, () => undefined).then(() => {
+            clearTimeout(timer)
+            resolve()
+          })
+        })
+
+      // Pulls written off after a silence may still be open on the server (a link that froze
+      // without breaking): what they bring first is read (a round trip), then their inbox is
+      // unsubscribed, and the consumer info that follows makes the server drop requests whose
+      // inbox has no interest, before the room is pulled again.
+      const dropRetired = (): Promise<void> => {
+        if (retired.length === 0) return Promise.resolve()
+        return boundedPromise(() => connection.connection.flush()).then(() => {
+          for (const old of retired.splice(0)) if (!old.isClosed()) old.unsubscribe()
+          return boundedPromise(() => connection.connection.flush())
+        })
+      }
+
       const pause = () => {
         if (pausing || closed || failure !== undefined) return
         pausing = true
@@ -228,7 +253,7 @@ export const make = (options: Options): Source.Source<NatsConnection> => {
         pauseTimer = setTimeout(() => {
           pauseTimer = undefined
           // Like nats.js after missed heartbeats: pull again only while the consumer exists.
-          connection.manager.consumers.info(options.stream, durable).then(
+          void dropRetired().then(() => connection.manager.consumers.info(options.stream, durable)).then(
             () => {
               pausing = false
               pump()
@@ -317,10 +342,31 @@ export const make = (options: Options): Source.Source<NatsConnection> => {
         signal()
       }
 
-      const subscription = connection.connection.subscribe(`${inbox}*`, { callback: onInbox })
-      void subscription.closed.then(() => {
-        if (!closed) fail(new Source.SourceError({ reason: "ConnectionClosed", message: `${name}: the NATS connection closed` }))
-      })
+      // A message for a pull written off (its inbox retired): kept while the buffer has room
+      // beside what the open pulls will bring, else left to its ack wait (redelivered then), so the
+      // intake never holds more than `prefetch`. A retired pull's statuses say nothing now.
+      const onRetired = (error: Error | null, msg: Msg) => {
+        if (error !== null || closed) return
+        const pulled = parse(msg, Date.now())
+        if (pulled === undefined) return
+        if (buffered.length + requested < prefetch) {
+          buffered.push(pulled)
+          signal()
+        }
+      }
+
+      const listen = (): Subscription => {
+        const listening: Subscription = connection.connection.subscribe(`${inbox}*`, {
+          callback: (error, msg) => (listening === subscription ? onInbox(error, msg) : onRetired(error, msg))
+        })
+        void listening.closed.then(() => {
+          if (!closed && listening === subscription) {
+            fail(new Source.SourceError({ reason: "ConnectionClosed", message: `${name}: the NATS connection closed` }))
+          }
+        })
+        return listening
+      }
+      let subscription = listen()
 
       // Two heartbeats without a word while pulls are open: the server lost them (a restart, a
       // lost connection) or never had them: a pull to a consumer deleted while no pull of ours was
@@ -337,6 +383,11 @@ export const make = (options: Options): Source.Source<NatsConnection> => {
         else if (requested > 0 && !pausing && now - lastHeard > silenceMillis) {
           requested = 0
           waiting.length = 0
+          // The server may still hold these pulls: their inbox is retired, and the next pulls go
+          // to a new one once the old is dropped (`pause`), so the room is not pulled twice.
+          retired.push(subscription)
+          inbox = `${createInbox()}.`
+          subscription = listen()
           pause()
         }
       }, heartbeatMillis)
@@ -379,7 +430,7 @@ export const make = (options: Options): Source.Source<NatsConnection> => {
           // A round trip first: what the server already sent lands in the buffer (and is naked
           // below) instead of being dropped with the inbox and waiting out its ack wait.
           yield* bounded(() => connection.connection.flush())
-          if (!subscription.isClosed()) subscription.unsubscribe()
+          for (const open of [subscription, ...retired.splice(0)]) if (!open.isClosed()) open.unsubscribe()
           // The server keeps an open pull's request waiting until it expires, and NATS 2.9 would
           // hand the next nak (below, or of a handler cut by the drain) to that dead inbox: the
           // message then waits out its ack wait, or is handed out twice. A round trip for the

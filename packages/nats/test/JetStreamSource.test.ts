@@ -1,8 +1,8 @@
 import { assert, describe, layer } from "@effect/vitest"
 import { Consumer, Envelope, Retry } from "@jetworker/core"
 import { DeadLetter, JetStreamSource, NatsConnection } from "@jetworker/nats"
-import { Eventually, OutcomeLog, TestStream } from "@jetworker/testing"
-import { Data, Effect, Fiber, Ref, Schema } from "effect"
+import { Eventually, FaultProxy, OutcomeLog, TestStream } from "@jetworker/testing"
+import { Data, Effect, Fiber, Layer, Ref, Schema } from "effect"
 import type { Delivery } from "@jetworker/core"
 
 const NatsLive = NatsConnection.layer({ servers: process.env.NATS_URL ?? "nats://127.0.0.1:4222" })
@@ -99,6 +99,33 @@ describe("JetStreamSource", () => {
         assert.strictEqual(ended.reason, "ConsumerDeleted", ended.message)
         assert.include(ended.message, `${stream.stream}/${stream.consumer}: consumer deleted`)
       }).pipe(Effect.scoped))
+
+    it.effect("BE-JOB-004: after a link that froze without breaking, the intake holds at most prefetch: a pull written off as silent may still be open on the server, so it is dropped there before the room is pulled again", () =>
+      Effect.gen(function*() {
+        const stream = yield* TestStream.make({ ackWait: "60 seconds" })
+        const proxy = yield* FaultProxy.make({ target: { host: "127.0.0.1", port: 4222 } })
+        const viaProxy = yield* Layer.build(NatsConnection.layer({ servers: `nats://127.0.0.1:${proxy.port}` }))
+        const prefetch = 10
+        // Pulls live 30 s, with heartbeats every 5 s: a pull is written off after 10.5 s of silence.
+        yield* JetStreamSource.make({ stream: stream.stream, consumer: stream.consumer, captureMaxDeliveries: false })
+          .open({ consumer: stream.consumer, prefetch, attempts: 3, ordering: "Unordered" })
+          .pipe(Effect.provide(viaProxy))
+        yield* Eventually.holds("the first pull waits on the server", Effect.map(stream.info, (info) => info.num_waiting === 1))
+        // TCP stays up, nothing passes: the server keeps the pull, the intake hears nothing.
+        yield* proxy.pause
+        yield* Effect.sleep("16 seconds")
+        yield* proxy.resume
+        // The intake wrote the pull off during the freeze and checks the consumer (after its pause,
+        // at most 5 s) before it pulls the room again.
+        yield* Effect.sleep("6 seconds")
+        for (let n = 0; n < 4 * prefetch; n++) yield* stream.publish("a", envelope(`f${n}`, n), `f${n}`)
+        yield* Eventually.holds("the intake's room is filled", Effect.map(stream.info, (info) => info.num_ack_pending >= prefetch))
+        // A second pull would be filled in the same moment: give it half a second to show.
+        yield* Effect.sleep("500 millis")
+        const info = yield* stream.info
+        assert.strictEqual(info.num_ack_pending, prefetch, `handed out ${info.num_ack_pending} with prefetch ${prefetch}`)
+        assert.isAtMost(info.num_waiting, 1, "one pull of the intake waits on the server")
+      }).pipe(Effect.scoped), { timeout: 60_000 })
 
     it.effect("ackAll acks a batch's deliveries at once, each confirmed on its own: an ack the broker cannot take fails alone, and a delivery of another source is acked by its own ack", () =>
       Effect.gen(function*() {
