@@ -17,6 +17,7 @@ import { AckPolicy, type ConsumerMessages, DeliverPolicy, type JsMsg, type PubAc
 import { headers as makeHeaders, type MsgHdrs, nanos } from "@nats-io/transport-node"
 import type { Outcome } from "@jetworker/core"
 import { DateTime, Duration, Effect } from "effect"
+import * as ControlHeaders from "./internal/controlHeaders.ts"
 import { NatsConnection } from "./NatsConnection.ts"
 import * as NatsError from "./NatsError.ts"
 import { checkPubAck } from "./Publisher.ts"
@@ -143,7 +144,7 @@ const deadLetterId = (destination: Destination, seq: number) => `${destination.s
 
 /** The headers of a dead-letter message for `msg` failing with `record`. */
 export const headersFor = (destination: Destination, msg: Original, record: Outcome.DeadLetterRecord): MsgHdrs => {
-  const h = makeHeaders()
+  const h = ControlHeaders.make(deadLetterId(destination, msg.seq), destination.stream)
   copyOriginalHeaders(msg.headers, h)
   h.set(Header.stream, destination.sourceStream)
   h.set(Header.consumer, destination.consumer)
@@ -169,12 +170,8 @@ export const publish = (
     const operation = `dead-letter publish to ${destination.stream}`
     const ack = yield* Effect.tryPromise({
       try: () =>
-        jetstream.publish(destination.subject, msg.data, {
-          msgID: deadLetterId(destination, msg.seq),
-          headers: headersFor(destination, msg, record),
-          expect: { streamName: destination.stream },
-          timeout: apiTimeoutMillis
-        }),
+        // The id and the expected stream are in the headers, first (see `ControlHeaders`).
+        jetstream.publish(destination.subject, msg.data, { headers: headersFor(destination, msg, record), timeout: apiTimeoutMillis }),
       catch: (error) => NatsError.fromUnknown(operation, error)
     })
     return yield* checkPubAck(operation, destination.stream, ack)
@@ -403,19 +400,14 @@ export const replay = (
     if (!isDeadLetter(message)) return yield* notADeadLetter(`replay ${stream}#${sequence}`, stream, sequence)
     const { jetstream, manager, apiTimeoutMillis } = yield* NatsConnection
     const operation = `replay ${stream}#${sequence} to ${message.subject}`
-    const h = makeHeaders()
+    const h = ControlHeaders.make(`replay.${stream}.${sequence}`, message.sourceStream)
     for (const [name, value] of message.originalHeaders) {
       if (!name.toLowerCase().startsWith("nats-")) h.append(name, value)
     }
     h.set(Header.replayOf, `${stream}:${sequence}`)
     const ack = yield* Effect.tryPromise({
       try: () =>
-        jetstream.publish(message.subject, message.payload, {
-          msgID: `replay.${stream}.${sequence}`,
-          headers: h,
-          expect: { streamName: message.sourceStream },
-          timeout: apiTimeoutMillis
-        }),
+        jetstream.publish(message.subject, message.payload, { headers: h, timeout: apiTimeoutMillis }),
       catch: (error) => NatsError.fromUnknown(operation, error)
     })
     yield* checkPubAck(operation, message.sourceStream, ack)

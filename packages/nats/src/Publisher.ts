@@ -21,9 +21,9 @@
  * @since 0.1.0
  */
 import type { PubAck } from "@nats-io/jetstream"
-import { headers as makeHeaders } from "@nats-io/transport-node"
 import { Envelope, Outbox, Telemetry } from "@jetworker/core"
 import { Duration, Effect, Layer, Schedule, Semaphore } from "effect"
+import * as ControlHeaders from "./internal/controlHeaders.ts"
 import { NatsConnection } from "./NatsConnection.ts"
 import * as NatsError from "./NatsError.ts"
 
@@ -190,17 +190,13 @@ export const publish = (
     const traceparent = span._tag === "Some" ? Telemetry.formatTraceparent(span.value) : undefined
     const once = Effect.tryPromise({
       try: () => {
-        const h = makeHeaders()
+        const h = ControlHeaders.make(options.msgId, stream)
         for (const [name, value] of options.headers ?? []) {
           if (traceparent === undefined || name.toLowerCase() !== Telemetry.traceparentHeader) h.append(name, value)
         }
         if (traceparent !== undefined) h.set(Telemetry.traceparentHeader, traceparent)
-        return jetstream.publish(subject, payload, {
-          msgID: options.msgId,
-          headers: h,
-          expect: { streamName: stream },
-          timeout
-        })
+        // The id and the expected stream are in `h`, first (see `ControlHeaders`).
+        return jetstream.publish(subject, payload, { headers: h, timeout })
       },
       catch: (error) => {
         const mapped = NatsError.fromUnknown(operation, error)

@@ -1,7 +1,9 @@
 import { assert, describe, layer } from "@effect/vitest"
 import { DeadLetter, NatsConnection, Publisher } from "@jetworker/nats"
 import { TestStream } from "@jetworker/testing"
-import { Duration, Effect } from "effect"
+import { ErrorSummary, type Outcome } from "@jetworker/core"
+import { headers as makeHeaders } from "@nats-io/transport-node"
+import { DateTime, Duration, Effect } from "effect"
 
 const NatsLive = NatsConnection.layer({
   servers: process.env.NATS_URL ?? "nats://127.0.0.1:4222",
@@ -119,5 +121,26 @@ describe("DeadLetter", () => {
         assert.deepStrictEqual(yield* liveSubjects(shared.stream), [broad])
         assert.strictEqual(yield* publishAndRead(shared.b, "b-1"), shared.b.subject)
       }))
+
+    it.effect("BE-JOB-003: a dead letter written twice is stored once, also when its error or an original header mentions Nats-Msg-Id (NATS 2.9 takes the first occurrence in the header block)", () =>
+      Effect.gen(function*() {
+        const shared = yield* sharedDeadLetter
+        yield* DeadLetter.ensure(shared.a)
+        const headers = makeHeaders()
+        headers.set("X-Note", "forwarded with its Nats-Msg-Id")
+        const record: Outcome.DeadLetterRecord = {
+          outcome: "Rejected",
+          reason: "SchemaInvalid",
+          error: ErrorSummary.make("SchemaInvalid", "the envelope's id differs from its Nats-Msg-Id"),
+          message: { consumer: shared.a.consumer, subject: "orders.created", sequence: 7, deliveryCount: 1, eventId: undefined },
+          failedAt: DateTime.makeUnsafe(Date.now())
+        }
+        const original = { headers, subject: "orders.created", seq: 7, data: encoder.encode("{}") }
+        const first = yield* DeadLetter.publish(shared.a, original, record)
+        const again = yield* DeadLetter.publish(shared.a, original, record)
+        assert.isFalse(first.duplicate)
+        assert.isTrue(again.duplicate, "the second write was stored again")
+        assert.strictEqual((yield* DeadLetter.list(shared.stream)).length, 1)
+      }).pipe(Effect.scoped))
   })
 })

@@ -50,6 +50,17 @@ describe("Publisher", () => {
         assert.include(error.message, `no stream captures subject ${nowhere}`)
       }))
 
+    it.effect("INT-NATS-007: a header value that mentions Nats-Msg-Id does not hide the id: NATS 2.9 takes the first occurrence in the header block, so the id goes first", () =>
+      Effect.gen(function*() {
+        const stream = yield* TestStream.make()
+        const options = { msgId: "noted-1", stream: stream.stream, headers: [["X-Note", "the client sets Nats-Msg-Id"]] as const }
+        const first = yield* Publisher.publish(stream.subject("noted"), encoder.encode("1"), options)
+        const again = yield* Publisher.publish(stream.subject("noted"), encoder.encode("1"), options)
+        assert.isFalse(first.duplicate)
+        assert.isTrue(again.duplicate, "the retry with the same id was stored again")
+        assert.strictEqual(yield* stream.stored, 1)
+      }))
+
     it.effect("a stream found for a subject and since replaced: the publish that finds it gone fails, the next asks again and succeeds", () =>
       Effect.gen(function*() {
         const { manager } = yield* NatsConnection.NatsConnection
