@@ -63,6 +63,17 @@ const keyOf = (key: Key): string => `${key.scope}\u0000${key.id}`
 /** The name of the table the store uses when none is given. */
 export const defaultTable: string = Table.defaultTable
 
+/**
+ * The deduplication table of the store that {@link layer} provides, beside it: what
+ * {@link commitStatement} uses when it is not given a table, so that `commit` and
+ * `commitStatement` record keys in one table. Default: {@link defaultTable}.
+ *
+ * @since 0.5.0
+ */
+export const DedupTable = Context.Reference<string>("@jetworker/sql-pg/PgIdempotencyStore/DedupTable", {
+  defaultValue: () => Table.defaultTable
+})
+
 const resolveTable = (table: string | undefined): Effect.Effect<string, IdempotencyError> => {
   const name = table ?? Table.defaultTable
   const quoted = Table.quote(name)
@@ -253,11 +264,12 @@ export const make: (options?: Options) => Effect.Effect<
 })
 
 /**
- * The store as a layer over the current `SqlClient`; fails with `Misconfigured` when the table
- * name is invalid. The table itself is checked on first use, not here.
+ * The store as a layer over the current `SqlClient`, with its table as {@link DedupTable}; fails
+ * with `Misconfigured` when the table name is invalid. The table itself is checked on first use,
+ * not here.
  */
 export const layer = (options?: Options): Layer.Layer<IdempotencyStore, IdempotencyError, SqlClient.SqlClient> =>
-  Layer.effect(IdempotencyStore, make(options))
+  Layer.merge(Layer.effect(IdempotencyStore, make(options)), Layer.succeed(DedupTable, options?.table ?? Table.defaultTable))
 
 /**
  * Commits an effect that is one data-modifying statement (`INSERT`, `UPDATE` or `DELETE`) together
@@ -285,6 +297,9 @@ export const layer = (options?: Options): Layer.Layer<IdempotencyStore, Idempote
  * transaction it joins that transaction. Like `commit`, it reports `Committed` or
  * `AlreadyCommitted` to the current delivery, so the outcome is `Committed` or `Duplicate`.
  *
+ * Its table is `options.table`, else the table of the store {@link layer} provides
+ * ({@link DedupTable}), so it shares its keys with that store's `commit`.
+ *
  * A statement that does not use `fresh` is refused (`Misconfigured`) before anything is sent: it
  * would repeat its effect on every redelivery. So is one that does not begin with `INSERT`, `UPDATE`
  * or `DELETE` (after whitespace and comments), a `SELECT` of a function that writes included:
@@ -299,7 +314,7 @@ export const commitStatement = (
   options?: Options
 ): Effect.Effect<void | AlreadyCommitted, IdempotencyError, SqlClient.SqlClient> =>
   Effect.gen(function*() {
-    const table = yield* resolveTable(options?.table)
+    const table = yield* resolveTable(options?.table ?? (yield* DedupTable))
     const sql = yield* SqlClient.SqlClient
     const fresh = sql.literal("EXISTS (SELECT 1 FROM jetworker_fresh)")
     const effect = statement(fresh)

@@ -553,6 +553,25 @@ layer(
       assert.strictEqual(yield* dedupRows(other), 1)
     }))
 
+  it.effect("BE-JOB-002: commitStatement records its key in the table of the store the layer was given, so commit and commitStatement see each other's keys", () =>
+    Effect.gen(function*() {
+      const sql = yield* SqlClient.SqlClient
+      yield* sql.unsafe(`CREATE TABLE IF NOT EXISTS custom_dedup (LIKE jetworker_dedup INCLUDING ALL)`)
+      const key = freshKey()
+      yield* Effect.gen(function*() {
+        assert.isUndefined(
+          yield* PgIdempotencyStore.commitStatement(key, (fresh) => sql`INSERT INTO ledger (note) SELECT ${key.id} WHERE ${fresh}`)
+        )
+        const store = yield* IdempotencyStore
+        assert.isTrue(isDuplicate(yield* store.commit(key, record(`${key.id}/again`))), "commit did not see commitStatement's key")
+      }).pipe(Effect.provide(PgIdempotencyStore.layer({ table: "custom_dedup" })))
+      assert.strictEqual(yield* ledgerRows(key.id), 1)
+      assert.strictEqual(yield* ledgerRows(`${key.id}/again`), 0)
+      const [rows] = yield* sql<{ readonly n: number }>`SELECT count(*)::int AS n FROM custom_dedup WHERE scope = ${key.scope} AND id = ${key.id}`
+      assert.strictEqual(rows?.n, 1)
+      assert.strictEqual(yield* dedupRows(key), 0, "nothing in the default table")
+    }))
+
   it.effect("commitStatement: a statement that fails records nothing and is classified (a NOT NULL violation is InvalidData)", () =>
     Effect.gen(function*() {
       const sql = yield* SqlClient.SqlClient
