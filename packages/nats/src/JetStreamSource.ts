@@ -15,7 +15,7 @@
  */
 import { createInbox, type Msg, type Subscription } from "@nats-io/transport-node"
 import { type Delivery, Source, Telemetry } from "@jetworker/core"
-import { Duration, Effect, Metric } from "effect"
+import { Duration, Effect, Metric, Stream } from "effect"
 import * as Contract from "./Contract.ts"
 import * as DeadLetter from "./DeadLetter.ts"
 import * as MaxDeliveries from "./MaxDeliveries.ts"
@@ -368,6 +368,33 @@ export const make = (options: Options): Source.Source<NatsConnection> => {
       }
       let subscription = listen()
 
+      // Writes off the open pulls: the server may still hold them, so their inbox is retired, and
+      // the next pulls go to a new one once the old is dropped (`pause`): the room is not pulled
+      // twice, and what is counted is what was sent since.
+      const writeOff = () => {
+        requested = 0
+        waiting.length = 0
+        retired.push(subscription)
+        inbox = `${createInbox()}.`
+        subscription = listen()
+      }
+
+      // After a reconnect: a pull sent while disconnected was lost with the client's outbound
+      // buffer (it is never answered), and those sent before may or may not have survived; all
+      // are written off and the room pulled again once the consumer answers (as nats.js does).
+      yield* Stream.fromAsyncIterable(connection.connection.status(), (error) => error).pipe(
+        Stream.filter((status) => status.type === "reconnect"),
+        Stream.runForEach(() =>
+          Effect.sync(() => {
+            if (closed || failure !== undefined) return
+            if (requested > 0 || waiting.length > 0) writeOff()
+            pause()
+          })
+        ),
+        Effect.ignore,
+        Effect.forkScoped
+      )
+
       // Two heartbeats without a word while pulls are open: the server lost them (a restart, a
       // lost connection) or never had them: a pull to a consumer deleted while no pull of ours was
       // open (the server answers an open pull's deletion with a 409) gets no answer at all. The
@@ -381,13 +408,7 @@ export const make = (options: Options): Source.Source<NatsConnection> => {
         lastTick = now
         if (late > heartbeatMillis / 2) lastHeard = now
         else if (requested > 0 && !pausing && now - lastHeard > silenceMillis) {
-          requested = 0
-          waiting.length = 0
-          // The server may still hold these pulls: their inbox is retired, and the next pulls go
-          // to a new one once the old is dropped (`pause`), so the room is not pulled twice.
-          retired.push(subscription)
-          inbox = `${createInbox()}.`
-          subscription = listen()
+          writeOff()
           pause()
         }
       }, heartbeatMillis)

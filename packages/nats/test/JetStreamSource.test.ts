@@ -127,6 +127,35 @@ describe("JetStreamSource", () => {
         assert.isAtMost(info.num_waiting, 1, "one pull of the intake waits on the server")
       }).pipe(Effect.scoped), { timeout: 60_000 })
 
+    it.effect("BE-JOB-004: after a reconnect the intake pulls its whole room again: a pull sent while disconnected is lost with the client's outbound buffer, and is not counted for ever", () =>
+      Effect.gen(function*() {
+        const stream = yield* TestStream.make({ ackWait: "60 seconds" })
+        const proxy = yield* FaultProxy.make({ target: { host: "127.0.0.1", port: 4222 } })
+        const viaProxy = yield* Layer.build(NatsConnection.layer({ servers: `nats://127.0.0.1:${proxy.port}` }))
+        const prefetch = 10
+        for (let n = 0; n < 5; n++) yield* stream.publish("a", envelope(`r${n}`, n), `r${n}`)
+        const intake = yield* JetStreamSource.make({ stream: stream.stream, consumer: stream.consumer, captureMaxDeliveries: false })
+          .open({ consumer: stream.consumer, prefetch, attempts: 3, ordering: "Unordered" })
+          .pipe(Effect.provide(viaProxy))
+        // The first pull (10) brought the 5 there are and stays open for the rest.
+        yield* Eventually.holds("five delivered", Effect.map(stream.info, (info) => info.num_ack_pending === 5))
+        yield* proxy.cut
+        // Taking them frees room: the intake pulls it while disconnected, and that pull is lost.
+        for (let n = 0; n < 5; n++) yield* intake.take
+        yield* proxy.restore
+        yield* Eventually.holds("reconnected", proxy.connections.pipe(Effect.map((n) => n === 1)), "10 seconds")
+        for (let n = 5; n < 5 + 3 * prefetch; n++) yield* stream.publish("a", envelope(`r${n}`, n), `r${n}`)
+        // The whole room is pulled again, well before two heartbeats (10.5 s) of silence.
+        yield* Eventually.holds(
+          `the intake holds prefetch (${prefetch}) again`,
+          Effect.map(stream.info, (info) => info.num_ack_pending >= 5 + prefetch),
+          "6 seconds"
+        )
+        // And no more: a pull that survived the reconnect was dropped before the room was pulled.
+        yield* Effect.sleep("500 millis")
+        assert.strictEqual((yield* stream.info).num_ack_pending, 5 + prefetch)
+      }).pipe(Effect.scoped), { timeout: 60_000 })
+
     it.effect("ackAll acks a batch's deliveries at once, each confirmed on its own: an ack the broker cannot take fails alone, and a delivery of another source is acked by its own ack", () =>
       Effect.gen(function*() {
         const kept = yield* TestStream.make()
