@@ -174,8 +174,8 @@ export const make = (options: Options): Source.Source<NatsConnection> => {
       const silenceMillis = 2 * heartbeatMillis + 500
       const pullSubject = `$JS.API.CONSUMER.MSG.NEXT.${options.stream}.${durable}`
       let inbox = `${createInbox()}.`
-      // Inboxes of pulls written off after a silence, still subscribed until the server has
-      // dropped those pulls (see the watchdog and `pause`).
+      // Inboxes of pulls written off (after a silence or a reconnect), still subscribed until the
+      // server has dropped those pulls (see `writeOff` and `pause`).
       const retired: Array<Subscription> = []
       const buffered: Array<Pulled> = []
       const settling = { connection, settleTimeoutMillis, destination }
@@ -234,10 +234,10 @@ export const make = (options: Options): Source.Source<NatsConnection> => {
           })
         })
 
-      // Pulls written off after a silence may still be open on the server (a link that froze
-      // without breaking): what they bring first is read (a round trip), then their inbox is
-      // unsubscribed, and the consumer info that follows makes the server drop requests whose
-      // inbox has no interest, before the room is pulled again.
+      // Pulls written off may still be open on the server (a link that froze without breaking, a
+      // pull that outlived a reconnect): what they bring first is read (a round trip), then their
+      // inbox is unsubscribed, and the consumer info that follows makes the server drop requests
+      // whose inbox has no interest, before the room is pulled again.
       const dropRetired = (): Promise<void> => {
         if (retired.length === 0) return Promise.resolve()
         return boundedPromise(() => connection.connection.flush()).then(() => {
