@@ -174,6 +174,12 @@ export const make = (options: Options): Source.Source<NatsConnection> => {
       const silenceMillis = 2 * heartbeatMillis + 500
       const pullSubject = `$JS.API.CONSUMER.MSG.NEXT.${options.stream}.${durable}`
       let inbox = `${createInbox()}.`
+      // The intake's own events happen in the client's callbacks: logged through the services it
+      // was opened with (the process's logger and annotations).
+      const services = yield* Effect.context<never>()
+      const logWarning = (message: string) => void Effect.runForkWith(services)(Effect.logWarning(message))
+      // Messages of written-off pulls left to their ack wait for want of room, not yet reported.
+      let leftToAckWait = 0
       // Inboxes of pulls written off (after a silence or a reconnect), still subscribed until the
       // server has dropped those pulls (see `writeOff` and `pause`).
       const retired: Array<Subscription> = []
@@ -242,6 +248,10 @@ export const make = (options: Options): Source.Source<NatsConnection> => {
         if (retired.length === 0) return Promise.resolve()
         return boundedPromise(() => connection.connection.flush()).then(() => {
           for (const old of retired.splice(0)) if (!old.isClosed()) old.unsubscribe()
+          if (leftToAckWait > 0) {
+            logWarning(`${name}: ${leftToAckWait} messages of written-off pulls arrived with the buffer full; they are redelivered after their ack wait`)
+            leftToAckWait = 0
+          }
           return boundedPromise(() => connection.connection.flush())
         })
       }
@@ -352,7 +362,7 @@ export const make = (options: Options): Source.Source<NatsConnection> => {
         if (buffered.length + requested < prefetch) {
           buffered.push(pulled)
           signal()
-        }
+        } else leftToAckWait++
       }
 
       const listen = (): Subscription => {
@@ -387,7 +397,10 @@ export const make = (options: Options): Source.Source<NatsConnection> => {
         Stream.runForEach(() =>
           Effect.sync(() => {
             if (closed || failure !== undefined) return
-            if (requested > 0 || waiting.length > 0) writeOff()
+            if (requested > 0 || waiting.length > 0) {
+              logWarning(`${name}: reconnected; ${requested} messages pulled before are written off and the consumer checked before pulling again`)
+              writeOff()
+            }
             pause()
           })
         ),
@@ -408,6 +421,10 @@ export const make = (options: Options): Source.Source<NatsConnection> => {
         lastTick = now
         if (late > heartbeatMillis / 2) lastHeard = now
         else if (requested > 0 && !pausing && now - lastHeard > silenceMillis) {
+          logWarning(
+            `${name}: no word from the server for ${Math.round(now - lastHeard)} ms with ${requested} messages pulled; ` +
+              "the pulls are written off and the consumer checked before pulling again"
+          )
           writeOff()
           pause()
         }

@@ -2,7 +2,7 @@ import { assert, describe, layer } from "@effect/vitest"
 import { Consumer, Envelope, Retry } from "@jetworker/core"
 import { DeadLetter, JetStreamSource, NatsConnection } from "@jetworker/nats"
 import { Eventually, FaultProxy, OutcomeLog, TestStream } from "@jetworker/testing"
-import { Data, Effect, Fiber, Layer, Ref, Schema } from "effect"
+import { Data, Effect, Fiber, Layer, Logger, Ref, Schema } from "effect"
 import type { Delivery } from "@jetworker/core"
 
 const NatsLive = NatsConnection.layer({ servers: process.env.NATS_URL ?? "nats://127.0.0.1:4222" })
@@ -13,6 +13,15 @@ class Boom extends Data.TaggedError("Boom")<{ readonly permanent: boolean }> {
   get isRetryable(): boolean {
     return !this.permanent
   }
+}
+
+/** A logger that keeps each message's text, and its layer (which replaces the default loggers). */
+const captureLogs = () => {
+  const lines: Array<string> = []
+  const logger = Logger.make(({ message }) => {
+    lines.push(String(Array.isArray(message) ? message[0] : message))
+  })
+  return { lines, layer: Logger.layer([logger]) }
 }
 
 const envelope = (id: string, n: number) =>
@@ -106,10 +115,11 @@ describe("JetStreamSource", () => {
         const proxy = yield* FaultProxy.make({ target: { host: "127.0.0.1", port: 4222 } })
         const viaProxy = yield* Layer.build(NatsConnection.layer({ servers: `nats://127.0.0.1:${proxy.port}` }))
         const prefetch = 10
+        const logged = captureLogs()
         // Pulls live 30 s, with heartbeats every 5 s: a pull is written off after 10.5 s of silence.
         yield* JetStreamSource.make({ stream: stream.stream, consumer: stream.consumer, captureMaxDeliveries: false })
           .open({ consumer: stream.consumer, prefetch, attempts: 3, ordering: "Unordered" })
-          .pipe(Effect.provide(viaProxy))
+          .pipe(Effect.provide(viaProxy), Effect.provide(logged.layer))
         yield* Eventually.holds("the first pull waits on the server", Effect.map(stream.info, (info) => info.num_waiting === 1))
         // TCP stays up, nothing passes: the server keeps the pull, the intake hears nothing.
         yield* proxy.pause
@@ -125,6 +135,8 @@ describe("JetStreamSource", () => {
         const info = yield* stream.info
         assert.strictEqual(info.num_ack_pending, prefetch, `handed out ${info.num_ack_pending} with prefetch ${prefetch}`)
         assert.isAtMost(info.num_waiting, 1, "one pull of the intake waits on the server")
+        // The operator reads it in the log.
+        assert.isTrue(logged.lines.some((line) => /no word from the server .* pulls are written off/.test(line)), logged.lines.join("\n"))
       }).pipe(Effect.scoped), { timeout: 60_000 })
 
     it.effect("BE-JOB-004: after a reconnect the intake pulls its whole room again: a pull sent while disconnected is lost with the client's outbound buffer, and is not counted for ever", () =>
@@ -134,9 +146,10 @@ describe("JetStreamSource", () => {
         const viaProxy = yield* Layer.build(NatsConnection.layer({ servers: `nats://127.0.0.1:${proxy.port}` }))
         const prefetch = 10
         for (let n = 0; n < 5; n++) yield* stream.publish("a", envelope(`r${n}`, n), `r${n}`)
+        const logged = captureLogs()
         const intake = yield* JetStreamSource.make({ stream: stream.stream, consumer: stream.consumer, captureMaxDeliveries: false })
           .open({ consumer: stream.consumer, prefetch, attempts: 3, ordering: "Unordered" })
-          .pipe(Effect.provide(viaProxy))
+          .pipe(Effect.provide(viaProxy), Effect.provide(logged.layer))
         // The first pull (10) brought the 5 there are and stays open for the rest.
         yield* Eventually.holds("five delivered", Effect.map(stream.info, (info) => info.num_ack_pending === 5))
         yield* proxy.cut
@@ -154,6 +167,7 @@ describe("JetStreamSource", () => {
         // And no more: a pull that survived the reconnect was dropped before the room was pulled.
         yield* Effect.sleep("500 millis")
         assert.strictEqual((yield* stream.info).num_ack_pending, 5 + prefetch)
+        assert.isTrue(logged.lines.some((line) => /reconnected; .* written off/.test(line)), logged.lines.join("\n"))
       }).pipe(Effect.scoped), { timeout: 60_000 })
 
     it.effect("ackAll acks a batch's deliveries at once, each confirmed on its own: an ack the broker cannot take fails alone, and a delivery of another source is acked by its own ack", () =>
