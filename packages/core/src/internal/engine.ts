@@ -162,8 +162,11 @@ interface Reports {
   committedAt: number
 }
 
+/** A delivery's reports before the store has said anything. */
+const noReportsYet = (): Reports => ({ committed: false, alreadyCommitted: false, committedAt: 0 })
+
 /** No report from the store (a batch element judged by its own result). */
-const noReports: Reports = { committed: false, alreadyCommitted: false, committedAt: 0 }
+const noReports: Reports = noReportsYet()
 
 /** The event expired while the engine waited to run the handler again (an in-process retry). */
 class ExpiredBeforeRun extends Data.TaggedError("ExpiredBeforeRun")<{ readonly detectedAt: number }> {}
@@ -729,7 +732,7 @@ const makeProcess = <A, E extends Tagged, R>(
   ): Effect.Effect<Verdict, never, R> => {
     const startedAt = now()
     // What the store reports about this delivery's effect, whatever the handler returns.
-    const reports: Reports = { committed: false, alreadyCommitted: false, committedAt: 0 }
+    const reports = noReportsYet()
     const concluded = (exit: Exit.Exit<unknown, unknown>) => {
       keeper.unregister(lease)
       record(handlerDuration, now() - startedAt)
@@ -1173,7 +1176,7 @@ const makeProcess = <A, E extends Tagged, R>(
       if (Result.isFailure(prepared)) verdicts.push(prepared.failure)
       else {
         verdicts.push(undefined)
-        runnable.push({ index, prepared: prepared.success, reports: { committed: false, alreadyCommitted: false, committedAt: 0 } })
+        runnable.push({ index, prepared: prepared.success, reports: noReportsYet() })
       }
     }
     const readsStore = (delivery: Delivery) => attemptStore !== undefined && delivery.deliveryCount > 1
@@ -1255,7 +1258,7 @@ const makeProcess = <A, E extends Tagged, R>(
             prepared,
             deliveries[index]!,
             Result.isSuccess(result) ? Exit.succeed(result.success) : Exit.fail(result.failure),
-            { committed: false, alreadyCommitted: false, committedAt: 0 },
+            noReportsYet(),
             leases[index]!
           ))
       }
@@ -1274,7 +1277,7 @@ const makeProcess = <A, E extends Tagged, R>(
         ),
         judgeEach(runnable, ({ index, prepared }) => {
           const delivery = deliveries[index]!
-          const reports: Reports = { committed: false, alreadyCommitted: false, committedAt: 0 }
+          const reports = noReportsYet()
           return Effect.flatMap(
             Effect.exit(restore(attempt(prepared.event, delivery, prepared.metadata, prepared.failedBefore + 1, reports, leases[index]!))),
             (single) => concludeSafely(prepared, delivery, single, reports, leases[index]!)
