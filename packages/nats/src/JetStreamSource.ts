@@ -230,7 +230,7 @@ export const make = (options: Options): Source.Source<NatsConnection> => {
           : undefined
       }
 
-      // Within `settleTimeoutMillis`, failed or not: a step of the checks below, never a hang.
+      // Within `settleTimeoutMillis`, failed or not: a step of the checks below and of `close`, never a hang.
       const boundedPromise = (f: () => Promise<unknown>): Promise<void> =>
         new Promise<void>((resolve) => {
           const timer = setTimeout(resolve, settleTimeoutMillis)
@@ -462,8 +462,7 @@ export const make = (options: Options): Source.Source<NatsConnection> => {
         clearInterval(watchdog)
         if (pauseTimer !== undefined) clearTimeout(pauseTimer)
         signal()
-        const bounded = <A>(f: () => Promise<A>) =>
-          Effect.promise(() => f().catch(() => undefined)).pipe(Effect.timeoutOption(Duration.millis(settleTimeoutMillis)))
+        const bounded = (f: () => Promise<unknown>) => Effect.promise(() => boundedPromise(f))
         return Effect.gen(function*() {
           // A round trip first: what the server already sent lands in the buffer (and is naked
           // below) instead of being dropped with the inbox and waiting out its ack wait.
