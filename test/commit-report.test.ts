@@ -42,6 +42,22 @@ const effectCount = (id: string) =>
       Effect.map((rows) => rows[0]?.n ?? 0)
     ))
 
+/** What every consumer here shares: the stream's durable, the event, its id, and the outcomes logged. */
+const consumerOf = (stream: TestStream.TestStream, log: OutcomeLog.OutcomeLog) => ({
+  name: stream.consumer,
+  source: JetStreamSource.make({ stream: stream.stream, consumer: stream.consumer }),
+  schema: Event,
+  metadata,
+  classify: { SqlError: "isRetryable", IdempotencyError: "isRetryable" } as const,
+  onOutcome: log.record
+})
+
+/** A 500 ms handler bound and two attempts without in-process retries: a timeout counted as a failure shows. */
+const cutAfterHalfASecond = {
+  handlerTimeout: "500 millis",
+  retry: Retry.exponential({ attempts: 2, base: "10 millis", inProcessRetries: 0 })
+} as const
+
 describe("the store reports to the engine", () => {
   layer(LedgerTestLive, { excludeTestServices: true, timeout: "60 seconds" })((it) => {
     it.effect("BE-JOB-002: sequential redelivery of an event whose handler discards commit's result still ends Duplicate", () =>
@@ -50,14 +66,9 @@ describe("the store reports to the engine", () => {
         const log = yield* OutcomeLog.make
         const insert = yield* effects()
         const fiber = yield* Effect.forkChild(Consumer.run(Consumer.make({
-          name: stream.consumer,
-          source: JetStreamSource.make({ stream: stream.stream, consumer: stream.consumer }),
-          schema: Event,
-          metadata,
+          ...consumerOf(stream, log),
           // The handler maps the result away: the engine cannot learn "duplicate" from it.
-          handle: (event) => IdempotencyStore.commit(event.id, insert(event.id)).pipe(Effect.asVoid),
-          classify: { SqlError: "isRetryable", IdempotencyError: "isRetryable" },
-          onOutcome: log.record
+          handle: (event) => IdempotencyStore.commit(event.id, insert(event.id)).pipe(Effect.asVoid)
         })))
         const id = `report-${crypto.randomUUID()}`
         yield* stream.publish("a", payload(id), `${id}.1`)
@@ -75,14 +86,7 @@ describe("the store reports to the engine", () => {
         const insert = yield* effects()
         const sql = yield* SqlClient.SqlClient
         yield* slowCommits
-        const options = {
-          name: stream.consumer,
-          source: JetStreamSource.make({ stream: stream.stream, consumer: stream.consumer }),
-          schema: Event,
-          metadata,
-          classify: { SqlError: "isRetryable", IdempotencyError: "isRetryable" } as const,
-          onOutcome: log.record
-        }
+        const options = consumerOf(stream, log)
         const fiber = yield* Effect.forkChild(Consumer.run(Consumer.make({
           ...options,
           handle: (event) => IdempotencyStore.commit(event.id, insert(event.id)),
@@ -127,15 +131,9 @@ describe("the store reports to the engine", () => {
         const insert = yield* effects()
         yield* slowCommits
         const fiber = yield* Effect.forkChild(Consumer.run(Consumer.make({
-          name: stream.consumer,
-          source: JetStreamSource.make({ stream: stream.stream, consumer: stream.consumer }),
-          schema: Event,
-          metadata,
-          classify: { SqlError: "isRetryable", IdempotencyError: "isRetryable" },
-          handle: (event) => IdempotencyStore.commit(event.id, insert(event.id)),
-          handlerTimeout: "500 millis",
-          retry: Retry.exponential({ attempts: 2, base: "10 millis", inProcessRetries: 0 }),
-          onOutcome: log.record
+          ...consumerOf(stream, log),
+          ...cutAfterHalfASecond,
+          handle: (event) => IdempotencyStore.commit(event.id, insert(event.id))
         })))
         const id = `timeout-${crypto.randomUUID()}`
         yield* stream.publish("a", payload(id), id)
@@ -157,16 +155,10 @@ describe("the store reports to the engine", () => {
         yield* sql.unsafe(`DROP TRIGGER IF EXISTS report_slow_commit ON report_effects`)
         const stream = yield* TestStream.make({ ackWait: "4 seconds" })
         const fiber = yield* Effect.forkChild(Consumer.run(Consumer.make({
-          name: stream.consumer,
-          source: JetStreamSource.make({ stream: stream.stream, consumer: stream.consumer }),
-          schema: Event,
-          metadata,
-          classify: { SqlError: "isRetryable", IdempotencyError: "isRetryable" },
+          ...consumerOf(stream, log),
+          ...cutAfterHalfASecond,
           // The commit returns at once; the work after it outlives the bound.
-          handle: (event) => Effect.andThen(IdempotencyStore.commit(event.id, insert(event.id)), Effect.sleep("5 seconds")),
-          handlerTimeout: "500 millis",
-          retry: Retry.exponential({ attempts: 2, base: "10 millis", inProcessRetries: 0 }),
-          onOutcome: log.record
+          handle: (event) => Effect.andThen(IdempotencyStore.commit(event.id, insert(event.id)), Effect.sleep("5 seconds"))
         })))
         const id = `after-${crypto.randomUUID()}`
         yield* stream.publish("a", payload(id), id)

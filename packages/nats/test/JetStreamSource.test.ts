@@ -24,6 +24,21 @@ const captureLogs = () => {
   return { lines, layer: Logger.layer([logger]) }
 }
 
+/**
+ * An intake on `stream` opened over a connection through a fault proxy to the real server (with
+ * `prefetch`, logging into `logged`), with the proxy that can freeze or cut that connection.
+ */
+const openThroughProxy = (stream: TestStream.TestStream, prefetch: number) =>
+  Effect.gen(function*() {
+    const proxy = yield* FaultProxy.make({ target: { host: "127.0.0.1", port: 4222 } })
+    const viaProxy = yield* Layer.build(NatsConnection.layer({ servers: `nats://127.0.0.1:${proxy.port}` }))
+    const logged = captureLogs()
+    const intake = yield* JetStreamSource.make({ stream: stream.stream, consumer: stream.consumer, captureMaxDeliveries: false })
+      .open({ consumer: stream.consumer, prefetch, attempts: 3, ordering: "Unordered" })
+      .pipe(Effect.provide(viaProxy), Effect.provide(logged.layer))
+    return { proxy, intake, logged }
+  })
+
 const envelope = (id: string, n: number) =>
   JSON.stringify({ id, type: "test.event", time: new Date().toISOString(), data: { n } })
 
@@ -112,18 +127,18 @@ describe("JetStreamSource", () => {
     it.effect("BE-JOB-004: after a link that froze without breaking, the intake holds at most prefetch: a pull written off as silent may still be open on the server, so it is dropped there before the room is pulled again", () =>
       Effect.gen(function*() {
         const stream = yield* TestStream.make({ ackWait: "60 seconds" })
-        const proxy = yield* FaultProxy.make({ target: { host: "127.0.0.1", port: 4222 } })
-        const viaProxy = yield* Layer.build(NatsConnection.layer({ servers: `nats://127.0.0.1:${proxy.port}` }))
         const prefetch = 10
-        const logged = captureLogs()
         // Pulls live 30 s, with heartbeats every 5 s: a pull is written off after 10.5 s of silence.
-        yield* JetStreamSource.make({ stream: stream.stream, consumer: stream.consumer, captureMaxDeliveries: false })
-          .open({ consumer: stream.consumer, prefetch, attempts: 3, ordering: "Unordered" })
-          .pipe(Effect.provide(viaProxy), Effect.provide(logged.layer))
+        const { logged, proxy } = yield* openThroughProxy(stream, prefetch)
         yield* Eventually.holds("the first pull waits on the server", Effect.map(stream.info, (info) => info.num_waiting === 1))
-        // TCP stays up, nothing passes: the server keeps the pull, the intake hears nothing.
+        // TCP stays up, nothing passes: the server keeps the pull, the intake hears nothing until
+        // it writes the pull off, and the operator reads that in the log.
         yield* proxy.pause
-        yield* Effect.sleep("16 seconds")
+        yield* Eventually.holds(
+          "the pull written off",
+          Effect.sync(() => logged.lines.some((line) => /no word from the server .* pulls are written off/.test(line))),
+          "20 seconds"
+        )
         yield* proxy.resume
         // The intake wrote the pull off during the freeze and checks the consumer (after its pause,
         // at most 5 s) before it pulls the room again.
@@ -135,21 +150,14 @@ describe("JetStreamSource", () => {
         const info = yield* stream.info
         assert.strictEqual(info.num_ack_pending, prefetch, `handed out ${info.num_ack_pending} with prefetch ${prefetch}`)
         assert.isAtMost(info.num_waiting, 1, "one pull of the intake waits on the server")
-        // The operator reads it in the log.
-        assert.isTrue(logged.lines.some((line) => /no word from the server .* pulls are written off/.test(line)), logged.lines.join("\n"))
       }).pipe(Effect.scoped), { timeout: 60_000 })
 
     it.effect("BE-JOB-004: after a reconnect the intake pulls its whole room again: a pull sent while disconnected is lost with the client's outbound buffer, and is not counted for ever", () =>
       Effect.gen(function*() {
         const stream = yield* TestStream.make({ ackWait: "60 seconds" })
-        const proxy = yield* FaultProxy.make({ target: { host: "127.0.0.1", port: 4222 } })
-        const viaProxy = yield* Layer.build(NatsConnection.layer({ servers: `nats://127.0.0.1:${proxy.port}` }))
         const prefetch = 10
         for (let n = 0; n < 5; n++) yield* stream.publish("a", envelope(`r${n}`, n), `r${n}`)
-        const logged = captureLogs()
-        const intake = yield* JetStreamSource.make({ stream: stream.stream, consumer: stream.consumer, captureMaxDeliveries: false })
-          .open({ consumer: stream.consumer, prefetch, attempts: 3, ordering: "Unordered" })
-          .pipe(Effect.provide(viaProxy), Effect.provide(logged.layer))
+        const { intake, logged, proxy } = yield* openThroughProxy(stream, prefetch)
         // The first pull (10) brought the 5 there are and stays open for the rest.
         yield* Eventually.holds("five delivered", Effect.map(stream.info, (info) => info.num_ack_pending === 5))
         yield* proxy.cut

@@ -21,6 +21,13 @@ const echoOn = (connection: Connection): string => {
   return echo
 }
 
+/** A subject on which `connection` takes every request and never answers. */
+const silentOn = (connection: Connection): string => {
+  const silent = subject()
+  connection.subscribe(silent, { callback: () => undefined })
+  return silent
+}
+
 const withConnection = <A, E>(f: (connection: Connection) => Effect.Effect<A, E>) =>
   Effect.acquireUseRelease(
     Effect.promise(() => connect({ servers, noAsyncTraces: true })),
@@ -50,8 +57,7 @@ describe("Replies (confirmed requests)", () => {
         const nobody = yield* Effect.flip(replies.request("ack", subject(), encoder.encode("+ACK"), 2000))
         assert.strictEqual(nobody.reason, "NoResponders")
         assert.strictEqual(nobody.operation, "ack")
-        const silent = subject()
-        connection.subscribe(silent, { callback: () => undefined })
+        const silent = silentOn(connection)
         const echo = echoOn(connection)
         yield* Effect.promise(() => connection.flush())
         const started = Date.now()
@@ -68,8 +74,7 @@ describe("Replies (confirmed requests)", () => {
     withConnection((connection) =>
       Effect.gen(function*() {
         const replies = Replies.make(connection)
-        const silent = subject()
-        connection.subscribe(silent, { callback: () => undefined })
+        const silent = silentOn(connection)
         yield* Effect.promise(() => connection.flush())
         const started = performance.now()
         const waiting = yield* Effect.forkChild(Effect.flip(replies.request("ack", silent, encoder.encode("+ACK"), 500)), { startImmediately: true })
@@ -87,8 +92,7 @@ describe("Replies (confirmed requests)", () => {
     withConnection((connection) =>
       Effect.gen(function*() {
         const echo = echoOn(connection)
-        const silent = subject()
-        connection.subscribe(silent, { callback: () => undefined })
+        const silent = silentOn(connection)
         yield* Effect.promise(() => connection.flush())
         const replies = Replies.make(connection)
         const answers = new Map<number, Array<string>>()
@@ -153,8 +157,7 @@ describe("Replies (confirmed requests)", () => {
     withConnection((connection) =>
       Effect.gen(function*() {
         const replies = Replies.make(connection)
-        const silent = subject()
-        connection.subscribe(silent, { callback: () => undefined })
+        const silent = silentOn(connection)
         yield* Effect.promise(() => connection.flush())
         const interrupted = yield* Effect.forkChild(replies.request("nak", silent, encoder.encode("-NAK"), 60_000))
         yield* Fiber.interrupt(interrupted)
