@@ -46,7 +46,8 @@ export interface Delivery {
    */
   readonly pending?: number | undefined
   /**
-   * When the source received the message from the broker, in epoch millis (`Date.now()`), for a
+   * When the source received the message from the broker, on the monotonic time of the `Clock`
+   * the source was opened with, in milliseconds (`Clock.monotonicTimeNanos` / 1e6; not a date), for a
    * source that holds messages before the engine takes them (a prefetch buffer). The broker's
    * lease (JetStream: the ack wait) ran from then at the latest, so the engine counts the lease
    * from here, not from when it took the delivery. Absent: the lease starts when it is taken.

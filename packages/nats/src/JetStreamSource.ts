@@ -15,7 +15,7 @@
  */
 import { createInbox, type Msg, type Subscription } from "@nats-io/transport-node"
 import { type Delivery, Source, Telemetry } from "@jetworker/core"
-import { Duration, Effect, Metric, Stream } from "effect"
+import { Clock, Duration, Effect, Metric, Stream } from "effect"
 import * as Contract from "./Contract.ts"
 import * as DeadLetter from "./DeadLetter.ts"
 import * as MaxDeliveries from "./MaxDeliveries.ts"
@@ -177,6 +177,10 @@ export const make = (options: Options): Source.Source<NatsConnection> => {
       // The intake's own events happen in the client's callbacks: logged through the services it
       // was opened with (the process's logger and annotations).
       const services = yield* Effect.context<never>()
+      // Receipts on the monotonic time of the clock the intake was opened with, as the engine's
+      // leases count (`Delivery.receivedAt`).
+      const clock = yield* Clock.Clock
+      const receivedNow = () => Number(clock.monotonicTimeNanosUnsafe()) / 1_000_000
       const logWarning = (message: string) => void Effect.runForkWith(services)(Effect.logWarning(message))
       // Messages of written-off pulls left to their ack wait for want of room, not yet reported.
       let leftToAckWait = 0
@@ -340,8 +344,7 @@ export const make = (options: Options): Source.Source<NatsConnection> => {
           return
         }
         lastHeard = performance.now()
-        // Its receipt on the wall clock, as the engine's clock reads it.
-        const pulled = parse(msg, Date.now())
+        const pulled = parse(msg, receivedNow())
         if (pulled === undefined) return onStatus(msg)
         // A pull re-sent after a reconnect may bring more than was counted.
         if (requested > 0) requested--
@@ -357,7 +360,7 @@ export const make = (options: Options): Source.Source<NatsConnection> => {
       // intake never holds more than `prefetch`. A retired pull's statuses say nothing now.
       const onRetired = (error: Error | null, msg: Msg) => {
         if (error !== null || closed) return
-        const pulled = parse(msg, Date.now())
+        const pulled = parse(msg, receivedNow())
         if (pulled === undefined) return
         if (buffered.length + requested < prefetch) {
           buffered.push(pulled)

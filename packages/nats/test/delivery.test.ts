@@ -20,7 +20,7 @@ describe("a pulled message's ack reply subject", () => {
   })
 
   it("the long form with a domain and an account hash (newer servers)", () => {
-    const pulled = parse(msg("$JS.ACK.hub.ACCHASH.ORDERS.shipper.1.7.7.1764578000999000000.0.rnd"))
+    const pulled = parse(msg("$JS.ACK.hub.ACCHASH.ORDERS.shipper.1.7.7.1764578000999000000.0.rnd"), 0)
     assert.strictEqual(pulled?.stream, "ORDERS")
     assert.strictEqual(pulled?.deliveryCount, 1)
     assert.strictEqual(pulled?.streamSequence, 7)
@@ -29,9 +29,9 @@ describe("a pulled message's ack reply subject", () => {
   })
 
   it("anything else is not a delivery: statuses without a reply, other replies, malformed ones", () => {
-    assert.isUndefined(parse(msg(undefined)))
-    assert.isUndefined(parse(msg("_INBOX.abc.1")))
-    assert.isUndefined(parse(msg("$JS.ACK.ORDERS.shipper.3.1042")))
-    assert.isUndefined(parse(msg("$JS.ACK.ORDERS.shipper.x.1042.77.1764578000123456789.12")))
+    assert.isUndefined(parse(msg(undefined), 0))
+    assert.isUndefined(parse(msg("_INBOX.abc.1"), 0))
+    assert.isUndefined(parse(msg("$JS.ACK.ORDERS.shipper.3.1042"), 0))
+    assert.isUndefined(parse(msg("$JS.ACK.ORDERS.shipper.x.1042.77.1764578000123456789.12"), 0))
   })
 })

@@ -4,9 +4,11 @@
  * they started and one queue, oldest first, holds them all; the watcher sleeps until the oldest
  * live deadline. A run that ends withdraws its entry (it is skipped, and dropped from the front
  * as newer runs start, so the queue holds about what is running). Sleeps go through the
- * `Clock`, so the test clock drives them. Internal: the engine's runs use it.
+ * `Clock`, so the test clock drives them, and deadlines are on its monotonic time, so a step of
+ * the wall clock neither cuts a run early nor lets it run on. Internal: the engine's runs use it.
  */
 import { type Clock, Duration, Effect, type Scope } from "effect"
+import * as Monotonic from "./monotonic.ts"
 
 /** One run's deadline. */
 export interface Entry {
@@ -23,7 +25,7 @@ const noop = (): void => undefined
 
 /** The watched deadlines of one consumer's runs. */
 export interface Deadlines {
-  /** Watches a run that started at `startedAt` (the clock's millis); `onExpiry` cuts it. */
+  /** Watches a run that started at `startedAt` (the clock's monotonic millis, see `monotonic.ts`); `onExpiry` cuts it. */
   readonly add: (startedAt: number, onExpiry: () => void) => Entry | undefined
   /** Stops watching: the run ended. */
   readonly withdraw: (entry: Entry | undefined) => void
@@ -72,7 +74,7 @@ export const make = (timeout: Duration.Duration, clock: Clock.Clock): Effect.Eff
 
     // Expires what is due, then sleeps until the oldest live deadline (or waits for an entry).
     const step = Effect.suspend(() => {
-      const now = clock.currentTimeMillisUnsafe()
+      const now = Monotonic.millis(clock)
       while (head < entries.length) {
         const entry = entries[head]!
         if (!entry.done) {

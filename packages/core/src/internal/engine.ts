@@ -64,6 +64,7 @@ import * as Telemetry from "../Telemetry.ts"
 import * as Deadlines from "./deadlines.ts"
 import * as Lanes from "./lanes.ts"
 import * as LeaseKeeper from "./leaseKeeper.ts"
+import * as Monotonic from "./monotonic.ts"
 import * as Slots from "./slots.ts"
 
 /** Why a payload was rejected before the handler ran. */
@@ -173,7 +174,7 @@ class ExpiredBeforeRun extends Data.TaggedError("ExpiredBeforeRun")<{ readonly d
 
 /**
  * A handler attempt that ran past `handlerTimeout`; transient. `cutAt`: when the deadline watcher
- * interrupted it (the clock's millis), which tells a run cut while its `COMMIT` ran (the store
+ * interrupted it (the clock's monotonic millis), which tells a run cut while its `COMMIT` ran (the store
  * reported `Committed` after it) from one cut in work done after the commit.
  */
 export class HandlerTimeout extends Data.TaggedError("HandlerTimeout")<{ readonly message: string; readonly cutAt: number }> {}
@@ -260,7 +261,13 @@ const reporter = (reports: Reports, now: () => number) => (report: "Committed" |
 /** Since when `delivery`'s lease has run, taken at `takenAt`: never later than the source's receipt. */
 const leaseStart = (delivery: Delivery, takenAt: number): number =>
   delivery.receivedAt === undefined ? takenAt : Math.min(takenAt, delivery.receivedAt)
-const leaseDeadlineOf = (hold: LeaseKeeper.Hold, leaseMillis: number) => (): number => hold.since + leaseMillis * 0.9
+/**
+ * The local lease deadline as the handler reads it: a wall time (epoch millis), reckoned at each
+ * call from the monotonic time left, so that `Lease.ensure`, comparing it with the wall clock at
+ * once, follows the monotonic lease across a step of the wall clock.
+ */
+const leaseDeadlineOf = (hold: LeaseKeeper.Hold, leaseMillis: number, clock: Clock.Clock) => (): number =>
+  clock.currentTimeMillisUnsafe() + (hold.since + leaseMillis * 0.9 - Monotonic.millis(clock))
 const noDeadline = (): undefined => undefined
 
 /** Updates one metric series. */
@@ -281,7 +288,10 @@ const makeProcess = <A, E extends Tagged, R>(
   ackAll: Intake["ackAll"],
   env: RunEnvironment
 ) => {
-  const now = () => env.clock.currentTimeMillisUnsafe()
+  // Durations and deadlines (leases, handler timeouts, latencies) on the monotonic clock, as the
+  // broker's ack wait; the wall clock only for dates (expiry, the stamps of dead letters).
+  const now = () => Monotonic.millis(env.clock)
+  const wallNow = () => env.clock.currentTimeMillisUnsafe()
   // One series of `metric`, with the consumer's attributes and `attributes`: its context (the
   // run's, with the attributes merged in) is built once, not per update as `withAttributes` does.
   const inherited = Context.get(env.context, Metric.CurrentMetricAttributes)
@@ -438,7 +448,7 @@ const makeProcess = <A, E extends Tagged, R>(
   const runOnce = (event: A, metadata: Metadata): Effect.Effect<unknown, E | ExpiredBeforeRun | HandlerTimeout, R | CurrentDelivery> =>
     Effect.suspend((): Effect.Effect<unknown, E | ExpiredBeforeRun | HandlerTimeout, R | CurrentDelivery> => {
       if (metadata.expiresAt !== undefined) {
-        const at = now()
+        const at = wallNow()
         if (isExpired(metadata, at, definition.skewMillis)) return Effect.fail(new ExpiredBeforeRun({ detectedAt: at }))
       }
       return supervised(definition.handle(event), timeoutMessage)
@@ -480,7 +490,7 @@ const makeProcess = <A, E extends Tagged, R>(
         sequence: delivery.sequence,
         deliveryCount: delivery.deliveryCount,
         expiresAt: metadata.expiresAt === undefined ? undefined : metadata.expiresAt.epochMilliseconds + definition.skewMillis,
-        leaseDeadline: leaseMillis > 0 ? leaseDeadlineOf(lease.hold, leaseMillis) : noDeadline,
+        leaseDeadline: leaseMillis > 0 ? leaseDeadlineOf(lease.hold, leaseMillis, env.clock) : noDeadline,
         report: reporter(reports, now)
       })
     )
@@ -618,7 +628,7 @@ const makeProcess = <A, E extends Tagged, R>(
     }
     // Compared in epoch milliseconds: a DateTime is built only for an expired event.
     if (metadata.expiresAt !== undefined) {
-      const nowMillis = now()
+      const nowMillis = wallNow()
       if (isExpired(metadata, nowMillis, definition.skewMillis)) {
         return Result.fail(Outcome.verdict("Expired", {
           message,
@@ -908,7 +918,7 @@ const makeProcess = <A, E extends Tagged, R>(
     // The time only stamps dead-letter records; skip building a DateTime for the other outcomes.
     const stamp = verdict._tag === "Committed" || verdict._tag === "Duplicate" || verdict._tag === "Released"
       ? EPOCH
-      : DateTime.makeUnsafe(now())
+      : DateTime.makeUnsafe(wallNow())
     return { verdict, command: Outcome.toCommand(verdict, { expiredTo: definition.expiredTo, now: stamp }), commandStart }
   }
 

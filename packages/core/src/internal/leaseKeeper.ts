@@ -8,12 +8,13 @@
 import { Clock, Duration, Effect, type Fiber, Option, type Scope } from "effect"
 import type { Delivery } from "../Delivery.ts"
 import * as LiveSet from "./liveSet.ts"
+import * as Monotonic from "./monotonic.ts"
 
 /** One delivery under watch. */
 export interface Lease {
   readonly delivery: Delivery
   readonly fiber: Fiber.Fiber<unknown, unknown>
-  /** When the lease was last known to be held (receipt, or the sending of a confirmed extension). */
+  /** When the lease was last known to be held (receipt, or the sending of a confirmed extension), in monotonic millis. */
   readonly hold: Hold
   /** Whether an extension is in flight. */
   extending: boolean
@@ -33,6 +34,7 @@ export interface Hold {
 
 /** Watches running deliveries. */
 export interface LeaseKeeper {
+  /** Watches `delivery` from `receivedAt` (the clock's monotonic millis, see `monotonic.ts`). */
   readonly register: (delivery: Delivery, receivedAt: number, fiber: Fiber.Fiber<unknown, unknown>) => Lease
   readonly unregister: (lease: Lease) => void
 }
@@ -66,7 +68,8 @@ export const make = (lease: Duration.Duration): Effect.Effect<LeaseKeeper, never
       )
 
     const tick = Effect.gen(function*() {
-      const now = yield* Clock.currentTimeMillis
+      // Monotonic, as the broker times its ack wait: a step of the wall clock changes nothing here.
+      const now = Monotonic.millis(yield* Clock.Clock)
       for (const lease of leases.members()) {
         const held = now - lease.hold.since
         if (held >= leaseMillis * 0.9) {

@@ -26,7 +26,10 @@ export interface Pulled {
   readonly storedAtMillis: number
   /** The consumer's pending count when it was delivered. */
   readonly pending: number
-  /** When the source read it from the socket, in epoch milliseconds: its ack wait ran from then at the latest. */
+  /**
+   * When the source read it from the socket, on the monotonic time of the source's `Clock`, in
+   * milliseconds (`Delivery.receivedAt`): its ack wait ran from then at the latest.
+   */
   readonly receivedAt: number
 }
 
@@ -35,7 +38,7 @@ export interface Pulled {
  * seq>.<consumer seq>.<stored, ns>.<pending>`, or the form with a domain and account hash after
  * `ACK` (12 tokens, as newer servers send). `undefined` for anything else.
  */
-export const parse = (msg: Msg, receivedAt: number = Date.now()): Pulled | undefined => {
+export const parse = (msg: Msg, receivedAt: number): Pulled | undefined => {
   const reply = msg.reply
   if (reply === undefined || !reply.startsWith("$JS.ACK.")) return undefined
   const tokens = reply.split(".")
