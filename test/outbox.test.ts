@@ -330,6 +330,56 @@ describe("outbox", () => {
         assert.strictEqual(yield* pendingCount, 2)
       }).pipe(Effect.scoped))
 
+    it.effect("INT-NATS-007: a row the publisher dies on (or whose headers column is not an array of pairs) fails alone: the rows the stream confirmed before it in the round stay marked sent and are never published again", () =>
+      Effect.gen(function*() {
+        const sql = yield* SqlClient.SqlClient
+        const { name, prefix } = yield* freshStream
+        yield* sql.withTransaction(Effect.forEach(
+          [message(prefix, "d1"), { ...message(prefix, "d2"), headers: [["X-Tenant", "t1"]] as const }],
+          (m) => Outbox.record(m),
+          { discard: true }
+        ))
+        // Written by other means (SQL, a trigger): headers as a JSON object.
+        yield* sql`INSERT INTO jetworker_outbox (id, subject, payload, headers) VALUES ('d3', ${`${prefix}.d3`}, '\\x7b7d'::bytea, '{"X-Tenant":"t2"}'::jsonb)`
+        yield* sql.withTransaction(Outbox.record(message(prefix, "d4")))
+        const { lines, layer: capture } = captureLines()
+        // The real publisher, counting its calls per id; it dies on d4 (a bug in a publisher).
+        const real = yield* Outbox.OutboxPublisher
+        const calls = new Map<string, number>()
+        const counting = Outbox.OutboxPublisher.of({
+          publish: (m, traceparent) => {
+            calls.set(m.id, (calls.get(m.id) ?? 0) + 1)
+            return m.id === "d4" ? Effect.die(new Error("publisher bug")) : real.publish(m, traceparent)
+          }
+        })
+        const relay = yield* Effect.forkChild(
+          PgOutbox.relay({ pollInterval: "20 millis", backoff: "20 millis", maxBackoff: "50 millis" }).pipe(
+            Effect.provideService(Outbox.OutboxPublisher, counting),
+            Effect.provide(capture)
+          )
+        )
+        // Three failed rounds: before the fix, each of them published d1 and d2 again.
+        yield* Eventually.holds(
+          "three failed rounds",
+          Effect.sync(() => lines.filter((line) => line.level === "Error" || line.level === "Warn").length >= 3)
+        )
+        yield* Fiber.interrupt(relay)
+        assert.deepStrictEqual([calls.get("d1"), calls.get("d2"), calls.get("d4")], [1, 1, undefined], JSON.stringify([...calls]))
+        assert.deepStrictEqual((yield* stored(name)).map((m) => m.msgId), ["d1", "d2"])
+        assert.strictEqual(yield* pendingCount, 2)
+        const blocked = lines.find((line) => line.level === "Error")!
+        assert.include(blocked.text, "its headers column holds {\"X-Tenant\":\"t2\"}, not a JSON array of [name, value] string pairs")
+
+        // The defect on d4, once d3 is mended: d3 is marked, d4 is a failed round (retried), not the end.
+        yield* sql`UPDATE jetworker_outbox SET headers = '[["X-Tenant","t2"]]'::jsonb WHERE id = 'd3'`
+        const again = yield* Effect.flip(PgOutbox.relayRound().pipe(Effect.provideService(Outbox.OutboxPublisher, counting)))
+        assert.strictEqual(again._tag, "PublishFailed")
+        assert.include(again.message, "(id d4,")
+        assert.include(again.message, "unexpected defect: publisher bug")
+        assert.deepStrictEqual((yield* stored(name)).map((m) => m.msgId), ["d1", "d2", "d3"])
+        assert.strictEqual(yield* pendingCount, 1)
+      }).pipe(Effect.scoped))
+
     it.effect("the clean-up deletes sent rows past their retention, at most a batch at a time, never a pending one", () =>
       Effect.gen(function*() {
         const sql = yield* SqlClient.SqlClient

@@ -33,7 +33,7 @@
  * @since 0.4.0
  */
 import { ErrorSummary, Outbox, Telemetry } from "@jetworker/core"
-import { Clock, Duration, Effect, Layer, Predicate, Schedule } from "effect"
+import { Clock, Duration, Effect, Layer, Predicate, Result, Schedule } from "effect"
 import { SqlClient } from "effect/sql"
 import type { SqlError } from "effect/sql/SqlError"
 import { sqlState } from "./internal/errors.ts"
@@ -133,10 +133,23 @@ interface Row {
   readonly id: string
   readonly subject: string
   readonly payload: Uint8Array
-  readonly headers: ReadonlyArray<readonly [string, string]> | null
+  readonly headers: unknown
   readonly traceparent: string | null
 }
 
+
+/**
+ * A row's headers as the publisher takes them (an array of `[name, value]` string pairs, as
+ * `Outbox.record` writes them), or why not: the column is jsonb, and a row written by other
+ * means (SQL, a trigger) may hold any JSON there.
+ */
+const rowHeaders = (headers: unknown): ReadonlyArray<readonly [string, string]> | undefined | string => {
+  if (headers === null || headers === undefined) return undefined
+  if (Array.isArray(headers) && headers.every((pair) => Array.isArray(pair) && pair.length === 2 && typeof pair[0] === "string" && typeof pair[1] === "string")) {
+    return headers as ReadonlyArray<readonly [string, string]>
+  }
+  return `its headers column holds ${JSON.stringify(headers).slice(0, 120)}, not a JSON array of [name, value] string pairs`
+}
 
 /** A duration option, refused with its name when it does not parse (a cast config string may not). */
 const duration = (name: string, value: Duration.Input | undefined, fallback: Duration.Input): Effect.Effect<Duration.Duration, Outbox.OutboxError> => {
@@ -191,10 +204,18 @@ export const relayRound = (
           outOfTime = true
           break
         }
-        const result = yield* Effect.result(publisher.publish(
-          { subject: row.subject, id: row.id, payload: row.payload, headers: row.headers ?? undefined },
-          row.traceparent ?? undefined
-        ))
+        const headers = rowHeaders(row.headers)
+        // A defect (a publisher that throws on what the row holds) fails this row alone: escaping
+        // the round, it would roll back the marks of the rows the stream has already confirmed,
+        // and every later round would publish them again.
+        const result = typeof headers === "string"
+          ? Result.fail(new Outbox.PublishFailed({ message: headers, retryable: false }))
+          : yield* Effect.result(publisher.publish(
+            { subject: row.subject, id: row.id, payload: row.payload, headers },
+            row.traceparent ?? undefined
+          ).pipe(Effect.catchDefect((defect) =>
+            Effect.fail(new Outbox.PublishFailed({ message: `unexpected defect: ${ErrorSummary.fromError(defect, "Defect").message}`, retryable: true }))
+          )))
         if (result._tag === "Failure") {
           failure = new Outbox.PublishFailed({
             message: `row ${row.position} (id ${row.id}, subject ${row.subject}): ${result.failure.message}`,
