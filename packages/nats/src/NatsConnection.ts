@@ -14,6 +14,7 @@
 import { type JetStreamClient, type JetStreamManager, jetstream, jetstreamManager } from "@nats-io/jetstream"
 import {
   type Authenticator,
+  type ConnectionOptions,
   connect,
   credsAuthenticator,
   type Msg,
@@ -75,6 +76,16 @@ export interface Options {
    * connection, 1 to 100 000; more wait for a free one. Default: 1024.
    */
   readonly maxPublishesInFlight?: number | undefined
+  /**
+   * How often the client pings the server; a link that misses `maxPingsOut` answers in a row is
+   * taken as dead (stale): readiness goes down and the client reconnects. A link that freezes
+   * without breaking (a stalled proxy, a half-open TCP connection) is noticed so, within
+   * `(maxPingsOut + 1) * pingInterval`, where nats.js's defaults (2 minutes, 2) took minutes.
+   * From 1 second to 10 minutes. Default: 5 seconds.
+   */
+  readonly pingInterval?: Duration.Input | undefined
+  /** Unanswered pings before the link is taken as dead, 1 to 100. Default: 2. */
+  readonly maxPingsOut?: number | undefined
 }
 
 /** The connection and its JetStream handles. */
@@ -261,6 +272,27 @@ const authenticatorFor = (options: Options): Effect.Effect<Authenticator | undef
   })
 }
 
+/**
+ * One try of nats.js's `connect`. Interrupted while it is under way, it lets the try end and
+ * closes the connection it may still open, which would otherwise reconnect for ever unowned.
+ */
+const connectOnce = (options: ConnectionOptions): Effect.Effect<Connection, NatsError.NatsError> =>
+  Effect.callback<Connection, NatsError.NatsError>((resume) => {
+    let interrupted = false
+    connect(options).then(
+      (connection) => {
+        if (interrupted) void connection.close().catch(() => undefined)
+        else resume(Effect.succeed(connection))
+      },
+      (error: unknown) => {
+        if (!interrupted) resume(Effect.fail(connectError(error)))
+      }
+    )
+    return Effect.sync(() => {
+      interrupted = true
+    })
+  })
+
 /** Connects with `options`; the scope's close drains, then closes, the connection. */
 export const make = (options: Options) =>
   Effect.gen(function*() {
@@ -274,6 +306,22 @@ export const make = (options: Options) =>
         message: `maxPublishesInFlight must be an integer from 1 to 100000, got ${maxPublishes}`
       })
     }
+    const pingMillis = millis(options.pingInterval, 5_000)
+    if (!(pingMillis >= 1_000 && pingMillis <= 600_000)) {
+      return yield* new NatsError.NatsError({
+        reason: "ApiError",
+        operation: "connect",
+        message: `pingInterval must be from 1 second to 10 minutes, got ${String(options.pingInterval)}`
+      })
+    }
+    const maxPingsOut = options.maxPingsOut ?? 2
+    if (!Number.isInteger(maxPingsOut) || maxPingsOut < 1 || maxPingsOut > 100) {
+      return yield* new NatsError.NatsError({
+        reason: "ApiError",
+        operation: "connect",
+        message: `maxPingsOut must be an integer from 1 to 100, got ${maxPingsOut}`
+      })
+    }
     const authenticator = yield* authenticatorFor(options)
     const tls = yield* tlsFor(options)
     const connectMillis = millis(options.connectTimeout, 5_000)
@@ -285,14 +333,14 @@ export const make = (options: Options) =>
     const attempt = Effect.flatMap(Clock.currentTimeMillis, (now) => {
       const deadline = lifecycle.startupDeadline()
       const timeout = deadline === undefined ? connectMillis : Math.max(1, Math.min(connectMillis, deadline - now - 100))
-      return Effect.tryPromise({
-        try: () =>
-          connect({
+      return connectOnce({
             servers: typeof options.servers === "string" ? options.servers : [...options.servers],
             name: options.name ?? "jetworker",
             maxReconnectAttempts: options.maxReconnectAttempts ?? -1,
             reconnectTimeWait: millis(options.reconnectTimeWait, 250),
             reconnectJitter: 100,
+            pingInterval: pingMillis,
+            maxPingOut: maxPingsOut,
             timeout,
             noAsyncTraces: true,
             ...(options.token === undefined ? {} : { token: Redacted.value(options.token) }),
@@ -300,10 +348,10 @@ export const make = (options: Options) =>
             ...(options.password === undefined ? {} : { pass: Redacted.value(options.password) }),
             ...(authenticator === undefined ? {} : { authenticator }),
             ...(tls === undefined ? {} : { tls })
-          }),
-        catch: connectError
       })
     }).pipe(Effect.mapError((error) => connectNextStep(error, options)))
+    // Interruptible: a stop signal while start-up waits for the server ends the wait at once
+    // (`connectOnce` closes a connection that opens after that).
     const connection = yield* Effect.acquireRelease(
       Lifecycle.waitFor("nats", attempt, {
         while: (error) => error.reason === "ConnectionRefused" || error.reason === "Timeout"
@@ -319,25 +367,52 @@ export const make = (options: Options) =>
             Effect.timeoutOption(Duration.millis(bound))
           )
           if (Option.isNone(drained)) yield* Effect.promise(() => connection.close().catch(() => undefined))
-        })
+        }),
+      { interruptible: true }
     )
     // Readiness reflects the connection: down while disconnected.
     const component = yield* lifecycle.component("nats", "dependency")
     yield* component.up
     // Log connection status changes for operators, through the configured logger; the fiber ends
     // with the scope (or when the connection closes and the status iterator ends).
+    // Whether the link was last taken for dead for want of pongs: the disconnect that follows says so.
+    let stale = false
     yield* Stream.fromAsyncIterable(connection.status(), (error) => error).pipe(
-      Stream.filter((status) => status.type === "disconnect" || status.type === "reconnect" || status.type === "error"),
-      Stream.runForEach((status) =>
-        Effect.andThen(
-          status.type === "disconnect"
-            ? component.down("disconnected")
-            : status.type === "reconnect"
-            ? component.up
-            : Effect.void,
-          Effect.logWarning(`nats connection ${status.type}`)
-        )
-      ),
+      Stream.runForEach((status) => {
+        switch (status.type) {
+          case "disconnect":
+            return Effect.andThen(
+              component.down(stale ? "disconnected: no answer to pings (stale connection)" : "disconnected"),
+              Effect.logWarning(`nats connection disconnect from ${describeServers(status.server)}`).pipe(
+                Effect.annotateLogs({ event: "nats.disconnect", server: describeServers(status.server) })
+              )
+            )
+          case "reconnect":
+            stale = false
+            return Effect.andThen(
+              component.up,
+              Effect.logWarning(`nats connection reconnect to ${describeServers(status.server)}`).pipe(
+                Effect.annotateLogs({ event: "nats.reconnect", server: describeServers(status.server) })
+              )
+            )
+          case "staleConnection":
+            // The link froze: no answer to the pings. Down now; the client reconnects.
+            stale = true
+            return Effect.andThen(
+              component.down("no answer to pings (stale connection)"),
+              Effect.logWarning(`nats connection stale: ${maxPingsOut} pings unanswered; reconnecting`).pipe(
+                Effect.annotateLogs({ event: "nats.stale" })
+              )
+            )
+          case "error":
+            // A server's -ERR (a permissions violation, say): the error is what the operator needs.
+            return Effect.logWarning(`nats connection error: ${status.error.message}`).pipe(
+              Effect.annotateLogs({ event: "nats.error", error: status.error.message })
+            )
+          default:
+            return Effect.void
+        }
+      }),
       Effect.ignore,
       Effect.forkScoped
     )

@@ -21,4 +21,17 @@ describe("NatsConnection", () => {
     assert.strictEqual(NatsConnection.describeServers("tls://token@a:4222, b:4222"), "tls://a:4222, b:4222")
     assert.strictEqual(NatsConnection.describeServers(["nats://127.0.0.1:4222", "u:p@[::1]:4222"]), "nats://127.0.0.1:4222, [::1]:4222")
   })
+
+  it.effect("pingInterval and maxPingsOut out of range are refused, naming the option", () =>
+    Effect.gen(function*() {
+      for (const [options, text] of [
+        [{ pingInterval: "100 millis" }, "pingInterval must be from 1 second to 10 minutes"],
+        [{ pingInterval: "1 hour" }, "pingInterval must be from 1 second to 10 minutes"],
+        [{ maxPingsOut: 0 }, "maxPingsOut must be an integer from 1 to 100"],
+        [{ maxPingsOut: 1.5 }, "maxPingsOut must be an integer from 1 to 100"]
+      ] as const) {
+        const error = yield* Effect.flip(Layer.build(NatsConnection.layer({ servers: "nats://127.0.0.1:1", ...options }))).pipe(Effect.scoped)
+        assert.include(error.message, text)
+      }
+    }))
 })
