@@ -24,7 +24,7 @@
  *
  * @since 0.2.0
  */
-import { Clock, Context, Data, Deferred, Duration, Effect, Exit, Fiber, Layer, Result, Schedule, Scope } from "effect"
+import { Clock, Context, Data, Deferred, Duration, Effect, Exit, Fiber, Layer, Option, Result, Schedule, Scope } from "effect"
 import * as ErrorSummary from "./ErrorSummary.ts"
 
 // ---------------------------------------------------------------------------------------------
@@ -387,7 +387,8 @@ export const makeManaged = (options: ManagedOptions): Effect.Effect<Managed> =>
  * Wraps a resource's Layer so that the worker's shutdown closes it as one `close` stage named
  * `name`, bounded by the close share (abandoned past it). With `check`, readiness reflects it too:
  * a dependency component, up once built, probed every `checkInterval` (default 5 seconds; each
- * probe bounded by the same) and down while the check fails.
+ * probe bounded by the same) and down while the check fails; each change is logged once
+ * (`dependency.down`, a warning with the reason, and `dependency.up`).
  */
 export const resource = <ROut, E, RIn, X = unknown, CE = unknown>(
   name: string,
@@ -406,16 +407,40 @@ export const resource = <ROut, E, RIn, X = unknown, CE = unknown>(
       if (options.check !== undefined && lifecycle.managed) {
         const component = yield* lifecycle.component(name, "dependency")
         yield* component.up
-        const interval = Duration.fromInputUnsafe(options.checkInterval ?? "5 seconds")
+        const interval = Duration.fromInput(options.checkInterval ?? "5 seconds")
+        if (Option.isNone(interval) || !(Duration.toMillis(interval.value) > 0) || !Duration.isFinite(interval.value)) {
+          // A programming error, as a defect with the setting's name (0 would probe in a hot loop).
+          return yield* Effect.die(new Error(`Lifecycle.resource(${name}): checkInterval must be a positive, finite duration, got ${String(options.checkInterval)}`))
+        }
+        // Each change is logged once (readiness alone would tell only who asks): a warning when
+        // the check starts failing, with why, and a line when it passes again.
+        let up = true
         const probe = options.check.pipe(
-          Effect.timeout(interval),
+          Effect.timeout(interval.value),
           Effect.provideContext(context),
           Effect.matchEffect({
-            onSuccess: () => component.up,
-            onFailure: (error) => component.down(ErrorSummary.fromError(error).message)
+            onSuccess: () => {
+              if (up) return component.up
+              up = true
+              return Effect.andThen(
+                component.up,
+                Effect.logInfo(`dependency ${name} is back`).pipe(Effect.annotateLogs({ event: "dependency.up", dependency: name }))
+              )
+            },
+            onFailure: (error) => {
+              const reason = ErrorSummary.fromError(error).message
+              if (!up) return component.down(reason)
+              up = false
+              return Effect.andThen(
+                component.down(reason),
+                Effect.logWarning(`dependency ${name} is down: ${reason}; readiness is down until its check passes`).pipe(
+                  Effect.annotateLogs({ event: "dependency.down", dependency: name, reason })
+                )
+              )
+            }
           })
         )
-        yield* Effect.forkScoped(Effect.forever(Effect.andThen(Effect.sleep(interval), probe)))
+        yield* Effect.forkScoped(Effect.forever(Effect.andThen(Effect.sleep(interval.value), probe)))
       }
       return context
     })

@@ -229,4 +229,18 @@ describe("Lifecycle", () => {
       assert.isUndefined(lifecycle.startupDeadline(), "a later outage is not start-up")
       yield* lifecycle.firstReady
     }))
+
+  it.effect("a resource's checkInterval that is not a positive, finite duration is refused, naming the resource (0 would probe in a hot loop)", () =>
+    Effect.gen(function*() {
+      const lifecycle = yield* managed()
+      for (const checkInterval of [0, "0 millis", Duration.infinity] as const) {
+        const exit = yield* Layer.build(Lifecycle.resource("db", Layer.empty, { check: Effect.void, checkInterval })).pipe(
+          Effect.provideService(Lifecycle.Lifecycle, lifecycle),
+          Effect.scoped,
+          Effect.exit
+        )
+        assert.isTrue(Exit.isFailure(exit))
+        assert.include(String(Exit.isFailure(exit) ? exit.cause : ""), "Lifecycle.resource(db): checkInterval must be a positive, finite duration")
+      }
+    }))
 })
