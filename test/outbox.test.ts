@@ -9,7 +9,7 @@ import { Outbox, Telemetry } from "@jetworker/core"
 import { NatsConnection, Publisher, Topology } from "@jetworker/nats"
 import { Migrations, PgOutbox } from "@jetworker/sql-pg"
 import { ChildWorker, Eventually, TestDatabase } from "@jetworker/testing"
-import { Deferred, Effect, Fiber, Layer, Logger, Redacted, References } from "effect"
+import { Deferred, Effect, Fiber, Layer, Logger, Redacted, References, Stream } from "effect"
 import { SqlClient } from "effect/sql"
 import { fileURLToPath } from "node:url"
 import { NatsLive, natsUrl } from "./support/services.ts"
@@ -65,15 +65,20 @@ const message = (prefix: string, id: string): Outbox.OutboxMessage => ({
   payload: encoder.encode(JSON.stringify({ id }))
 })
 
-/** A logger that keeps each line's level and text, for a relay's log lines. */
+/** A logger that keeps each line's level, text and `event` annotation, for a relay's log lines. */
 const captureLines = () => {
-  const lines: Array<{ readonly level: string; readonly text: string }> = []
-  const logger = Logger.make(({ logLevel, message }) => {
+  const lines: Array<{ readonly level: string; readonly text: string; readonly event: unknown }> = []
+  const logger = Logger.make(({ fiber, logLevel, message }) => {
     const parts = Array.isArray(message) ? message : [message]
-    lines.push({ level: String(logLevel), text: String(parts[0]) })
+    const event = fiber.getRef(References.CurrentLogAnnotations)["event"]
+    lines.push({ level: String(logLevel), text: String(parts[0]), event })
   })
   return { lines, layer: Logger.layer([logger]) }
 }
+
+/** The error `effect` fails with; a test failure saying what was expected when it succeeds. */
+const failureOf = <A, E, R>(effect: Effect.Effect<A, E, R>, expected: string) =>
+  Effect.flip(Effect.andThen(effect, Effect.die(new Error(`it succeeded; expected a failure: ${expected}`))))
 
 const pendingCount = SqlClient.SqlClient.use((sql) =>
   Effect.map(sql<{ readonly n: number }>`SELECT count(*)::int AS n FROM jetworker_outbox WHERE sent_at IS NULL`, (rows) => rows[0]!.n)
@@ -380,6 +385,29 @@ describe("outbox", () => {
         assert.strictEqual(yield* pendingCount, 1)
       }).pipe(Effect.scoped))
 
+    it.effect("INT-NATS-007: roundBudget bounds a round's publishing, a publish under way included (but the round's first, which its own attempts bound): the rows confirmed before it are marked when the budget runs out", () =>
+      Effect.gen(function*() {
+        const sql = yield* SqlClient.SqlClient
+        const { name, prefix } = yield* freshStream
+        yield* sql.withTransaction(Effect.forEach(["h1", "h2", "h3"], (id) => Outbox.record(message(prefix, id)), { discard: true }))
+        // The real publisher, but h2's publish never gets an answer (a stalled JetStream).
+        const real = yield* Outbox.OutboxPublisher
+        const stalling = Outbox.OutboxPublisher.of({ publish: (m, tp) => (m.id === "h2" ? Effect.never : real.publish(m, tp)) })
+        const round = yield* PgOutbox.relayRound({ roundBudget: "300 millis" }).pipe(
+          Effect.provideService(Outbox.OutboxPublisher, stalling),
+          // Without the cut, the round would wait for h2 for ever.
+          Effect.timeoutOrElse({ duration: "10 seconds", orElse: () => Effect.die(new Error("the round outlived its budget")) })
+        )
+        assert.deepStrictEqual(round, { locked: true, published: 1, full: true })
+        assert.deepStrictEqual((yield* stored(name)).map((m) => m.msgId), ["h1"])
+        assert.strictEqual(yield* pendingCount, 2)
+        // The real publisher goes on from there.
+        assert.strictEqual((yield* PgOutbox.relayRound()).published, 2)
+        assert.deepStrictEqual((yield* stored(name)).map((m) => m.msgId), ["h1", "h2", "h3"])
+        const zero = yield* Effect.flip(PgOutbox.relayRound({ roundBudget: 0 }))
+        assert.include(zero.message, "roundBudget must be longer than zero")
+      }).pipe(Effect.scoped))
+
     it.effect("the clean-up deletes sent rows past their retention, at most a batch at a time, never a pending one", () =>
       Effect.gen(function*() {
         const sql = yield* SqlClient.SqlClient
@@ -394,6 +422,94 @@ describe("outbox", () => {
         assert.strictEqual(yield* pendingCount, 1)
         const bad = yield* Effect.flip(PgOutbox.cleanup({ cleanupBatch: 0 }))
         assert.include(bad.message, "cleanupBatch must be an integer from 1 to 10000")
+      }).pipe(Effect.scoped))
+
+    it.effect("INT-NATS-007: a subject longer than a NATS control line takes (Outbox.maxSubjectBytes) is refused when recorded; such a row written by other means blocks the relay (not retryable) and the shared connection stays up", () =>
+      Effect.gen(function*() {
+        const sql = yield* SqlClient.SqlClient
+        const { prefix } = yield* freshStream
+        // 4096 bytes is the server's default control line: this one would make it close the connection.
+        const subject = `${prefix}.${"x".repeat(4200)}`
+        const refused = yield* failureOf(sql.withTransaction(Outbox.record({ ...message(prefix, "long-1"), subject })), "a 4200-byte subject refused")
+        assert.strictEqual(refused._tag, "OutboxError")
+        assert.include(refused.message, `bytes, more than the ${Outbox.maxSubjectBytes} that fit a NATS control line`)
+        // The bound counts UTF-8 bytes: "ü" is two.
+        const fits = `${prefix}.${"x".repeat(Outbox.maxSubjectBytes - prefix.length - 1)}`
+        assert.deepStrictEqual(Outbox.problems({ ...message(prefix, "ok"), subject: fits }), [])
+        assert.lengthOf(Outbox.problems({ ...message(prefix, "ok"), subject: `${fits.slice(0, -1)}ü` }), 1)
+        assert.strictEqual(yield* pendingCount, 0)
+
+        // Written by other means (SQL, a trigger): the publisher refuses it before sending.
+        yield* sql`INSERT INTO jetworker_outbox (id, subject, payload) VALUES ('long-2', ${subject}, '\\x7b7d'::bytea)`
+        const { connection } = yield* NatsConnection.NatsConnection
+        // Every status the client reports from now on (a disconnect, a reconnect).
+        const events: Array<string> = []
+        yield* Stream.fromAsyncIterable(connection.status(), (error) => error).pipe(
+          Stream.runForEach((status) => Effect.sync(() => events.push(status.type))),
+          Effect.ignore,
+          Effect.forkScoped
+        )
+        const failed = yield* Effect.flip(PgOutbox.relayRound().pipe(
+          Effect.provide(Publisher.outboxPublisher({ attempts: 1, timeout: "2 seconds" }))
+        ))
+        // A round trip after the round: a connection the server closed would have said so by now.
+        yield* Effect.promise(() => connection.flush())
+        assert.strictEqual(failed._tag, "PublishFailed")
+        assert.deepStrictEqual(
+          { retryable: (failed as Outbox.PublishFailed).retryable, events, closed: connection.isClosed() },
+          { retryable: false, events: [], closed: false },
+          failed.message.replace(/x{20,}/, "x…x")
+        )
+        assert.include(failed.message, `more than the ${Outbox.maxSubjectBytes} that fit a NATS control line`)
+        assert.strictEqual(yield* pendingCount, 1)
+      }).pipe(Effect.scoped))
+
+    it.effect("INT-NATS-007: a row no stream captures blocks the relay as outbox.relay_blocked (ERROR) also when the publisher names its stream (as the reference worker does), the rows after it waiting", () =>
+      Effect.gen(function*() {
+        const sql = yield* SqlClient.SqlClient
+        const { name, prefix } = yield* freshStream
+        yield* sql.withTransaction(Effect.forEach(
+          [message(prefix, "n1"), { ...message(prefix, "n2"), subject: `nowhere-${prefix}.n2` }, message(prefix, "n3")],
+          (m) => Outbox.record(m),
+          { discard: true }
+        ))
+        const { lines, layer: capture } = captureLines()
+        const relay = yield* Effect.forkChild(
+          PgOutbox.relay({ pollInterval: "20 millis", backoff: "20 millis", maxBackoff: "50 millis" }).pipe(
+            Effect.provide(Publisher.outboxPublisher({ stream: name, attempts: 2, timeout: "500 millis" })),
+            Effect.provide(capture)
+          )
+        )
+        const failures = () => lines.filter((line) => line.level === "Warn" || line.level === "Error")
+        yield* Eventually.holds("three failed rounds are logged", Effect.sync(() => failures().length >= 3), "20 seconds")
+        yield* Fiber.interrupt(relay)
+        assert.deepStrictEqual(
+          failures().map((line) => [line.level, line.event]),
+          failures().map(() => ["Error", "outbox.relay_blocked"]),
+          failures()[0]?.text
+        )
+        assert.include(failures()[0]!.text, `(id n2, subject nowhere-${prefix}.n2): no stream captures subject nowhere-${prefix}.n2; expected stream ${name}`)
+        assert.deepStrictEqual((yield* stored(name)).map((m) => m.msgId), ["n1"], "n3 waits behind n2: nothing is skipped")
+        assert.strictEqual(yield* pendingCount, 2)
+      }).pipe(Effect.scoped))
+
+    it.effect("a relay whose pauses could be zero (backoff, maxBackoff, pollInterval) or whose maxBackoff is below its backoff is refused at start, naming the setting, rather than spinning on a blocked row", () =>
+      Effect.gen(function*() {
+        yield* freshStream
+        const refused: Array<readonly [PgOutbox.RelayOptions, string]> = [
+          [{ backoff: "0 millis" }, "backoff must be longer than zero"],
+          [{ maxBackoff: "0 millis" }, "maxBackoff must be longer than zero"],
+          [{ pollInterval: 0 }, "pollInterval must be longer than zero"],
+          [{ backoff: "2 seconds", maxBackoff: "1 second" }, "maxBackoff must be at least backoff"]
+        ]
+        for (const [options, expected] of refused) {
+          const error = yield* failureOf(Layer.build(PgOutbox.layerRelay(options)), `${JSON.stringify(options)} refused: ${expected}`)
+          assert.include(error.message, expected)
+        }
+        // The relay itself refuses before its first round (bounded: an accepted one runs until interrupted).
+        const error = yield* Effect.flip(PgOutbox.relay({ backoff: "0 millis", maxBackoff: "0 millis" }).pipe(Effect.timeout("5 seconds")))
+        assert.strictEqual(error._tag, "OutboxError")
+        assert.include(error.message, "backoff must be longer than zero")
       }).pipe(Effect.scoped))
   })
 })

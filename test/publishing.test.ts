@@ -7,9 +7,9 @@
  * `Duplicate` with no second effect; the republish horizon is compared with the stream's window.
  */
 import { assert, describe, layer } from "@effect/vitest"
-import { Consumer } from "@jetworker/core"
+import { Consumer, Outbox } from "@jetworker/core"
 import { NatsConnection, Publisher, Topology } from "@jetworker/nats"
-import { Eventually, FaultProxy, OutcomeLog, TestStream } from "@jetworker/testing"
+import { Eventually, FaultProxy, NatsServer, OutcomeLog, TestStream } from "@jetworker/testing"
 import { Context, Duration, Effect, Fiber, Layer } from "effect"
 import * as LedgerWorker from "../examples/ledger/src/LedgerWorker.ts"
 import { balances, ledgerStream, transfer, transferCounts, twoAccounts } from "./support/ledger.ts"
@@ -17,6 +17,10 @@ import { LedgerTestLive, natsUrl } from "./support/services.ts"
 
 const encoder = new TextEncoder()
 const decoder = new TextDecoder()
+
+/** The error `effect` fails with; a test failure saying what was expected when it succeeds. */
+const failureOf = <A, E, R>(effect: Effect.Effect<A, E, R>, expected: string) =>
+  Effect.flip(Effect.andThen(effect, Effect.die(new Error(`it succeeded; expected a failure: ${expected}`))))
 
 /** Every message published on `subject` from now on (a core subscription): its `Nats-Msg-Id` and body. */
 const watchSubject = (subject: string) =>
@@ -50,13 +54,15 @@ describe("publishing (INT-NATS-007)", () => {
         assert.isFalse(wrong.isRetryable, wrong.message)
         assert.deepStrictEqual([yield* stream.stored, yield* other.stored], [1, 0])
 
-        // No stream captures the subject: a readable failure, not "JetStream not enabled".
+        // No stream captures the subject: a readable failure, not "JetStream not enabled", and a
+        // final one (retrying cannot help), though the publish names its stream.
         const nowhere = `nowhere_${crypto.randomUUID().slice(0, 8)}.created`
         const lost = yield* Effect.flip(
-          Publisher.publish(nowhere, encoder.encode("{}"), { msgId: "p3", stream: stream.stream, attempts: 1 })
+          Publisher.publish(nowhere, encoder.encode("{}"), { msgId: "p3", stream: stream.stream, attempts: 3 })
         )
-        assert.strictEqual(lost.reason, "NoResponders")
-        assert.include(lost.message, `no stream captures subject ${nowhere}`)
+        assert.strictEqual(lost.reason, "StreamNotFound")
+        assert.isFalse(lost.isRetryable)
+        assert.include(lost.message, `no stream captures subject ${nowhere}; expected stream ${stream.stream}`)
 
         // A header that would switch deduplication off on NATS 2.9 is refused before sending.
         const header = yield* Effect.flip(
@@ -140,5 +146,73 @@ describe("publishing (INT-NATS-007)", () => {
         assert.strictEqual(Duration.toMillis(short.duplicateWindow), 10_000)
         assert.isTrue(yield* Effect.map(Publisher.checkHorizon(stream.stream, { attempts: 1, timeout: "2 seconds" }), (c) => c.covered))
       }))
+
+    it.effect("INT-NATS-007: a publish nobody answers because JetStream is down stays retryable (it may succeed later), unlike one no stream captures", () =>
+      Effect.gen(function*() {
+        const server = yield* NatsServer.make({ config: "jetstream: disabled" })
+        const withoutJetStream = yield* Layer.build(NatsConnection.layer({ servers: server.url, name: "publishing-no-jetstream" }))
+        const error = yield* Effect.flip(
+          Publisher.publish("orders.created", encoder.encode("{}"), { msgId: "down-1", stream: "ORDERS", attempts: 2, timeout: "1 second" }).pipe(
+            Effect.provideService(NatsConnection.NatsConnection, Context.get(withoutJetStream, NatsConnection.NatsConnection))
+          )
+        )
+        assert.strictEqual(error.reason, "NoResponders")
+        assert.isTrue(error.isRetryable)
+        assert.include(error.message, "JetStream did not answer the publish to orders.created nor the look-up of its stream")
+      }).pipe(Effect.scoped))
+
+    it.effect("INT-NATS-007: publish options are checked before anything is sent, and by outboxPublisher when its layer is built: attempts from 1 to 100, a timeout that parses, from 1 ms to 2^31 - 1 ms (nats.js would turn a longer one into 1 ms and report a stored publish as timed out)", () =>
+      Effect.gen(function*() {
+        const stream = yield* TestStream.make()
+        const refused: Array<readonly [{ readonly attempts?: number; readonly timeout?: Duration.Input }, string]> = [
+          [{ attempts: 0 }, "attempts must be an integer from 1 to 100, got 0"],
+          [{ attempts: 101 }, "attempts must be an integer from 1 to 100, got 101"],
+          [{ attempts: 1.5 }, "attempts must be an integer from 1 to 100, got 1.5"],
+          [{ timeout: "soon" as Duration.Input }, `timeout must be a duration from 1 millis to 2147483647 millis (about 24.8 days), such as "5 seconds", got "soon"`],
+          [{ timeout: 0 }, "timeout must be a duration from 1 millis"],
+          [{ timeout: "30 days" }, `timeout must be a duration from 1 millis to 2147483647 millis (about 24.8 days), such as "5 seconds", got "30 days"`]
+        ]
+        for (const [options, expected] of refused) {
+          const built = yield* failureOf(Layer.build(Publisher.outboxPublisher(options)), `outboxPublisher(${JSON.stringify(options)}) refused: ${expected}`)
+          assert.deepInclude(built, { reason: "ApiError", operation: "Publisher.outboxPublisher" })
+          assert.include(built.message, expected)
+          const published = yield* failureOf(
+            Publisher.publish(stream.subject("a"), encoder.encode("{}"), { ...options, msgId: "opt-1", stream: stream.stream }),
+            `publish with ${JSON.stringify(options)} refused: ${expected}`
+          )
+          assert.isFalse(published.isRetryable)
+          assert.include(published.message, expected)
+        }
+        assert.strictEqual(yield* stream.stored, 0, "nothing was sent")
+
+        // A long timeout inside the range is honoured: a PubAck held back until the message is
+        // stored still confirms the publish (with a timer overflowed to 1 ms it would fail first).
+        const parsed = new URL(natsUrl)
+        const proxy = yield* FaultProxy.make({ target: { host: parsed.hostname, port: Number(parsed.port || 4222) } })
+        const proxied = yield* Layer.build(NatsConnection.layer({ servers: `nats://${proxy.address.host}:${proxy.address.port}`, name: "publishing-long-timeout" }))
+        yield* proxy.pauseToClient
+        const publishing = yield* Publisher.publish(stream.subject("a"), encoder.encode("{}"), { msgId: "opt-20d", stream: stream.stream, attempts: 1, timeout: "20 days" }).pipe(
+          Effect.provideService(NatsConnection.NatsConnection, Context.get(proxied, NatsConnection.NatsConnection)),
+          Effect.forkChild
+        )
+        yield* Eventually.holds("the publish is stored", Effect.map(stream.stored, (n) => n === 1), "10 seconds")
+        yield* proxy.resume
+        const ack = yield* Fiber.join(publishing).pipe(Effect.timeout("10 seconds"))
+        assert.deepInclude(ack, { stream: stream.stream, seq: 1, duplicate: false })
+      }).pipe(Effect.scoped))
+
+    it.effect("INT-NATS-007: a subject longer than a NATS control line takes (Outbox.maxSubjectBytes) is refused before it is sent, for good, and the connection stays up", () =>
+      Effect.gen(function*() {
+        const stream = yield* TestStream.make()
+        const { connection } = yield* NatsConnection.NatsConnection
+        const subject = stream.subject("x".repeat(Outbox.maxSubjectBytes))
+        const error = yield* Effect.flip(Publisher.publish(subject, encoder.encode("{}"), { msgId: "long-1", stream: stream.stream }))
+        assert.deepInclude(error, { reason: "ApiError", operation: `publish ${subject}` })
+        assert.isFalse(error.isRetryable)
+        assert.include(error.message, `bytes, more than the ${Outbox.maxSubjectBytes} that fit a NATS control line`)
+        yield* Effect.promise(() => connection.flush())
+        assert.isFalse(connection.isClosed())
+        assert.strictEqual(yield* stream.stored, 0)
+      }).pipe(Effect.scoped))
   })
 })

@@ -35,12 +35,26 @@ const printable = /^[\x21-\x7e]+$/
 export const isValidId = (id: string): boolean => /^[\x21-\x7e]{1,200}$/.test(id)
 
 /**
+ * The longest subject, in UTF-8 bytes, that can be published: 3840. A publish's control line
+ * (`HPUB <subject> <reply> <header bytes> <total bytes>`) must fit the server's `max_control_line`,
+ * 4096 bytes by default, or the server closes the connection; 256 bytes are left for the verb, the
+ * reply inbox (38 bytes with nats.js's default prefix), the two lengths and the separators. A
+ * server configured with a lower `max_control_line` needs shorter subjects still.
+ */
+export const maxSubjectBytes = 3840
+
+const encoder = new TextEncoder()
+
+/** The UTF-8 length of `subject`, as the server counts it. */
+export const subjectBytes = (subject: string): number => encoder.encode(subject).byteLength
+
+/**
  * What makes `message` impossible to publish, checked before it is recorded: a row that can never
  * be published would hold back every row recorded after it. Empty: it can be published. The id
  * must be 1 to 200 printable ASCII characters without spaces (it is the `Nats-Msg-Id`); the
  * subject a literal NATS subject (dot-separated tokens without spaces or control characters, no
- * wildcards); a
- * header name printable without `:`, not containing `Nats-Msg-Id`, its value on one line.
+ * wildcards, at most {@link maxSubjectBytes} bytes of UTF-8); a header name printable without
+ * `:`, not containing `Nats-Msg-Id`, its value on one line.
  */
 export const problems = (message: OutboxMessage): ReadonlyArray<string> => {
   const found: Array<string> = []
@@ -53,6 +67,10 @@ export const problems = (message: OutboxMessage): ReadonlyArray<string> => {
     found.push(`subject ${JSON.stringify(message.subject)}: must be dot-separated tokens without spaces or control characters`)
   } else if (tokens.some((token) => token === "*" || token === ">")) {
     found.push(`subject ${JSON.stringify(message.subject)}: a wildcard cannot be published to`)
+  } else if (subjectBytes(message.subject) > maxSubjectBytes) {
+    // Quoting a subject this long would bury the rest of the message: its start is enough.
+    found.push(`subject ${JSON.stringify(`${message.subject.slice(0, 60)}…`)}: ${subjectBytes(message.subject)} bytes, ` +
+      `more than the ${maxSubjectBytes} that fit a NATS control line`)
   }
   for (const [name, value] of message.headers ?? []) {
     if (isReservedHeader(name)) {
@@ -105,8 +123,6 @@ export class Outbox extends Context.Service<Outbox, {
  */
 export const record = (message: OutboxMessage): Effect.Effect<void, OutboxError, Outbox> =>
   Outbox.use((outbox) => outbox.record(message))
-
-const encoder = new TextEncoder()
 
 /** Records an event envelope as JSON (`Envelope.toJson`), with its id as `Nats-Msg-Id`. */
 export const recordEnvelope = <Type extends string, A>(

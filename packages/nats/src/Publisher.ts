@@ -10,7 +10,14 @@
  *
  * Without a `stream` in its options, a publish expects the stream that captures its subject, which
  * it asks the server for once per subject and connection ("no stream captures subject …" when
- * none does).
+ * none does). A publish nobody answers asks the server once whether any stream captures its
+ * subject: none is a final `StreamNotFound`, anything else (JetStream down or electing a leader)
+ * stays a retryable `NoResponders`.
+ *
+ * Options are checked before anything is sent (and by {@link outboxPublisher} when its layer is
+ * built): `attempts` an integer from 1 to 100, `timeout` from 1 ms to {@link maxTimeoutMillis}, the
+ * subject at most `Outbox.maxSubjectBytes` bytes (a longer one would make the server close the
+ * connection).
  *
  * A retry is deduplicated only within the stream's duplicate window: {@link republishHorizon}
  * says how long after the first attempt the last retry may go out, and {@link checkHorizon}
@@ -38,10 +45,54 @@ export interface PublishOptions {
   readonly stream?: string | undefined
   /** Extra headers. */
   readonly headers?: ReadonlyArray<readonly [string, string]> | undefined
-  /** Attempts in all, 1 to 100. Default: 5. */
+  /** Attempts in all, an integer from 1 to 100. Default: 5. */
   readonly attempts?: number | undefined
-  /** Bound on each attempt. Default: the connection's API timeout. */
+  /** Bound on each attempt, from 1 ms to {@link maxTimeoutMillis}. Default: the connection's API timeout. */
   readonly timeout?: Duration.Input | undefined
+}
+
+/**
+ * The longest `timeout` of an attempt: 2^31 - 1 ms (about 24.8 days), the most `setTimeout` takes;
+ * nats.js would turn a longer one into 1 ms, and a publish the stream stored would be reported as
+ * timed out.
+ */
+export const maxTimeoutMillis = 2 ** 31 - 1
+
+/** A value as an error message shows it (a bigint or a `Duration` does not go through JSON). */
+const shown = (value: unknown): string =>
+  typeof value === "bigint"
+    ? `${value}n`
+    : Duration.isDuration(value)
+    ? Duration.format(value)
+    : JSON.stringify(value) ?? String(value)
+
+const optionError = (operation: string, message: string) =>
+  new NatsError.NatsError({ reason: "ApiError", operation, message })
+
+/**
+ * `attempts` and `timeout` checked (a wrong one fails naming it, not retryable): the attempts, and
+ * the timeout in milliseconds (`undefined`: the connection's API timeout).
+ */
+const checkOptions = (
+  operation: string,
+  options: { readonly attempts?: number | undefined; readonly timeout?: Duration.Input | undefined }
+): Effect.Effect<{ readonly attempts: number; readonly timeoutMillis: number | undefined }, NatsError.NatsError> => {
+  const attempts = options.attempts ?? 5
+  if (!Number.isInteger(attempts) || attempts < 1 || attempts > 100) {
+    return Effect.fail(optionError(operation, `attempts must be an integer from 1 to 100, got ${shown(attempts)}`))
+  }
+  if (options.timeout === undefined) return Effect.succeed({ attempts, timeoutMillis: undefined })
+  const parsed = Duration.fromInput(options.timeout)
+  const millis = parsed._tag === "Some" ? Duration.toMillis(parsed.value) : Number.NaN
+  // Written so that NaN (an unparsable timeout) fails too.
+  if (!(millis >= 1 && millis <= maxTimeoutMillis)) {
+    return Effect.fail(optionError(
+      operation,
+      `timeout must be a duration from 1 millis to ${maxTimeoutMillis} millis (about 24.8 days), such as "5 seconds", ` +
+        `got ${shown(options.timeout)}`
+    ))
+  }
+  return Effect.succeed({ attempts, timeoutMillis: millis })
 }
 
 /**
@@ -150,6 +201,39 @@ const streamFor = (subject: string): Effect.Effect<string, NatsError.NatsError, 
     return stream
   })
 
+/**
+ * A publish nobody answered, told apart: nats.js says "JetStream not enabled" both when no stream
+ * captures the subject (final: `StreamNotFound`) and when JetStream does not answer (transient:
+ * `NoResponders`, as it came). One stream look-up, bounded by the attempt's timeout, decides.
+ */
+const explainNoResponders = (
+  error: NatsError.NatsError,
+  subject: string,
+  stream: string,
+  timeoutMillis: number
+): Effect.Effect<never, NatsError.NatsError, NatsConnection> =>
+  Effect.gen(function*() {
+    const { manager, apiTimeoutMillis } = yield* NatsConnection
+    const found = yield* NatsError.tryPromise(`find the stream of ${subject}`, () => manager.streams.find(subject)).pipe(
+      // The API timeout bounds the request too; a shorter attempt timeout bounds it more.
+      Effect.timeoutOption(Duration.millis(Math.min(timeoutMillis, apiTimeoutMillis))),
+      Effect.result
+    )
+    if (found._tag === "Failure" && found.failure.reason === "StreamNotFound") {
+      return yield* new NatsError.NatsError({
+        reason: "StreamNotFound",
+        operation: error.operation,
+        message: `no stream captures subject ${subject}; expected stream ${stream}`
+      })
+    }
+    const message = found._tag === "Success" && found.success._tag === "Some"
+      ? `stream ${found.success.value} captures subject ${subject} but did not answer (JetStream unavailable or electing ` +
+        `a leader); expected stream ${stream}`
+      : `JetStream did not answer the publish to ${subject} nor the look-up of its stream ` +
+        `(${found._tag === "Failure" ? found.failure.message : "timed out"}); expected stream ${stream}`
+    return yield* new NatsError.NatsError({ ...error, message })
+  })
+
 /** Publishes `payload` to `subject` until the stream confirms it, retrying with the same id. */
 export const publish = (
   subject: string,
@@ -158,9 +242,15 @@ export const publish = (
 ): Effect.Effect<PubAck, NatsError.NatsError, NatsConnection> =>
   Effect.gen(function*() {
     const operation = `publish ${subject}`
-    const attempts = options.attempts ?? 5
-    if (!Number.isInteger(attempts) || attempts < 1 || attempts > 100) {
-      return yield* new NatsError.NatsError({ reason: "ApiError", operation, message: "attempts must be 1 to 100" })
+    const { attempts, timeoutMillis } = yield* checkOptions(operation, options)
+    // Sent, a subject this long would make the server close the shared connection (and the
+    // publish time out, retryable, every time): refused for good before anything is sent.
+    const bytes = Outbox.subjectBytes(subject)
+    if (bytes > Outbox.maxSubjectBytes) {
+      return yield* optionError(
+        operation,
+        `the subject is ${bytes} bytes, more than the ${Outbox.maxSubjectBytes} that fit a NATS control line`
+      )
     }
     if (!Outbox.isValidId(options.msgId)) {
       return yield* new NatsError.NatsError({
@@ -182,9 +272,7 @@ export const publish = (
     }
     const stream = options.stream ?? (yield* streamFor(subject))
     const { jetstream, apiTimeoutMillis, publishPermits } = yield* NatsConnection
-    const timeout = options.timeout === undefined
-      ? apiTimeoutMillis
-      : Duration.toMillis(Duration.fromInputUnsafe(options.timeout))
+    const timeout = timeoutMillis ?? apiTimeoutMillis
     // The publish's own span is the parent the consumer's span continues (W3C `traceparent`).
     const span = yield* Effect.currentSpan.pipe(Effect.option)
     const traceparent = span._tag === "Some" ? Telemetry.formatTraceparent(span.value) : undefined
@@ -198,17 +286,11 @@ export const publish = (
         // The id and the expected stream are in `h`, first (see `ControlHeaders`).
         return jetstream.publish(subject, payload, { headers: h, timeout })
       },
-      catch: (error) => {
-        const mapped = NatsError.fromUnknown(operation, error)
-        // nats.js says "JetStream not enabled" when no stream captures the subject.
-        return mapped.reason === "NoResponders"
-          ? new NatsError.NatsError({
-            ...mapped,
-            message: `no stream captures subject ${subject} (or JetStream is unreachable); expected stream ${stream}`
-          })
-          : mapped
-      }
-    }).pipe(Effect.flatMap((ack) => checkPubAck(operation, stream, ack)))
+      catch: (error) => NatsError.fromUnknown(operation, error)
+    }).pipe(
+      Effect.catchIf((error) => error.reason === "NoResponders", (error) => explainNoResponders(error, subject, stream, timeout)),
+      Effect.flatMap((ack) => checkPubAck(operation, stream, ack))
+    )
     const connection = yield* NatsConnection
     return yield* once.pipe(
       Effect.retry({ schedule: retrySchedule(attempts), while: (error) => error.isRetryable }),
@@ -265,14 +347,15 @@ export const publishEnvelope = <Type extends string, A>(
  * Core's `OutboxPublisher` on this connection, for an outbox relay (`@jetworker/sql-pg`'s
  * `PgOutbox`): each recorded event is a confirmed {@link publish} with its id as `Nats-Msg-Id`,
  * whose span continues the trace of the transaction that recorded it. `options` apply to every
- * publish (the expected stream, attempts, timeout).
+ * publish (the expected stream, attempts, timeout); the layer fails (`NatsError` naming the option)
+ * when one is out of range, rather than every publish failing as a blocked row.
  */
 export const outboxPublisher = (
   options: Omit<PublishOptions, "msgId" | "headers"> = {}
-): Layer.Layer<Outbox.OutboxPublisher, never, NatsConnection> =>
+): Layer.Layer<Outbox.OutboxPublisher, NatsError.NatsError, NatsConnection> =>
   Layer.effect(
     Outbox.OutboxPublisher,
-    Effect.map(Effect.context<NatsConnection>(), (context) => ({
+    Effect.andThen(checkOptions("Publisher.outboxPublisher", options), Effect.context<NatsConnection>()).pipe(Effect.map((context) => ({
       publish: (message: Outbox.OutboxMessage, traceparent: string | undefined) => {
         const sent = publish(message.subject, message.payload, { ...options, msgId: message.id, headers: message.headers })
         const parent = Telemetry.parseTraceparent(traceparent)
@@ -282,5 +365,5 @@ export const outboxPublisher = (
           Effect.mapError((error) => new Outbox.PublishFailed({ message: error.message, retryable: error.isRetryable }))
         )
       }
-    }))
+    })))
   )

@@ -21,8 +21,9 @@
  * refused when it is recorded, and so is a record outside a transaction: a row that can never be
  * published would hold back every row after it. A publish that fails for good all the same (no
  * stream captures the subject) is logged as `outbox.relay_blocked` (ERROR) on every try, since
- * nothing may be skipped. A round publishes for at most `roundBudget`, so a relay killed in it
- * republishes only rows the stream's duplicate window still remembers.
+ * nothing may be skipped. A round publishes for at most `roundBudget` (a publish under way is cut
+ * there, but for its first), so a relay killed in it republishes only rows the stream's duplicate
+ * window still remembers.
  *
  * Order caveat: rows are published in the order of their sequence numbers, which is the order the
  * transactions inserted them, not always the order they committed: of two transactions that
@@ -97,11 +98,11 @@ export const layer = (options: Options = {}): Layer.Layer<Outbox.Outbox, Outbox.
 export interface RelayOptions extends Options {
   /** Rows published per round (one transaction), 1 to 10 000. Default: 100. */
   readonly batchSize?: number | undefined
-  /** How long the relay waits after a round that found nothing (or not the lock). Default: 200 millis. */
+  /** How long the relay waits after a round that found nothing (or not the lock), more than zero. Default: 200 millis. */
   readonly pollInterval?: Duration.Input | undefined
-  /** The first delay after a failed round; it doubles (jittered) up to `maxBackoff`. Default: 200 millis. */
+  /** The first delay after a failed round, more than zero; it doubles (jittered) up to `maxBackoff`. Default: 200 millis. */
   readonly backoff?: Duration.Input | undefined
-  /** The longest delay between failed rounds. Default: 10 seconds. */
+  /** The longest delay between failed rounds, at least `backoff`. Default: 10 seconds. */
   readonly maxBackoff?: Duration.Input | undefined
   /** How long sent rows are kept before the clean-up deletes them. Default: 1 hour. */
   readonly retention?: Duration.Input | undefined
@@ -111,9 +112,12 @@ export interface RelayOptions extends Options {
    */
   readonly cleanupBatch?: number | undefined
   /**
-   * The longest a round goes on publishing before it marks what it published and commits. A
-   * relay killed in a round republishes the round's rows, which the stream deduplicates only
-   * within its duplicate window: keep this well under the window. Default: 30 seconds.
+   * The longest a round goes on publishing before it marks what it published and commits, more
+   * than zero; a publish still under way then is cut (and published again by the next round), but
+   * for the round's first, which its own attempts and timeout bound (`Publisher.republishHorizon`).
+   * A relay killed in a round republishes the round's rows, which the stream deduplicates only
+   * within its duplicate window: keep this and the publisher's horizon well under the window.
+   * Default: 30 seconds.
    */
   readonly roundBudget?: Duration.Input | undefined
 }
@@ -179,7 +183,9 @@ export const relayRound = (
     const publisher = yield* Outbox.OutboxPublisher
     const table = yield* quoted(options.table ?? Table.defaultOutboxTable)
     const batchSize = yield* checkCount("batchSize", options.batchSize, 100)
-    const budgetMillis = Duration.toMillis(yield* duration("roundBudget", options.roundBudget, "30 seconds"))
+    const budget = yield* positive("roundBudget", options.roundBudget, "30 seconds")
+    const budgetMillis = Duration.toMillis(budget)
+    const clock = yield* Clock.Clock
     const round = Effect.gen(function*() {
       // One 64-bit lock key per outbox table, held until the transaction ends. Advisory locks are
       // per database, so the key is the table's oid (tables of one name in two schemas are two
@@ -195,12 +201,18 @@ export const relayRound = (
       )
       const sent: Array<string> = []
       let failure: Outbox.PublishFailed | undefined
-      const started = yield* Clock.currentTimeMillis
+      // The budget on the monotonic clock (a step of the wall clock must not stretch it).
+      const started = Number(clock.monotonicTimeNanosUnsafe()) / 1e6
       let outOfTime = false
       for (const row of rows) {
         // Past the budget, what was published is marked now: a relay killed later in a long round
-        // would republish rows the stream no longer remembers. (A round publishes at least one.)
-        if (sent.length > 0 && (yield* Clock.currentTimeMillis) - started >= budgetMillis) {
+        // would republish rows the stream no longer remembers. A publish under way is cut at the
+        // budget too (its retries could go on for its whole horizon); cut, it may have been stored,
+        // and the next round publishes it again with the same id, inside the duplicate window.
+        // A round's first publish is not cut (it is bounded by its own attempts and timeout), so
+        // that every round gets one row further, whatever the budget.
+        const left = budgetMillis - (Number(clock.monotonicTimeNanosUnsafe()) / 1e6 - started)
+        if (sent.length > 0 && left <= 0) {
           outOfTime = true
           break
         }
@@ -210,12 +222,19 @@ export const relayRound = (
         // and every later round would publish them again.
         const result = typeof headers === "string"
           ? Result.fail(new Outbox.PublishFailed({ message: headers, retryable: false }))
-          : yield* Effect.result(publisher.publish(
-            { subject: row.subject, id: row.id, payload: row.payload, headers },
-            row.traceparent ?? undefined
-          ).pipe(Effect.catchDefect((defect) =>
-            Effect.fail(new Outbox.PublishFailed({ message: `unexpected defect: ${ErrorSummary.fromError(defect, "Defect").message}`, retryable: true }))
-          )))
+          : yield* Effect.result(cutAt(
+            publisher.publish({ subject: row.subject, id: row.id, payload: row.payload, headers }, row.traceparent ?? undefined).pipe(
+              Effect.catchDefect((defect) =>
+                Effect.fail(new Outbox.PublishFailed({ message: `unexpected defect: ${ErrorSummary.fromError(defect, "Defect").message}`, retryable: true }))
+              )
+            ),
+            sent.length === 0 ? undefined : left,
+            () => {
+              outOfTime = true
+            }
+          ))
+        // Cut at the budget: the rows confirmed before it are marked, and the round ends in time.
+        if (outOfTime) break
         if (result._tag === "Failure") {
           failure = new Outbox.PublishFailed({
             message: `row ${row.position} (id ${row.id}, subject ${row.subject}): ${result.failure.message}`,
@@ -234,6 +253,13 @@ export const relayRound = (
     if (failure !== undefined) return yield* failure
     return done
   })
+
+/** `publish`, cut after `millis` (then `onCut`, and it succeeds: the round ends there); uncut without `millis`. */
+const cutAt = <E>(publish: Effect.Effect<void, E>, millis: number | undefined, onCut: () => void): Effect.Effect<void, E> =>
+  millis === undefined ? publish : Effect.flatMap(Effect.timeoutOption(publish, Duration.millis(Math.max(1, millis))), (confirmed) =>
+    Effect.sync(() => {
+      if (confirmed._tag === "None") onCut()
+    }))
 
 /** Whether the relay failed because its table does not exist (SQLSTATE 42P01, undefined_table). */
 const isMissingTable = (error: Outbox.OutboxError | Outbox.PublishFailed): boolean =>
@@ -324,18 +350,36 @@ export const relay = (
     return yield* once.pipe(Effect.retry(backoff), Effect.orDie, Effect.forever)
   })
 
-/** The relay's settings, checked: a bad one fails with `OutboxError` naming it. */
+/** A duration option that must be positive: a zero pause would make the relay spin. */
+const positive = (name: string, value: Duration.Input | undefined, fallback: Duration.Input): Effect.Effect<Duration.Duration, Outbox.OutboxError> =>
+  Effect.flatMap(duration(name, value, fallback), (parsed) =>
+    Duration.isGreaterThan(parsed, Duration.zero)
+      ? Effect.succeed(parsed)
+      : Effect.fail(new Outbox.OutboxError({ message: `${name} must be longer than zero, got ${Duration.format(parsed)}` })))
+
+/**
+ * The relay's settings, checked: a bad one fails with `OutboxError` naming it. The pauses must be
+ * positive and `maxBackoff` at least `backoff`: otherwise a relay blocked on a row (or idle) would
+ * loop without a pause, a transaction and an ERROR line each time.
+ */
 const relaySettings = (options: RelayOptions) =>
   Effect.gen(function*() {
     yield* checkCount("batchSize", options.batchSize, 100)
     yield* quoted(options.table ?? Table.defaultOutboxTable)
     yield* duration("retention", options.retention, "1 hour")
-    yield* duration("roundBudget", options.roundBudget, "30 seconds")
+    yield* positive("roundBudget", options.roundBudget, "30 seconds")
+    const backoff = yield* positive("backoff", options.backoff, "200 millis")
+    const maxBackoff = yield* positive("maxBackoff", options.maxBackoff, "10 seconds")
+    if (Duration.isLessThan(maxBackoff, backoff)) {
+      return yield* new Outbox.OutboxError({
+        message: `maxBackoff must be at least backoff, got maxBackoff ${Duration.format(maxBackoff)} and backoff ${Duration.format(backoff)}`
+      })
+    }
     return {
       cleanupBatch: yield* checkCount("cleanupBatch", options.cleanupBatch, 1000),
-      pollInterval: yield* duration("pollInterval", options.pollInterval, "200 millis"),
-      backoff: yield* duration("backoff", options.backoff, "200 millis"),
-      maxBackoff: yield* duration("maxBackoff", options.maxBackoff, "10 seconds")
+      pollInterval: yield* positive("pollInterval", options.pollInterval, "200 millis"),
+      backoff,
+      maxBackoff
     }
   })
 
