@@ -5,10 +5,13 @@
  * delays are set far beyond the test, so everything the receiver gets was flushed by the
  * shutdown procedure.
  */
-import { assert, describe, layer } from "@effect/vitest"
+import { assert, describe, it, layer } from "@effect/vitest"
 import { Publisher } from "@jetworker/nats"
 import { Eventually, FaultProxy, TestDatabase } from "@jetworker/testing"
-import { Clock, Effect } from "effect"
+import { Clock, type Duration, Effect } from "effect"
+import { spawn } from "node:child_process"
+import type { Readable } from "node:stream"
+import { fileURLToPath } from "node:url"
 import { ledgerStream, transfer, transferCounts, twoAccounts, workerEnv } from "./support/ledger.ts"
 import * as OtlpReceiver from "./support/otlpReceiver.ts"
 import { databaseUrl, LedgerTestLive, natsUrl } from "./support/services.ts"
@@ -38,6 +41,26 @@ const telemetryStages = (logs: ReadonlyArray<W.LogLine>) =>
   Object.fromEntries(
     logs.filter((l) => l.message === "shutdown.stage" && l.stage === "telemetry").map((l) => [String(l.target), l.result])
   )
+
+/** The first line of `stream` from now on that matches `pattern`, within `timeout`. */
+const lineOf = (stream: Readable, pattern: RegExp, timeout: Duration.Input) =>
+  Effect.callback<RegExpMatchArray>((resume) => {
+    let text = ""
+    const onData = (chunk: Buffer) => {
+      text += chunk.toString("utf8")
+      for (const line of text.split("\n")) {
+        const match = line.match(pattern)
+        if (match !== null) {
+          stream.off("data", onData)
+          return resume(Effect.succeed(match))
+        }
+      }
+    }
+    stream.on("data", onData)
+    return Effect.sync(() => stream.off("data", onData))
+  }).pipe(Effect.timeoutOrElse({ duration: timeout, orElse: () => Effect.die(new Error(`no line matching ${pattern} within ${String(timeout)}`)) }))
+
+const logFlood = fileURLToPath(new URL("./fixtures/log-flood-worker.ts", import.meta.url))
 
 describe("telemetry", () => {
   layer(LedgerTestLive, { excludeTestServices: true, timeout: "120 seconds" })((it) => {
@@ -152,6 +175,40 @@ describe("telemetry", () => {
         assert.deepInclude(W.withMessage(logs, "shutdown.completed")[0]!, { result: "success" })
       }))
 
+    it.effect("BE-SHUT-007: a telemetry endpoint the SDK refuses (a throwing exporter) is logged as telemetry.unavailable; the worker runs and commits without telemetry and a clean shutdown still exits 0", () =>
+      Effect.gen(function*() {
+        const { stream, settings } = yield* ledgerStream()
+        const schema = yield* TestDatabase.TestSchema
+        const { p, a, b } = yield* twoAccounts("refused")
+        // Malformed: the OTLP exporter's constructor throws (a defect, not a typed failure).
+        const worker = yield* W.start({
+          ...workerEnv(settings, schema.name, databaseUrl, natsUrl),
+          ...telemetryEnv("http://[bad")
+        })
+        const ready = yield* Effect.raceFirst(
+          W.waitReady(worker, "20 seconds").pipe(Effect.as("ready"), Effect.orElseSucceed(() => "not ready")),
+          Effect.map(worker.child.exit, (exit) => `exited ${JSON.stringify(exit)}`)
+        )
+        const written = (yield* worker.logs).map((l) => `${l.level} ${l.message}`)
+        assert.strictEqual(ready, "ready", `the worker wrote: ${JSON.stringify(written)}`)
+        const unavailable = W.withMessage(yield* worker.logs, "telemetry.unavailable")
+        assert.strictEqual(unavailable.length, 1)
+        assert.include(String(unavailable[0]!.error), "http://[bad")
+        const id = `${p}.t`
+        yield* stream.publish("eur", transfer(id, a, b, 1), id)
+        yield* Eventually.holds(
+          "the transfer committed",
+          Effect.map(W.outcomes(worker), (all) => all.some((o) => o.tag === "Committed" && o.eventId === id))
+        )
+        yield* worker.child.kill("SIGTERM")
+        assert.deepStrictEqual(yield* worker.child.waitForExit("15 seconds"), { code: 0, signal: null })
+        const logs = yield* worker.logs
+        assert.strictEqual(W.withMessage(logs, "worker.defect").length, 0)
+        assert.deepInclude(W.withMessage(logs, "shutdown.completed")[0]!, { result: "success" })
+        // Nothing half built is flushed: only the stdout logger has a telemetry stage.
+        assert.deepStrictEqual(telemetryStages(logs), { logger: "completed" })
+      }))
+
     it.effect("BE-SHUT-006: an unreachable receiver for each channel: the total budget holds, the result stays success, and the failures yield a bounded number of log lines", () =>
       Effect.gen(function*() {
         const { stream, settings } = yield* ledgerStream()
@@ -191,4 +248,41 @@ describe("telemetry", () => {
         assert.isAtMost(errors.length, 11, "at most 10 a minute, plus one line counting the suppressed ones")
       }))
   })
+
+  it.live("BE-SHUT-004: a collector that never answers and a log reader that stopped reading: the process exits inside SHUTDOWN_BUDGET", () =>
+    Effect.gen(function*() {
+      const receiver = yield* OtlpReceiver.make({ _tag: "silent" })
+      // A reserve of 2 s: waits timed from the end of the telemetry share instead of the budget's
+      // end would exit up to a whole second late, far beyond the margin below.
+      const proc = spawn(process.execPath, [logFlood], {
+        env: {
+          ...process.env,
+          OTEL_EXPORTER_OTLP_ENDPOINT: receiver.url,
+          HEALTH_PORT: "off",
+          SHUTDOWN_BUDGET: "4 seconds",
+          SHUTDOWN_READINESS_GRACE: "0 millis",
+          SHUTDOWN_CLOSE: "500 millis",
+          SHUTDOWN_TELEMETRY: "500 millis",
+          SHUTDOWN_RESERVE: "2 seconds"
+        },
+        stdio: ["pipe", "pipe", "pipe"]
+      })
+      yield* Effect.addFinalizer(() => Effect.sync(() => proc.kill("SIGKILL")))
+      const exited = new Promise<{ readonly code: number | null; readonly at: number }>((resolve) =>
+        proc.on("exit", (code) => resolve({ code, at: Date.now() }))
+      )
+      yield* lineOf(proc.stdout, /"message":"worker\.ready"/, "20 seconds")
+      // Stop reading stdout, then let the worker log far more than the pipe holds.
+      proc.stdout.pause()
+      proc.stdin.write("go\n")
+      const flooded = yield* lineOf(proc.stderr, /^flooded (\d+)$/, "20 seconds")
+      assert.isAbove(Number(flooded[1]), 0, "the worker's stdout must be backed up for this test")
+      const signalledAt = Date.now()
+      proc.kill("SIGTERM")
+      const exit = yield* Effect.promise(() => exited).pipe(Effect.timeout("15 seconds"))
+      const took = exit.at - signalledAt
+      assert.strictEqual(exit.code, 0, "telemetry and the log pipe change no result")
+      // 300 ms for delivering the signal and reaping the process.
+      assert.isBelow(took, 4_000 + 300, `exited ${took} ms after SIGTERM; SHUTDOWN_BUDGET is 4000 ms`)
+    }), 40_000)
 })

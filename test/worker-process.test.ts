@@ -13,6 +13,7 @@ import { ledgerStream, transfer, transferCounts, twoAccounts, workerEnv } from "
 import { parsePrometheusText } from "./support/prometheus.ts"
 import { databaseUrl, LedgerTestLive, natsUrl } from "./support/services.ts"
 import * as W from "./support/worker.ts"
+import { fileURLToPath } from "node:url"
 
 const quickBudget = {
   SHUTDOWN_BUDGET: "6 seconds",
@@ -21,6 +22,22 @@ const quickBudget = {
   SHUTDOWN_TELEMETRY: "500 millis",
   SHUTDOWN_RESERVE: "500 millis"
 }
+
+/** A loopback port nothing listens on now. */
+const freePort = Effect.callback<number>((resume) => {
+  const server = createServer()
+  server.listen(0, "127.0.0.1", () => {
+    const port = (server.address() as AddressInfo).port
+    server.close(() => resume(Effect.succeed(port)))
+  })
+})
+
+/** The names LOG_LEVEL never filters (see the README's logging section). */
+const isLifecycleEvent = (line: W.LogLine) =>
+  /^(worker|startup|shutdown|health)\./.test(line.message) || line.message === "telemetry.unavailable" ||
+  /^dependency\./.test(String(line.event))
+
+const selfInterrupting = fileURLToPath(new URL("./fixtures/self-interrupting-worker.ts", import.meta.url))
 
 const startedKeys = ["timestamp", "level", "message", "signal", "reason", "budgetMs"]
 const completedKeys = ["timestamp", "level", "message", "result", "durationMs", "budgetMs", "signal"]
@@ -74,6 +91,22 @@ describe("worker process", () => {
         const failed = W.withMessage(logs, "worker.failed")
         assert.strictEqual(failed.length, 1)
         assert.match(String(failed[0]!.cause), /ConsumerDeleted|consumer deleted/i)
+      }))
+
+    it.effect("BE-SHUT-007: a program that ends interrupted with no stop signal ends with result failure and exit code 1, the two agreeing", () =>
+      Effect.gen(function*() {
+        const child = yield* ChildWorker.spawn({ script: selfInterrupting, env: { ...quickBudget, HEALTH_PORT: "off" } })
+        assert.deepStrictEqual(yield* child.waitForExit("15 seconds"), { code: 1, signal: null })
+        const logs = W.jsonLines(yield* child.lines)
+        const started = W.withMessage(logs, "shutdown.started")
+        const completed = W.withMessage(logs, "shutdown.completed")
+        assert.strictEqual(started.length, 1)
+        assert.deepInclude(started[0]!, { reason: "failure", signal: null })
+        assert.strictEqual(completed.length, 1)
+        assert.deepInclude(completed[0]!, { result: "failure", level: "ERROR" })
+        const failed = W.withMessage(logs, "worker.failed")
+        assert.strictEqual(failed.length, 1)
+        assert.include(String(failed[0]!.nextStep), "no stop signal")
       }))
 
     it.effect("BE-SHUT-007: overrun shutdown: a stage past its share ends with result timeout and exit code 3", () =>
@@ -221,6 +254,46 @@ describe("worker process", () => {
         assert.strictEqual(failed.length, 1)
         assert.include(String(failed[0]!.error), "LOG_LEVEL")
       }))
+
+    it.effect("BE-SHUT-007: LOG_LEVEL=Warn or None still writes the lifecycle events (health.listening, worker.ready, the stages, exactly one shutdown.started and one shutdown.completed) and filters every other line", () =>
+      Effect.gen(function*() {
+        const { settings } = yield* ledgerStream()
+        const schema = yield* TestDatabase.TestSchema
+        for (const level of ["Warn", "None"]) {
+          const port = yield* freePort
+          const child = yield* ChildWorker.spawn({
+            script: W.fixture,
+            env: {
+              ...workerEnv(settings, schema.name, databaseUrl, natsUrl),
+              ...quickBudget,
+              LOG_LEVEL: level,
+              HEALTH_HOST: "127.0.0.1",
+              HEALTH_PORT: String(port)
+            }
+          })
+          yield* Eventually.poll(
+            `ready with LOG_LEVEL=${level}`,
+            Effect.tryPromise(() => fetch(`http://127.0.0.1:${port}/healthz/ready`).then((r) => r.status)).pipe(
+              Effect.orElseSucceed(() => 0)
+            ),
+            (status) => status === 200,
+            { timeout: "20 seconds", interval: "50 millis" }
+          )
+          yield* child.kill("SIGTERM")
+          assert.deepStrictEqual(yield* child.waitForExit("15 seconds"), { code: 0, signal: null })
+          const logs = W.jsonLines(yield* child.lines)
+          const written = JSON.stringify(logs.map((l) => `${l.level} ${l.message}`))
+          for (const event of ["health.listening", "worker.ready", "shutdown.started", "shutdown.completed"]) {
+            assert.strictEqual(W.withMessage(logs, event).length, 1, `${event} with LOG_LEVEL=${level}; written: ${written}`)
+          }
+          assert.deepInclude(W.withMessage(logs, "shutdown.completed")[0]!, { level: "INFO", result: "success" })
+          assert.includeMembers([...W.stages(logs)], ["readiness:probe", "program:program", "grace:probe", "telemetry:logger"])
+          // The level still filters the rest: the consumer's INFO start line, for one.
+          const others = logs.filter((l) => !isLifecycleEvent(l))
+          const allowed = level === "Warn" ? ["WARN", "ERROR", "FATAL"] : []
+          assert.deepStrictEqual(others.filter((l) => !allowed.includes(l.level)), [], `LOG_LEVEL=${level}`)
+        }
+      }).pipe(Effect.scoped))
 
     it.effect("liveness answers 503 after the event loop was blocked past HEALTH_MAX_EVENT_LOOP_LAG, and 200 again later", () =>
       Effect.gen(function*() {

@@ -25,8 +25,10 @@
  * A repeated or concurrent signal is logged (`shutdown.signal_ignored`) and changes nothing: it
  * starts no second procedure, closes nothing twice and does not extend any wait. A failing
  * handler never starts a shutdown (the engine turns it into an outcome). Every line the process
- * writes is one JSON object (`JsonLogger`). There is no separate error reporter: errors are log
- * lines (and, with telemetry, spans).
+ * writes is one JSON object (`JsonLogger`); `LOG_LEVEL` filters all of them but the lifecycle
+ * events (`worker.*`, `startup.*`, `shutdown.*`, `health.*`, `telemetry.unavailable`, and the
+ * lines with `event` `dependency.*`), which are always written. There is no separate error
+ * reporter: errors are log lines (and, with telemetry, spans).
  *
  * @since 0.2.0
  */
@@ -44,11 +46,11 @@ import {
   Fiber,
   Layer,
   type LogLevel,
-  References,
   Result,
   Scope
 } from "effect"
 import * as HealthServer from "./HealthServer.ts"
+import * as LifecycleEvents from "./internal/lifecycleEvents.ts"
 import { nextStep } from "./internal/nextStep.ts"
 import * as JsonLogger from "./JsonLogger.ts"
 
@@ -84,7 +86,9 @@ export interface Settings {
   /**
    * `LOG_LEVEL`, default `Info`: the least severe level written (`Debug` adds a line per committed
    * and duplicate message; `Warn` keeps only problems). One of `All`, `Trace`, `Debug`, `Info`,
-   * `Warn`, `Error`, `Fatal`, `None`.
+   * `Warn`, `Error`, `Fatal`, `None`. The lifecycle events (`worker.*`, `startup.*`, `shutdown.*`,
+   * `health.*`, `telemetry.unavailable`, and `event` `dependency.*`) are written whatever the
+   * level, at their own level.
    */
   readonly logLevel: LogLevel.LogLevel
 }
@@ -191,7 +195,7 @@ export const run = <E, ROut = never, LE = never, TE = never>(
       )
       return exitCodes.failure
     }
-    return yield* runWith(program, options, s).pipe(Effect.provideService(References.MinimumLogLevel, s.logLevel))
+    return yield* runWith(program, options, s).pipe(LifecycleEvents.withLevel(s.logLevel))
   }).pipe(
     Effect.catchCause((cause) => Effect.as(Effect.logError("worker.defect", cause), exitCodes.failure)),
     Effect.provide(JsonLogger.layer)
@@ -253,19 +257,26 @@ const runWith = <E, ROut, LE, TE>(
     const telemetryScope = yield* Scope.make()
     let telemetryContext = Context.empty()
     if (options.telemetry !== undefined) {
+      // `exit`, not `result`: an SDK constructor that throws (a malformed endpoint) is a defect,
+      // and telemetry must not stop the work either way.
       const built = yield* Layer.buildWithScope(options.telemetry, telemetryScope).pipe(
         Effect.provideService(Lifecycle.Lifecycle, lifecycle),
         Effect.timeoutOption(s.startupTimeout),
-        Effect.result
+        Effect.exit
       )
-      if (Result.isFailure(built) || built.success._tag === "None") {
-        yield* Effect.logError("telemetry.unavailable").pipe(
+      if (Exit.isFailure(built) || built.value._tag === "None") {
+        yield* Effect.logError("telemetry.unavailable", Exit.isFailure(built) ? built.cause : Cause.empty).pipe(
           Effect.annotateLogs({
-            error: Result.isFailure(built) ? String(built.failure) : "not built within the start-up timeout"
+            error: Exit.isFailure(built)
+              ? ErrorSummary.describe(ErrorSummary.fromCause(built.cause))
+              : "not built within the start-up timeout"
           })
         )
+        // Release what the layer built before it failed (its flushes unregister with it), without
+        // waiting on it: a half-built exporter must not hold up the start.
+        yield* Effect.forkDetach(Scope.close(telemetryScope, Exit.void))
       } else {
-        telemetryContext = built.success.value
+        telemetryContext = LifecycleEvents.filterContext(built.value.value, s.logLevel)
       }
     }
 
@@ -323,21 +334,33 @@ const runWith = <E, ROut, LE, TE>(
     yield* lifecycle.stage("readiness", "probe", "readinessGrace", Effect.void)
 
     let programExit = first.exit
+    // Whether the procedure interrupted the program: only then is an interruption expected.
+    let interruptedHere = false
     yield* lifecycle.stage(
       "program",
       "program",
       "close",
-      work.pollUnsafe() !== undefined ? Effect.void : Effect.andThen(
-        Fiber.interrupt(work),
-        Effect.flatMap(Fiber.await(work), (exit) =>
-          Effect.sync(() => {
-            // A start-up timeout stays the reason, not the interruption it caused.
-            programExit ??= exit
-          }))
-      )
+      Effect.suspend(() => {
+        const ended = work.pollUnsafe()
+        if (ended !== undefined) {
+          programExit ??= ended
+          return Effect.void
+        }
+        interruptedHere = true
+        return Effect.andThen(
+          Fiber.interrupt(work),
+          Effect.flatMap(Fiber.await(work), (exit) =>
+            Effect.sync(() => {
+              // A start-up timeout stays the reason, not the interruption it caused.
+              programExit ??= exit
+            }))
+        )
+      })
     )
+    // A program that ended interrupted by something else (no signal, no deadline) stopped without
+    // finishing its work: a failure, so that the exit code and `shutdown.completed` say so.
     const failure = programExit !== undefined && Exit.isFailure(programExit) &&
-        !Cause.hasInterruptsOnly(programExit.cause)
+        !(interruptedHere && Cause.hasInterruptsOnly(programExit.cause))
       ? programExit.cause
       : undefined
     const failed = failure !== undefined
@@ -368,9 +391,17 @@ const runWith = <E, ROut, LE, TE>(
       ([channel, flush]) => lifecycle.stage("telemetry", channel, "telemetry", flush),
       { concurrency: "unbounded", discard: true }
     )
+    // What follows the telemetry share is counted back from the budget's end, never from now:
+    // closing the telemetry scope (the SDK's own shutdown) may use the first half of the reserve,
+    // the last stdout flush what is left, so a gone collector or a log reader that stopped
+    // reading cannot move the exit past the budget.
+    const budgetEnd = startedAt + budget.success.totalMillis
+    const untilMillis = (end: number) =>
+      Effect.map(Clock.currentTimeMillis, (now) => Duration.millis(Math.max(0, end - now)))
+    const closeTelemetryBy = budgetEnd - budget.success.reserveMillis / 2
     yield* Effect.forkDetach(Scope.close(telemetryScope, Exit.void)).pipe(
       Effect.flatMap((fiber) =>
-        Fiber.await(fiber).pipe(Effect.timeoutOption(Duration.millis(budget.success.reserveMillis / 2)))
+        Effect.flatMap(untilMillis(closeTelemetryBy), (left) => Fiber.await(fiber).pipe(Effect.timeoutOption(left)))
       )
     )
     yield* lifecycle.stage("telemetry", "logger", "telemetry", flushStdout)
@@ -380,7 +411,7 @@ const runWith = <E, ROut, LE, TE>(
     yield* (result === "success" ? Effect.logInfo : Effect.logError)("shutdown.completed").pipe(
       Effect.annotateLogs({ result, durationMs, budgetMs: budget.success.totalMillis, signal: signal ?? null })
     )
-    yield* flushStdout.pipe(Effect.timeoutOption(Duration.millis(budget.success.reserveMillis)))
+    yield* Effect.flatMap(untilMillis(budgetEnd), (left) => flushStdout.pipe(Effect.timeoutOption(left)))
     process.off("SIGTERM", onTerm)
     process.off("SIGINT", onInt)
     return exitCodes[result]

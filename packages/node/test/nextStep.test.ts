@@ -32,6 +32,10 @@ describe("the worker's next step for a start-up failure", () => {
     assert.include(step, "if a table of the same name already exists with other columns")
   })
 
+  it("says that an interruption the worker did not cause came from inside the program", () => {
+    assert.include(nextStep(Cause.interrupt(1)), "no stop signal")
+  })
+
   it("says nothing where the error's own message says it", () => {
     assert.isUndefined(nextStep(Cause.fail(sqlError(new SqlSyntaxError(props)))))
     assert.isUndefined(nextStep(Cause.fail({ _tag: "NatsError", message: "no stream named ORDERS: declare it" })))

@@ -46,6 +46,10 @@ const forMigrationError = (error: Tagged): string => {
 
 /** The next step for the failure in `cause`, or `undefined` when its own message says it. */
 export const nextStep = (cause: Cause.Cause<unknown>): string | undefined => {
+  // The worker reports an interruption only when it was not the shutdown procedure's own.
+  if (Cause.hasInterruptsOnly(cause)) {
+    return "the program stopped interrupted with no stop signal and no deadline passed: something in it interrupted what it waited on (a fiber it joined, a scope closed early); the cause shows where"
+  }
   const found = Cause.findErrorOption(cause)
   if (Option.isNone(found)) return undefined
   const error = asTagged(found.value)
