@@ -9,7 +9,7 @@ import { Outbox, Telemetry } from "@jetworker/core"
 import { NatsConnection, Publisher, Topology } from "@jetworker/nats"
 import { Migrations, PgOutbox } from "@jetworker/sql-pg"
 import { ChildWorker, Eventually, TestDatabase } from "@jetworker/testing"
-import { Deferred, Effect, Fiber, Layer, Logger, Redacted, References, Stream } from "effect"
+import { Deferred, Duration, Effect, Fiber, Layer, Logger, Redacted, References, Stream } from "effect"
 import { SqlClient } from "effect/sql"
 import { fileURLToPath } from "node:url"
 import { NatsLive, natsUrl } from "./support/services.ts"
@@ -408,7 +408,7 @@ describe("outbox", () => {
         assert.include(zero.message, "roundBudget must be longer than zero")
       }).pipe(Effect.scoped))
 
-    it.effect("the clean-up deletes sent rows past their retention, at most a batch at a time, never a pending one", () =>
+    it.effect("the clean-up deletes sent rows past their retention, at most a batch at a time, never a pending one, and none with an infinite retention", () =>
       Effect.gen(function*() {
         const sql = yield* SqlClient.SqlClient
         const { prefix } = yield* freshStream
@@ -416,6 +416,8 @@ describe("outbox", () => {
         yield* PgOutbox.relayRound()
         yield* sql.withTransaction(Outbox.record(message(prefix, "d5")))
         yield* sql`UPDATE jetworker_outbox SET sent_at = now() - interval '2 hours' WHERE sent_at IS NOT NULL`
+        // Kept for ever: nothing is deleted (and the clean-up does not fail).
+        assert.strictEqual(yield* PgOutbox.cleanup({ retention: Duration.infinity }), 0)
         assert.strictEqual(yield* PgOutbox.cleanup({ cleanupBatch: 3 }), 3)
         assert.strictEqual(yield* PgOutbox.cleanup({ cleanupBatch: 3 }), 1)
         assert.strictEqual(yield* PgOutbox.cleanup({ cleanupBatch: 3 }), 0)

@@ -104,7 +104,7 @@ export interface RelayOptions extends Options {
   readonly backoff?: Duration.Input | undefined
   /** The longest delay between failed rounds, at least `backoff`. Default: 10 seconds. */
   readonly maxBackoff?: Duration.Input | undefined
-  /** How long sent rows are kept before the clean-up deletes them. Default: 1 hour. */
+  /** How long sent rows are kept before the clean-up deletes them (`Duration.infinity`: for ever). Default: 1 hour. */
   readonly retention?: Duration.Input | undefined
   /**
    * Rows the clean-up deletes at most per run. It runs once a minute, and again after each round
@@ -275,6 +275,8 @@ export const cleanup = (options: RelayOptions = {}): Effect.Effect<number, Outbo
     const table = yield* quoted(options.table ?? Table.defaultOutboxTable)
     const limit = yield* checkCount("cleanupBatch", options.cleanupBatch, 1000)
     const retention = Duration.toMillis(yield* duration("retention", options.retention, "1 hour"))
+    // Kept for ever: nothing to delete (PostgreSQL has no infinite interval to compare with).
+    if (!Number.isFinite(retention)) return 0
     const deleted = yield* sql.unsafe<{ readonly n: number }>(
       `WITH old AS (SELECT seq FROM ${table} WHERE sent_at IS NOT NULL AND sent_at < now() - make_interval(secs => $1) ORDER BY sent_at LIMIT ${limit})
        , gone AS (DELETE FROM ${table} WHERE seq IN (SELECT seq FROM old) RETURNING 1)
