@@ -285,4 +285,42 @@ describe("telemetry", () => {
       // 300 ms for delivering the signal and reaping the process.
       assert.isBelow(took, 4_000 + 300, `exited ${took} ms after SIGTERM; SHUTDOWN_BUDGET is 4000 ms`)
     }), 40_000)
+
+  it.live("a log reader that stops reading: the process holds at most LOG_BUFFER_BYTES of log lines, drops the rest, and says how many once the reader is back", () =>
+    Effect.gen(function*() {
+      const proc = spawn(process.execPath, [logFlood], {
+        env: { ...process.env, HEALTH_PORT: "off", LOG_BUFFER_BYTES: "65536", FLOOD_LINES: "2000", SHUTDOWN_READINESS_GRACE: "0 millis" },
+        stdio: ["pipe", "pipe", "pipe"]
+      })
+      yield* Effect.addFinalizer(() => Effect.sync(() => proc.kill("SIGKILL")))
+      let out = ""
+      proc.stdout.on("data", (chunk: Buffer) => {
+        out += chunk.toString("utf8")
+      })
+      const exited = new Promise<number | null>((resolve) => proc.on("exit", (code) => resolve(code)))
+      yield* Eventually.holds("worker.ready", Effect.sync(() => out.includes(`"message":"worker.ready"`)), "20 seconds")
+      // Stop reading stdout, then let the worker log about 2 MB.
+      proc.stdout.pause()
+      proc.stdin.write("go\n")
+      const flooded = yield* lineOf(proc.stderr, /^flooded (\d+)$/, "20 seconds")
+      // The bound, and at most the one line that crossed it.
+      assert.isAbove(Number(flooded[1]), 0, "the worker's stdout must be backed up for this test")
+      assert.isAtMost(Number(flooded[1]), 65_536 + 2_048, `bytes held for stdout: ${flooded[1]}`)
+      proc.stdout.resume()
+      proc.kill("SIGTERM")
+      const code = yield* Effect.promise(() => exited).pipe(Effect.timeout("15 seconds"))
+      assert.strictEqual(code, 0)
+      const lines = out.split("\n").filter((line) => line !== "").map((line) => JSON.parse(line) as Record<string, unknown>)
+      const dropped = lines.filter((line) => line.message === "log.dropped")
+      assert.isAbove(dropped.length, 0, "the count, written once there was room")
+      assert.isTrue(dropped.every((line) => line.level === "WARN"))
+      const fillers = lines.filter((line) => line.message === "filler").length
+      const counted = dropped.reduce((sum, line) => sum + Number(line.dropped), 0)
+      assert.isAbove(counted, 0)
+      assert.strictEqual(fillers + counted, 2000, "every line written or counted")
+      // The lifecycle events are never dropped.
+      for (const event of ["shutdown.started", "shutdown.completed"]) {
+        assert.lengthOf(lines.filter((line) => line.message === event), 1, event)
+      }
+    }), 40_000)
 })

@@ -255,6 +255,24 @@ describe("worker process", () => {
         assert.include(String(failed[0]!.error), "LOG_LEVEL")
       }))
 
+    it.effect("settings that only look like numbers stop start-up, naming the variable: HEALTH_PORT 1e3 or 0x1F90, LOG_BUFFER_BYTES below 64 KiB", () =>
+      Effect.gen(function*() {
+        const { settings } = yield* ledgerStream()
+        const schema = yield* TestDatabase.TestSchema
+        const env = workerEnv(settings, schema.name, databaseUrl, natsUrl)
+        for (const [name, value, text] of [
+          ["HEALTH_PORT", "1e3", "HEALTH_PORT must be a port"],
+          ["HEALTH_PORT", "0x1F90", "HEALTH_PORT must be a port"],
+          ["LOG_BUFFER_BYTES", "1024", "LOG_BUFFER_BYTES must be from 65536"]
+        ] as const) {
+          const invalid = yield* ChildWorker.spawn({ script: W.fixture, env: { ...env, [name]: value } })
+          assert.deepStrictEqual(yield* invalid.waitForExit("15 seconds"), { code: 1, signal: null }, `${name}=${value}`)
+          const failed = W.withMessage(W.jsonLines(yield* invalid.lines), "worker.invalid_settings")
+          assert.strictEqual(failed.length, 1, `${name}=${value}`)
+          assert.include(String(failed[0]!.error), text)
+        }
+      }))
+
     it.effect("BE-SHUT-007: LOG_LEVEL=Warn or None still writes the lifecycle events (health.listening, worker.ready, the stages, exactly one shutdown.started and one shutdown.completed) and filters every other line", () =>
       Effect.gen(function*() {
         const { settings } = yield* ledgerStream()

@@ -22,6 +22,7 @@
  * @since 0.2.0
  */
 import { Cause, Context, Layer, Logger, Redacted, References, Tracer } from "effect"
+import * as LifecycleEvents from "./internal/lifecycleEvents.ts"
 
 const RESERVED = new Set(["timestamp", "level", "message", "traceId", "spanId", "details", "cause"])
 
@@ -78,10 +79,50 @@ export const formatter: Logger.Logger<unknown, string> = Logger.make(({ cause, d
   return stringify(line)
 })
 
-/** Writes each line to stdout (synchronous for files and pipes on Linux). */
-export const logger: Logger.Logger<unknown, void> = Logger.map(formatter, (line) => {
-  process.stdout.write(`${line}\n`)
-})
+/** Bytes of lines held for stdout at most, by default: 8 MiB (see {@link make}). */
+export const defaultMaxBufferedBytes = 8 * 1024 * 1024
+
+/** Options of {@link make}. */
+export interface Options {
+  /**
+   * Bytes of lines the process holds for stdout at most, from 64 KiB: past it, new lines are
+   * dropped (and counted) until the reader catches up. Default: {@link defaultMaxBufferedBytes}.
+   */
+  readonly maxBufferedBytes?: number | undefined
+}
+
+/**
+ * A logger writing each line to stdout. Writes to a pipe are asynchronous: a log reader that
+ * stops reading would otherwise let the lines pile up in memory without end. So past
+ * `maxBufferedBytes` waiting for stdout, a new line is dropped and counted, and the first line
+ * written once there is room again is a `log.dropped` warning with the count. The lifecycle
+ * events are never dropped (see `LOG_LEVEL` in `Worker`).
+ */
+export const make = (options: Options = {}): Logger.Logger<unknown, void> => {
+  const limit = options.maxBufferedBytes ?? defaultMaxBufferedBytes
+  let dropped = 0
+  return Logger.make((options) => {
+    const stdout = process.stdout
+    // The lifecycle events pass whatever the backlog: few, and the operator's record of the
+    // process (exactly one shutdown.started and one shutdown.completed, BE-SHUT-007).
+    if (stdout.writableLength >= limit && !LifecycleEvents.isLifecycleEvent(options)) {
+      dropped++
+      return
+    }
+    const line = formatter.log(options)
+    if (dropped > 0) {
+      stdout.write(`${stringify({ timestamp: new Date().toISOString(), level: "WARN", message: "log.dropped", dropped, maxBufferedBytes: limit })}\n`)
+      dropped = 0
+    }
+    stdout.write(`${line}\n`)
+  })
+}
+
+/** {@link make} with the default bound. */
+export const logger: Logger.Logger<unknown, void> = make()
 
 /** Replaces the default loggers with {@link logger}. */
 export const layer: Layer.Layer<never> = Logger.layer([logger])
+
+/** Replaces the default loggers with a logger of {@link make}(`options`). */
+export const layerWith = (options: Options): Layer.Layer<never> => Logger.layer([make(options)])

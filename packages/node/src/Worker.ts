@@ -91,12 +91,19 @@ export interface Settings {
    * level, at their own level.
    */
   readonly logLevel: LogLevel.LogLevel
+  /**
+   * `LOG_BUFFER_BYTES`, default 8 MiB (8388608), from 65536 to 1073741824: the bytes of log lines
+   * the process holds for stdout at most when its reader falls behind; past it, lines are dropped
+   * and counted (`log.dropped`), never held without bound (see `JsonLogger.make`).
+   */
+  readonly logBufferBytes: number
 }
 
 /** `off`, or a port number; anything else is `NaN`, which `run` reports as an invalid setting. */
 const parsePort = (raw: string): number | "off" => {
   if (raw.trim().toLowerCase() === "off") return "off"
-  const port = raw.trim() === "" ? Number.NaN : Number(raw)
+  // Digits only: `Number` would also take "1e3", "0x1F90" or " 80 ".
+  const port = /^\d{1,5}$/.test(raw.trim()) ? Number(raw.trim()) : Number.NaN
   return Number.isInteger(port) && port >= 0 && port <= 65535 ? port : Number.NaN
 }
 
@@ -111,7 +118,8 @@ export const settings: Config.Config<Settings> = Config.all({
   healthPort: Config.String("HEALTH_PORT").pipe(Config.withDefault("8080"), Config.map(parsePort)),
   healthHost: Config.String("HEALTH_HOST").pipe(Config.withDefault("0.0.0.0")),
   maxEventLoopLag: Config.Duration("HEALTH_MAX_EVENT_LOOP_LAG").pipe(Config.withDefault(Duration.seconds(5))),
-  logLevel: Config.LogLevel("LOG_LEVEL").pipe(Config.withDefault<LogLevel.LogLevel>("Info"))
+  logLevel: Config.LogLevel("LOG_LEVEL").pipe(Config.withDefault<LogLevel.LogLevel>("Info")),
+  logBufferBytes: Config.Int("LOG_BUFFER_BYTES").pipe(Config.withDefault(JsonLogger.defaultMaxBufferedBytes))
 })
 
 /** What `runMain` takes besides the program. */
@@ -195,7 +203,16 @@ export const run = <E, ROut = never, LE = never, TE = never>(
       )
       return exitCodes.failure
     }
-    return yield* runWith(program, options, s).pipe(LifecycleEvents.withLevel(s.logLevel))
+    if (!(s.logBufferBytes >= 65_536 && s.logBufferBytes <= 1_073_741_824)) {
+      yield* Effect.logError("worker.invalid_settings").pipe(
+        Effect.annotateLogs({ error: `LOG_BUFFER_BYTES must be from 65536 to 1073741824, got ${s.logBufferBytes}` })
+      )
+      return exitCodes.failure
+    }
+    return yield* runWith(program, options, s).pipe(
+      LifecycleEvents.withLevel(s.logLevel),
+      Effect.provide(JsonLogger.layerWith({ maxBufferedBytes: s.logBufferBytes }))
+    )
   }).pipe(
     Effect.catchCause((cause) => Effect.as(Effect.logError("worker.defect", cause), exitCodes.failure)),
     Effect.provide(JsonLogger.layer)
