@@ -7,8 +7,9 @@
  */
 import { assert, describe, layer } from "@effect/vitest"
 import { DeadLetter } from "@jetworker/nats"
+import { Migrations, PgAttemptStore } from "@jetworker/sql-pg"
 import { Eventually, TestDatabase } from "@jetworker/testing"
-import { Duration, Effect } from "effect"
+import { Duration, Effect, Layer } from "effect"
 import { SqlClient } from "effect/sql"
 import { balances, ledgerStream, transfer, transferCounts, twoAccounts, workerEnv } from "./support/ledger.ts"
 import { databaseUrl, LedgerTestLive, natsUrl } from "./support/services.ts"
@@ -126,6 +127,37 @@ describe("attempts budget", () => {
         const letters = yield* DeadLetter.list(stream.deadLetterStream)
         assert.deepStrictEqual(letters.map((l) => [l.eventId, l.reason]), [[id, "AttemptsExhausted"]])
         assert.deepStrictEqual([...(yield* transferCounts([id])).values()], [])
+      }))
+  })
+})
+
+describe("attempt store settings", () => {
+  layer(Layer.effectDiscard(Migrations.run).pipe(Layer.provideMerge(TestDatabase.layer())), {
+    excludeTestServices: true,
+    timeout: "60 seconds"
+  })((it) => {
+    it.effect("BE-JOB-003: purge refuses a negative or infinite olderThan, never deleting a count recorded just now", () =>
+      Effect.gen(function*() {
+        const store = yield* PgAttemptStore.make()
+        const key = { scope: "orders", id: "evt-purge-negative" }
+        yield* store.recordFailure(key)
+        yield* store.recordFailure(key)
+        for (const olderThan of ["-1 hour", "Infinity"] as const) {
+          const outcome = yield* Effect.result(PgAttemptStore.purge({ olderThan, limit: 1000 }))
+          assert.isTrue(outcome._tag === "Failure", `purge({ olderThan: ${JSON.stringify(olderThan)} }) ran: ${JSON.stringify(outcome)}`)
+          if (outcome._tag === "Failure") assert.include(outcome.failure.message, "olderThan must be a finite duration of at least 0")
+          assert.strictEqual(yield* store.failures(key), 2, `purge({ olderThan: ${JSON.stringify(olderThan)} }) deleted a live count`)
+        }
+      }))
+
+    it.effect("an invalid attempts table name is reported as the attempts table's, not the idempotency table's", () =>
+      Effect.gen(function*() {
+        const made = yield* Effect.flip(PgAttemptStore.make({ table: "Attempts-Table" }))
+        const purged = yield* Effect.flip(PgAttemptStore.purge({ table: "Attempts-Table", olderThan: "1 hour", limit: 10 }))
+        for (const error of [made, purged]) {
+          assert.include(error.message, `invalid attempts table name "Attempts-Table"`)
+          assert.notInclude(error.message, "idempotency")
+        }
       }))
   })
 })

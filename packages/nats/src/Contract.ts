@@ -12,8 +12,8 @@
  * contract kept as a reviewed JSON file in the repository is read with {@link fromJson}.
  *
  * The checks deliberately do not compare settings a contract leaves out (a stream's limits in
- * bytes or messages, a consumer's deliver policy), nor fix anything they find: each finding says
- * what to do.
+ * bytes or messages when it declares none, a consumer's deliver policy), nor fix anything they
+ * find: each finding says what to do.
  *
  * @since 0.1.0
  */
@@ -76,12 +76,17 @@ export type Check =
   | "replicas"
   | "duplicate_window"
   | "max_age"
+  | "max_bytes"
+  | "max_msgs"
+  | "discard"
   | "ack_policy"
   | "ack_wait"
   | "max_deliver"
   | "max_ack_pending"
   | "filter_subject"
   | "backoff"
+  | "headers_only"
+  | "inactive_threshold"
   | "ordering"
   | "processing_time"
   | "server_version"
@@ -103,8 +108,9 @@ const formatMillis = (ms: number): string => Duration.format(Duration.millis(ms)
 /**
  * The checks of a live consumer's config against what the application expects: explicit acks,
  * MaxDeliver above the planned attempts (so the last attempt dead-letters the message itself),
- * no server BackOff (on NATS 2.9 it replaces the engine's nak delays), MaxAckPending 1 for
- * sequential ordering and at least `instances x (concurrency + prefetch)` otherwise.
+ * no server BackOff (on NATS 2.9 it replaces the engine's nak delays), full deliveries (not
+ * headers only), a durable the server never deletes when idle, MaxAckPending 1 for sequential
+ * ordering and at least `instances x (concurrency + prefetch)` otherwise.
  */
 export const consumerFindings = (
   target: string,
@@ -121,6 +127,24 @@ export const consumerFindings = (
       `${target} has ack policy ${live.ack_policy}; jetworker needs explicit acks: an ack policy cannot change in ` +
         `place, so delete the consumer and declare it again (Topology.ensureConsumer, or \`nats consumer add ` +
         `--ack explicit --pull\`)`
+    )
+  }
+  if (live.headers_only === true) {
+    add(
+      "error",
+      "headers_only",
+      `${target} delivers headers only, without the payload: every handler would see an empty message; ` +
+        `update the consumer with headers_only false (it keeps its position)`
+    )
+  }
+  if ((live.inactive_threshold ?? 0) > 0) {
+    // A durable's position is the only record of what was processed: the server deleting it when
+    // no instance pulls for a while (a long deploy, a paused worker) loses or replays work.
+    add(
+      "error",
+      "inactive_threshold",
+      `${target} has inactive_threshold ${Topology.formatNanos(live.inactive_threshold)}: the server deletes the ` +
+        `durable and its position once no instance pulls for that long; update the consumer with inactive_threshold 0`
     )
   }
   const maxDeliver = live.max_deliver ?? -1
@@ -225,7 +249,8 @@ const declaredConsumerFindings = (
 /**
  * The checks of a live stream against its declaration: exactly the contract's subjects (a subject
  * the contract does not list is an error: the list is closed), the same storage, replicas and
- * maximum age, the declared duplicate window, and a duplicate window that covers the producers'
+ * maximum age, the declared limits (bytes, messages, discard policy; only when declared, as
+ * `Topology` applies them), the declared duplicate window, and a duplicate window that covers the producers'
  * republish horizon (outside it a republish is stored twice, which the consumer's dedup row then
  * turns into a `Duplicate`).
  */
@@ -279,6 +304,20 @@ export const streamFindings = (
   if ((live.max_age ?? 0) !== wanted.max_age) {
     const keeps = (nanos: number | undefined) => (nanos ?? 0) === 0 ? "for ever" : `for ${formatMillis(nanosToMillis(nanos))}`
     add("max_age", `${target} keeps messages ${keeps(live.max_age)}, the contract ${keeps(wanted.max_age)}: apply the contract or change it`)
+  }
+  // A smaller limit or "old" discard drops unprocessed messages silently.
+  const limit = (n: number | undefined) => (n ?? -1) === -1 ? "no limit" : `${n}`
+  if (declared.maxBytes !== undefined && (live.max_bytes ?? -1) !== wanted.max_bytes) {
+    add("max_bytes", `${target} has max_bytes ${limit(live.max_bytes)}, the contract ${limit(wanted.max_bytes)}: apply the contract or change it`)
+  }
+  if (declared.maxMessages !== undefined && (live.max_msgs ?? -1) !== wanted.max_msgs) {
+    add("max_msgs", `${target} has max_msgs ${limit(live.max_msgs)}, the contract ${limit(wanted.max_msgs)}: apply the contract or change it`)
+  }
+  if (declared.discard !== undefined && (live.discard ?? "old") !== wanted.discard) {
+    add(
+      "discard",
+      `${target} discards ${live.discard ?? "old"} messages at its limits, the contract ${wanted.discard}: apply the contract or change it`
+    )
   }
   return findings
 }
@@ -345,15 +384,26 @@ export const validate = (contract: Contract): ReadonlyArray<Finding> => {
   // What the server would refuse, found before anything is written (an apply must not stop half way).
   if (!Topology.isValidName(stream.name)) error(streamTarget, "exists", `${streamTarget}: a name is letters, digits, _ and -`)
   if (stream.subjects.length === 0) error(streamTarget, "subjects", `${streamTarget} lists no subjects`)
+  // Values the server would replace by its default: apply would never converge.
+  for (const problem of Topology.streamProblems(stream)) {
+    error(streamTarget, problem.setting === "num_replicas" ? "replicas" : problem.setting as Check, `${streamTarget}: ${problem.message}`)
+  }
   const wanted = Topology.streamConfig(stream)
   for (const consumer of contract.consumers) {
+    const target = `consumer ${stream.name}/${consumer.name}`
+    for (const problem of Topology.consumerProblems({ ...consumer, stream: stream.name })) {
+      error(target, problem.setting as Check, `${target}: ${problem.message}`)
+    }
+    // Topology.ensureConsumer refuses it on every server (NATS 2.9 does), after the stream was
+    // written: an error here keeps apply from stopping half way. A MaxDeliver at or below the
+    // number of delays is consumerFindings' error.
     if ((consumer.backoff?.length ?? 0) > 0 && (consumer.maxDeliver ?? -1) === -1) {
-      findings.push({
-        severity: "warning",
-        target: `consumer ${stream.name}/${consumer.name}`,
-        check: "backoff",
-        message: `consumer ${stream.name}/${consumer.name} has a backoff and no MaxDeliver: NATS 2.9 refuses it (newer servers take it); declare maxDeliver above the number of delays`
-      })
+      error(
+        target,
+        "backoff",
+        `${target} has a backoff and no maxDeliver: Topology.ensureConsumer refuses it (NATS 2.9 does); declare ` +
+          `maxDeliver above the number of delays (${consumer.backoff!.length}), or remove the backoff`
+      )
     }
   }
   if ((wanted.max_age ?? 0) > 0 && (wanted.duplicate_window ?? 0) > wanted.max_age!) {
@@ -473,6 +523,13 @@ const DurationInput = Schema.Union([
   Schema.Finite.pipe(Schema.check(Schema.isGreaterThanOrEqualTo(0)))
 ])
 
+/** A positive duration: a setting the server replaces by its default when it is 0. */
+const PositiveDurationInput = DurationInput.pipe(Schema.check(Schema.makeFilter((input: string | number) => {
+  const parsed = Duration.fromInput(input as Duration.Input)
+  return (Option.isSome(parsed) && Duration.toMillis(parsed.value) > 0) ||
+    `expected a positive duration (the server replaces 0 by its default), got ${JSON.stringify(input)}`
+})))
+
 const Count = Schema.Int.pipe(Schema.check(Schema.isGreaterThanOrEqualTo(1)))
 
 /** A limit: a positive count, or -1 for none. */
@@ -490,13 +547,13 @@ const ExpectationsFile = Schema.Struct({
 
 const ConsumerFile = Schema.Struct({
   name: Schema.String,
-  ackWait: Schema.optional(DurationInput),
+  ackWait: Schema.optional(PositiveDurationInput),
   maxDeliver: Schema.optional(Limit),
   maxAckPending: Schema.optional(Limit),
   filterSubject: Schema.optional(Schema.String),
   filterSubjects: Schema.optional(Schema.Array(Schema.String)),
   deliverPolicy: Schema.optional(Schema.Literals(["all", "new"])),
-  backoff: Schema.optional(Schema.Array(DurationInput)),
+  backoff: Schema.optional(Schema.Array(PositiveDurationInput)),
   expect: ExpectationsFile
 })
 
@@ -505,7 +562,7 @@ const StreamFile = Schema.Struct({
   subjects: Schema.Array(Schema.String),
   subjectsMode: Schema.optional(Schema.Literals(["exact", "add"])),
   storage: Schema.optional(Schema.Literals(["file", "memory"])),
-  duplicateWindow: Schema.optional(DurationInput),
+  duplicateWindow: Schema.optional(PositiveDurationInput),
   maxAge: Schema.optional(DurationInput),
   maxBytes: Schema.optional(Limit),
   maxMessages: Schema.optional(Limit),

@@ -21,7 +21,7 @@ import {
   StorageType
 } from "@nats-io/jetstream"
 import { nanos } from "@nats-io/transport-node"
-import { Duration, Effect } from "effect"
+import { Duration, Effect, Option } from "effect"
 import { NatsConnection } from "./NatsConnection.ts"
 import * as NatsError from "./NatsError.ts"
 
@@ -108,6 +108,80 @@ export const isValidName = (name: string): boolean => NAME.test(name)
 
 const invalid = (operation: string, message: string) =>
   new NatsError.NatsError({ reason: "ApiError", operation, message })
+
+/** A declared value the server would not keep: the setting (the server's name) and why. */
+export interface Problem {
+  readonly setting: string
+  readonly message: string
+}
+
+/** The milliseconds of `input`, or `undefined` when it is not a finite duration. */
+const finiteMillis = (input: Duration.Input): number | undefined => {
+  const parsed = Option.getOrUndefined(Duration.fromInput(input))
+  return parsed === undefined || !Duration.isFinite(parsed) ? undefined : Duration.toMillis(parsed)
+}
+
+/** A positive count, or -1 for none (the server stores -1 for a 0, so a 0 would never converge). */
+const isLimit = (n: number): boolean => Number.isSafeInteger(n) && (n >= 1 || n === -1)
+
+/**
+ * The values of a stream declaration the server would not keep as declared: for a 0 it stores its
+ * default (a 2-minute duplicate window, no limit, 1 replica), so `ensureStream` would update it on
+ * every run and `Contract.check` report drift for ever. Empty: the declaration can be applied.
+ */
+export const streamProblems = (options: StreamOptions): ReadonlyArray<Problem> => {
+  const problems: Array<Problem> = []
+  const add = (setting: string, message: string) => problems.push({ setting, message })
+  if (options.duplicateWindow !== undefined && !((finiteMillis(options.duplicateWindow) ?? 0) > 0)) {
+    // JetStream cannot turn deduplication off: a 0 window is its default, 2 minutes.
+    add(
+      "duplicate_window",
+      `duplicateWindow must be a positive duration (the server replaces 0 by 2 minutes; deduplication cannot be ` +
+        `turned off), got ${JSON.stringify(options.duplicateWindow)}`
+    )
+  }
+  if (options.maxAge !== undefined && !((finiteMillis(options.maxAge) ?? -1) >= 0)) {
+    add("max_age", `maxAge must be a finite duration, 0 for no age limit, got ${JSON.stringify(options.maxAge)}`)
+  }
+  if (options.maxBytes !== undefined && !isLimit(options.maxBytes)) {
+    add("max_bytes", `maxBytes must be a positive integer, or -1 for none (the server stores -1 for 0), got ${options.maxBytes}`)
+  }
+  if (options.maxMessages !== undefined && !isLimit(options.maxMessages)) {
+    add("max_msgs", `maxMessages must be a positive integer, or -1 for none (the server stores -1 for 0), got ${options.maxMessages}`)
+  }
+  if (options.replicas !== undefined && !(Number.isSafeInteger(options.replicas) && options.replicas >= 1)) {
+    add("num_replicas", `replicas must be an integer of at least 1 (the server stores 1 for 0), got ${options.replicas}`)
+  }
+  return problems
+}
+
+/**
+ * The values of a consumer declaration the server would not keep as declared (it stores its
+ * default for a 0: AckWait 30 seconds, MaxAckPending 1000, MaxDeliver -1), so `ensureConsumer`
+ * would update it on every run and `Contract.check` report drift for ever. Empty: the
+ * declaration can be applied.
+ */
+export const consumerProblems = (options: ConsumerOptions): ReadonlyArray<Problem> => {
+  const problems: Array<Problem> = []
+  const add = (setting: string, message: string) => problems.push({ setting, message })
+  if (options.ackWait !== undefined && !((finiteMillis(options.ackWait) ?? 0) > 0)) {
+    add("ack_wait", `ackWait must be a positive duration (the server replaces 0 by 30 seconds), got ${JSON.stringify(options.ackWait)}`)
+  }
+  if (options.maxDeliver !== undefined && !isLimit(options.maxDeliver)) {
+    add("max_deliver", `maxDeliver must be a positive integer, or -1 for none (the server stores -1 for 0), got ${options.maxDeliver}`)
+  }
+  if (options.maxAckPending !== undefined && !isLimit(options.maxAckPending)) {
+    add(
+      "max_ack_pending",
+      `maxAckPending must be a positive integer, or -1 for none (the server replaces 0 by 1000), got ${options.maxAckPending}`
+    )
+  }
+  if ((options.backoff ?? []).some((delay) => !((finiteMillis(delay) ?? 0) > 0))) {
+    // The first delay becomes AckWait, which the server does not keep at 0.
+    add("backoff", `every backoff delay must be a positive duration, got ${JSON.stringify(options.backoff)}`)
+  }
+  return problems
+}
 
 const ns = (input: Duration.Input | undefined, fallback: Duration.Input): number =>
   nanos(Duration.toMillis(Duration.fromInputUnsafe(input ?? fallback)))
@@ -208,6 +282,8 @@ export const ensureStream = (options: StreamOptions): Effect.Effect<StreamInfo, 
     const operation = `ensure stream ${options.name}`
     if (!NAME.test(options.name)) return yield* invalid(operation, `invalid stream name ${JSON.stringify(options.name)}`)
     if (options.subjects.length === 0) return yield* invalid(operation, "a stream needs at least one subject")
+    const problems = streamProblems(options)
+    if (problems.length > 0) return yield* invalid(operation, problems.map((problem) => problem.message).join("; "))
     const { manager } = yield* NatsConnection
     const wanted = streamConfig(options)
     const existing = yield* call(operation, () => manager.streams.info(options.name)).pipe(
@@ -348,6 +424,8 @@ export const ensureConsumer = (
   Effect.gen(function*() {
     const operation = `ensure consumer ${options.stream}/${options.name}`
     if (!NAME.test(options.name)) return yield* invalid(operation, `invalid consumer name ${JSON.stringify(options.name)}`)
+    const problems = consumerProblems(options)
+    if (problems.length > 0) return yield* invalid(operation, problems.map((problem) => problem.message).join("; "))
     const wanted = consumerConfig(options)
     const delays = wanted.backoff?.length ?? 0
     if (delays > 0 && !(wanted.max_deliver! > delays)) {

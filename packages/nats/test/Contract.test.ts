@@ -1,6 +1,7 @@
 import { assert, describe, it, layer } from "@effect/vitest"
 import { AckPolicy } from "@nats-io/jetstream"
 import { Contract, NatsConnection, Topology } from "@jetworker/nats"
+import { nanos } from "@nats-io/transport-node"
 import { Effect } from "effect"
 
 const NatsLive = NatsConnection.layer({ servers: process.env.NATS_URL ?? "nats://127.0.0.1:4222" })
@@ -228,6 +229,81 @@ describe("Contract", () => {
         assert.deepStrictEqual(shape(findings), [["consumer S/shipper", "filter_subject", "error"], ["stream S", "subjects", "error"]])
       }).pipe(Effect.scoped))
 
+    it.effect("INT-NATS-002: check reports a declared stream limit (max_msgs, discard) that differs on the live stream, as plan does", () =>
+      Effect.gen(function*() {
+        const stream = yield* freshStream
+        const base = contractFor(stream)
+        // Declared: keep up to 100 000 messages and refuse new ones at the limit (never drop unprocessed work).
+        const contract: Contract.Contract = { ...base, stream: { ...base.stream, maxMessages: 100_000, discard: "new" } }
+        yield* Contract.apply(contract)
+        assert.deepStrictEqual(yield* Contract.check(contract), [])
+        // A platform operator shrinks the stream and makes it drop old messages.
+        const { manager } = yield* NatsConnection.NatsConnection
+        yield* Effect.promise(() => manager.streams.update(stream, { max_msgs: 10, discard: "old" as never }))
+        assert.deepStrictEqual((yield* Contract.plan(contract)).map((c) => c.setting).sort(), ["discard", "max_msgs"])
+        const findings = yield* Contract.check(contract)
+        assert.deepStrictEqual(shape(findings), [["stream S", "discard", "error"], ["stream S", "max_msgs", "error"]])
+        const text = findings.map((f) => f.message).join("\n")
+        assert.include(text, "has max_msgs 10, the contract 100000")
+        assert.include(text, "discards old messages at its limits, the contract new")
+      }).pipe(Effect.scoped))
+
+    it.effect("INT-NATS-002: check reports a live consumer that delivers headers only, or that the server deletes when idle (inactive_threshold)", () =>
+      Effect.gen(function*() {
+        const stream = yield* freshStream
+        const contract = contractFor(stream)
+        yield* Contract.apply(contract)
+        const { manager } = yield* NatsConnection.NatsConnection
+        yield* Effect.promise(() => manager.consumers.update(stream, "shipper", { headers_only: true }))
+        assert.isTrue((yield* Effect.promise(() => manager.consumers.info(stream, "shipper"))).config.headers_only === true, "precondition: the server took headers_only")
+        const headersOnly = yield* Contract.check(contract)
+        assert.deepStrictEqual(shape(headersOnly), [["consumer S/shipper", "headers_only", "error"]])
+        assert.include(headersOnly[0]!.message, "delivers headers only, without the payload")
+
+        yield* Effect.promise(() => manager.consumers.update(stream, "shipper", { headers_only: false, inactive_threshold: nanos(60 * 60_000) }))
+        assert.isTrue(((yield* Effect.promise(() => manager.consumers.info(stream, "shipper"))).config.inactive_threshold ?? 0) > 0, "precondition: the server took inactive_threshold")
+        const idle = yield* Contract.check(contract)
+        assert.deepStrictEqual(shape(idle), [["consumer S/shipper", "inactive_threshold", "error"]])
+        assert.include(idle[0]!.message, "has inactive_threshold 1h: the server deletes the durable and its position")
+      }).pipe(Effect.scoped))
+
+    it.effect("INT-NATS-002: a contract apply refuses cannot have written anything: a backoff without maxDeliver is an error of validate, and no stream is left behind", () =>
+      Effect.gen(function*() {
+        const stream = yield* freshStream
+        const { manager } = yield* NatsConnection.NatsConnection
+        const contract: Contract.Contract = {
+          version: "1",
+          ownership: "service",
+          stream: { name: stream, subjects: [`${stream.toLowerCase()}.orders.>`] },
+          consumers: [{ name: "shipper", backoff: ["1 second", "5 seconds"], expect: { attempts: 5, concurrency: 4, prefetch: 4 } }]
+        }
+        const refused = yield* Effect.flip(Contract.apply(contract))
+        assert.strictEqual(refused._tag === "ContractError" ? refused.reason : `${refused._tag}: ${refused.message}`, "Invalid")
+        assert.include(refused.message, "has a backoff and no maxDeliver")
+        const exists = yield* Effect.promise(() => manager.streams.info(stream).then(() => true, () => false))
+        assert.isFalse(exists, `stream ${stream} was created by an apply that then failed`)
+      }).pipe(Effect.scoped))
+
+    it.effect("INT-NATS-002: values the server replaces by its default (0 AckWait, MaxAckPending, duplicate window) are refused before anything is written, so apply converges", () =>
+      Effect.gen(function*() {
+        const stream = yield* freshStream
+        const { manager } = yield* NatsConnection.NatsConnection
+        const base = contractFor(stream)
+        const shipper = base.consumers[0]!
+        const variants: ReadonlyArray<readonly [string, Contract.Contract]> = [
+          ["maxAckPending", { ...base, consumers: [{ ...shipper, maxAckPending: 0 }] }],
+          ["ackWait", { ...base, consumers: [{ ...shipper, ackWait: "0 millis" }] }],
+          ["duplicateWindow", { ...base, stream: { ...base.stream, duplicateWindow: "0 millis" } }]
+        ]
+        for (const [setting, contract] of variants) {
+          const refused = yield* Effect.flip(Contract.apply(contract))
+          assert.strictEqual(refused._tag === "ContractError" ? refused.reason : `${refused._tag}: ${refused.message}`, "Invalid", setting)
+          assert.include(refused.message, `${setting} must be a positive`)
+        }
+        const exists = yield* Effect.promise(() => manager.streams.info(stream).then(() => true, () => false))
+        assert.isFalse(exists, `stream ${stream} was created by a refused apply`)
+      }).pipe(Effect.scoped))
+
     it.effect("INT-NATS-002: a feature newer than the server is detected, not assumed: several filter subjects on a server older than 2.10 are an error of check, refused by plan, apply and Topology before anything is sent; one filter subject works everywhere", () =>
       Effect.gen(function*() {
         const stream = yield* freshStream
@@ -310,17 +386,45 @@ describe("Contract", () => {
       for (const field of ["stream.replica", "stream.maxAge", "consumers.0.maxDelivery", "consumers.0.ackWait", "consumers.0.maxAckPending"]) {
         assert.include(misspelt.message, field)
       }
+      // 0 is the server's "default": a file cannot declare a value apply would never converge to.
+      const zero = yield* Effect.flip(Contract.fromJson(JSON.stringify({
+        version: "7",
+        ownership: "service",
+        stream: { name: "ORDERS", subjects: ["orders.>"], duplicateWindow: 0 },
+        consumers: [{ name: "c", ackWait: 0, maxDeliver: 11, backoff: ["0 seconds"], expect: { attempts: 5, concurrency: 1, prefetch: 1 } }]
+      })))
+      assert.strictEqual(zero.reason, "Unreadable")
+      for (const field of ["stream.duplicateWindow", "consumers.0.ackWait", "consumers.0.backoff.0"]) {
+        assert.include(zero.message, field)
+      }
+      assert.include(zero.message, "expected a positive duration")
     }))
 
-  it("validate finds what the server would refuse, before anything is written: a backoff without a MaxDeliver above it, a duplicate window longer than the max age, a filter the stream does not capture, bad or repeated names", () => {
+  it("validate finds what the server would refuse or not keep, before anything is written: a backoff without a MaxDeliver above it, a duplicate window longer than the max age, a filter the stream does not capture, bad or repeated names, a 0 the server replaces by its default", () => {
     const base = contractFor("ORDERS")
     const shipper = base.consumers[0]!
     const checks = (contract: Contract.Contract) =>
       Contract.validate(contract).filter((f) => f.severity === "error").map((f) => [f.target, f.check])
     assert.deepStrictEqual(checks(base), [])
-    // NATS 2.9 refuses a backoff without MaxDeliver; newer servers take it: a warning.
-    const noMax = Contract.validate({ ...base, consumers: [{ ...shipper, maxDeliver: undefined, backoff: ["1 second", "5 seconds"] }] })
-    assert.isTrue(noMax.some((f) => f.check === "backoff" && f.severity === "warning" && f.message.includes("NATS 2.9 refuses it")))
+    // Topology.ensureConsumer refuses a backoff without MaxDeliver (NATS 2.9 does): an error, or apply stops half way.
+    assert.deepStrictEqual(checks({ ...base, consumers: [{ ...shipper, maxDeliver: undefined, backoff: ["1 second", "5 seconds"] }] }), [
+      ["consumer ORDERS/shipper", "backoff"]
+    ])
+    // Values the server replaces by its default, each named.
+    assert.deepStrictEqual(
+      checks({
+        ...base,
+        stream: { ...base.stream, duplicateWindow: 0, replicas: 0, maxMessages: 0 },
+        consumers: [{ ...shipper, ackWait: 0, maxAckPending: 0 }]
+      }),
+      [
+        ["stream ORDERS", "duplicate_window"],
+        ["stream ORDERS", "max_msgs"],
+        ["stream ORDERS", "replicas"],
+        ["consumer ORDERS/shipper", "ack_wait"],
+        ["consumer ORDERS/shipper", "max_ack_pending"]
+      ]
+    )
     assert.deepStrictEqual(checks({ ...base, consumers: [{ ...shipper, maxDeliver: 2, backoff: ["1 second", "5 seconds"] }] }), [
       ["consumer ORDERS/shipper", "max_deliver"],
       ["consumer ORDERS/shipper", "backoff"]
@@ -344,5 +448,12 @@ describe("Contract", () => {
     const noAcks = Contract.consumerFindings(target, { ack_policy: AckPolicy.None, max_ack_pending: 1 }, expect)
     assert.deepStrictEqual(noAcks.map((f) => [f.check, f.severity]), [["ack_policy", "error"]])
     assert.deepStrictEqual(Contract.consumerFindings(target, { ack_policy: AckPolicy.Explicit, max_ack_pending: 1, max_deliver: -1 }, expect), [])
+    // What the source would refuse at open: deliveries without payload, a durable deleted when idle.
+    const lossy = Contract.consumerFindings(
+      target,
+      { ack_policy: AckPolicy.Explicit, max_ack_pending: 1, max_deliver: -1, headers_only: true, inactive_threshold: nanos(60_000) },
+      expect
+    )
+    assert.deepStrictEqual(lossy.map((f) => [f.check, f.severity]), [["headers_only", "error"], ["inactive_threshold", "error"]])
   })
 })

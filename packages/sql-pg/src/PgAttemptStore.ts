@@ -34,7 +34,7 @@ export const make = (options?: Options): Effect.Effect<AttemptStoreShape, Attemp
   Effect.gen(function*() {
     const name = options?.table ?? Table.defaultAttemptsTable
     const table = Table.quote(name)
-    if (table === undefined) return yield* new AttemptStoreError({ message: Table.invalidMessage(name) })
+    if (table === undefined) return yield* new AttemptStoreError({ message: Table.invalidMessage(name, "attempts") })
     const sql = yield* SqlClient.SqlClient
     const upsert = `INSERT INTO ${table} AS t (scope, id, failures) VALUES ($1, $2, 1)
 ON CONFLICT (scope, id) DO UPDATE SET failures = t.failures + 1, updated_at = now()
@@ -63,7 +63,7 @@ export const layer = (options?: Options): Layer.Layer<AttemptStore, AttemptStore
 /**
  * Deletes at most `limit` rows not updated for `olderThan` (messages that stopped failing
  * without reaching a final outcome the engine saw, e.g. purged from the stream) and returns how
- * many it deleted.
+ * many it deleted. A negative or infinite `olderThan` is refused.
  */
 export const purge = (options: {
   readonly olderThan: Duration.Input
@@ -73,10 +73,17 @@ export const purge = (options: {
   Effect.gen(function*() {
     const name = options.table ?? Table.defaultAttemptsTable
     const table = Table.quote(name)
-    if (table === undefined) return yield* new AttemptStoreError({ message: Table.invalidMessage(name) })
+    if (table === undefined) return yield* new AttemptStoreError({ message: Table.invalidMessage(name, "attempts") })
     const olderThan = Duration.fromInput(options.olderThan)
-    if (Option.isNone(olderThan) || !Duration.isFinite(olderThan.value) || !Number.isSafeInteger(options.limit) || options.limit < 1) {
-      return yield* new AttemptStoreError({ message: "purge: olderThan must be a finite duration and limit a positive integer" })
+    // A negative age ("-1 hour", a sign slip) would delete counts recorded a moment ago, resetting
+    // the retry budget of messages still being retried.
+    if (Option.isNone(olderThan) || !Duration.isFinite(olderThan.value) || Duration.toMillis(olderThan.value) < 0) {
+      return yield* new AttemptStoreError({
+        message: `purge: olderThan must be a finite duration of at least 0, got ${JSON.stringify(options.olderThan)}`
+      })
+    }
+    if (!Number.isSafeInteger(options.limit) || options.limit < 1) {
+      return yield* new AttemptStoreError({ message: `purge: limit must be a positive integer, got ${options.limit}` })
     }
     const sql = yield* SqlClient.SqlClient
     const rows = yield* sql.unsafe<{ readonly deleted: number }>(

@@ -78,7 +78,7 @@ const resolveTable = (table: string | undefined): Effect.Effect<string, Idempote
   const name = table ?? Table.defaultTable
   const quoted = Table.quote(name)
   return quoted === undefined
-    ? Effect.fail(new IdempotencyError({ reason: "Misconfigured", message: Table.invalidMessage(name) }))
+    ? Effect.fail(new IdempotencyError({ reason: "Misconfigured", message: Table.invalidMessage(name, "idempotency") }))
     : Effect.succeed(quoted)
 }
 

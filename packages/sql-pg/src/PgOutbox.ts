@@ -52,7 +52,7 @@ export interface Options {
 const quoted = (name: string): Effect.Effect<string, Outbox.OutboxError> => {
   const table = Table.quote(name)
   return table === undefined
-    ? Effect.fail(new Outbox.OutboxError({ message: Table.invalidMessage(name).replace("idempotency", "outbox") }))
+    ? Effect.fail(new Outbox.OutboxError({ message: Table.invalidMessage(name, "outbox") }))
     : Effect.succeed(table)
 }
 

@@ -16,9 +16,12 @@ export const quote = (table: string): string | undefined => {
   return parts.map((part) => `"${part}"`).join(".")
 }
 
-/** Why `table` was refused, for the error message. */
-export const invalidMessage = (table: string): string =>
-  `invalid idempotency table name ${JSON.stringify(table)}: expected a lowercase SQL identifier ` +
+/** Which table a name is for: the message names the setting the operator must fix. */
+export type Role = "idempotency" | "attempts" | "outbox"
+
+/** Why `table` (the `role` table's name) was refused, for the error message. */
+export const invalidMessage = (table: string, role: Role): string =>
+  `invalid ${role} table name ${JSON.stringify(table)}: expected a lowercase SQL identifier ` +
   `(letters, digits and "_", at most 63 characters, not starting with a digit), optionally ` +
   `qualified by a schema as "schema.table"`
 
