@@ -3,7 +3,7 @@
  * code and output.
  */
 import { assert, describe, it, layer } from "@effect/vitest"
-import type { DeadLetters } from "@jetworker/cli"
+import { DeadLetters } from "@jetworker/cli"
 import { DeadLetter, NatsConnection, Topology } from "@jetworker/nats"
 import { ChildWorker, NatsServer, TestStream } from "@jetworker/testing"
 import { Duration, Effect, Redacted } from "effect"
@@ -230,13 +230,14 @@ describe("jetworker CLI", () => {
         assert.include(dryRun.stdout, `would purge 2 dead letter(s) of ${stream.deadLetterStream}`)
         assert.strictEqual(yield* count(stream.deadLetterStream), 3, "nothing changed")
 
+        const third = yield* DeadLetter.read(stream.deadLetterStream, 3)
         const replayed = yield* jetworker("dlq", "replay", ...dlqStream, "--subject", stream.subject("b"), "--yes", ...server)
         assert.strictEqual(replayed.code, 0, replayed.stderr)
         assert.include(replayed.stdout, `replayed 1 of 1 dead letter(s) of ${stream.deadLetterStream}`)
         assert.strictEqual(yield* count(stream.stream), 4, "the replay is stored in the source stream")
         // A replay that is retried sends the same deterministic Nats-Msg-Id: stored once.
         const retried = yield* Effect.promise(() =>
-          jetstream.publish(stream.subject("b"), new TextEncoder().encode(`{"id":"x3"}`), { msgID: `replay.${stream.deadLetterStream}.3` })
+          jetstream.publish(stream.subject("b"), new TextEncoder().encode(`{"id":"x3"}`), { msgID: DeadLetter.replayId(third) })
         )
         assert.isTrue(retried.duplicate)
         assert.strictEqual(yield* count(stream.stream), 4)
@@ -356,6 +357,44 @@ describe("jetworker CLI", () => {
         assert.include(strayPurge.stderr, `#${stray.seq} has no Jetworker-Stream header`)
         assert.strictEqual(yield* stored, 1, "the message without dead-letter headers is kept")
       }), 120_000)
+
+    it.effect("dlq --since and --until take ISO 8601 only (a date, or a date-time with its offset): anything else Date.parse would read (--since 2 is February 2001) is refused with exit 2 and nothing is selected", () =>
+      Effect.gen(function*() {
+        const { deadLetterStream, stored } = yield* deadLetters(1)
+        const server = ["--server", natsUrl]
+        for (const [flag, value] of [["--since", "2"], ["--until", "Dec 1"], ["--since", "2026-12-01T10:00:00"]] as const) {
+          const refused = yield* jetworker("dlq", "purge", "--stream", deadLetterStream, flag, value, "--yes", ...server)
+          assert.strictEqual(refused.code, 2, `${flag} ${value} was accepted (exit ${refused.code}): ${refused.stdout} ${refused.stderr}`)
+          assert.include(refused.stderr, `${flag} ${JSON.stringify(value)}: --since and --until take an ISO 8601 date`)
+        }
+        assert.strictEqual(yield* stored, 1, "nothing purged")
+        const taken = yield* jetworker("dlq", "list", "--stream", deadLetterStream, "--since", "2000-01-01", "--until", "2999-01-01T00:00:00.5+01:00", "--json", ...server)
+        assert.strictEqual(taken.code, 0, taken.stderr)
+        assert.strictEqual((JSON.parse(taken.stdout) as ReadonlyArray<unknown>).length, 1)
+        // The forms, without a process each.
+        assert.strictEqual(DeadLetters.parseTime("2026-12-01"), Date.UTC(2026, 11, 1))
+        assert.strictEqual(DeadLetters.parseTime("2026-12-01T10:00Z"), Date.UTC(2026, 11, 1, 10))
+        assert.strictEqual(DeadLetters.parseTime("2026-12-01T10:00:00.250-01:30"), Date.UTC(2026, 11, 1, 11, 30, 0, 250))
+        for (const bad of ["2", "12", "Dec 1", "2026-12-01T10:00:00", "2026-02-30", "2026-12-01T24:00Z", "2026-12-01 10:00Z", "yesterday"]) {
+          assert.isUndefined(DeadLetters.parseTime(bad), bad)
+        }
+      }).pipe(Effect.scoped), 60_000)
+
+    it.effect("dlq show refuses a message that is not a dead letter (a source stream's, or one without dead-letter headers) as replay and purge do: exit 2, saying so, instead of showing it with empty fields", () =>
+      Effect.gen(function*() {
+        const { deadLetterStream, stream } = yield* deadLetters(1)
+        const server = ["--server", natsUrl]
+        for (const json of [[], ["--json"]]) {
+          const refused = yield* jetworker("dlq", "show", "--stream", stream, "--sequence", "1", ...json, ...server)
+          assert.strictEqual(refused.code, 2, `shown as a dead letter (exit ${refused.code}):\n${refused.stdout}`)
+          assert.strictEqual(refused.stdout, "")
+          assert.include(refused.stderr, `jetworker dlq show: ${stream}#1 is not a dead letter (it has no Jetworker-Stream header), nothing shown`)
+          assert.include(refused.stderr, `its consumers' dead letters are in ${deadLetterStream}`)
+        }
+        const shown = yield* jetworker("dlq", "show", "--stream", deadLetterStream, "--sequence", "1", ...server)
+        assert.strictEqual(shown.code, 0, shown.stderr)
+        assert.include(shown.stdout, `source:     ${stream}/worker#1`)
+      }).pipe(Effect.scoped), 60_000)
 
     it.effect("Ctrl-C in a bulk run says how many were done (exit 130)", () =>
       Effect.gen(function*() {

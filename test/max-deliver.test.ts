@@ -80,5 +80,37 @@ describe("MaxDeliver (INT-NATS-002)", () => {
         const info = yield* stream.info
         assert.deepStrictEqual([info.num_pending, info.num_ack_pending], [0, 0])
       }))
+
+    it.effect("INT-NATS-002: an advisory whose dead letter is already stored (the engine wrote it and died before acking, or the advisory was handled twice) only has its advisory removed: not counted, logged or reported as a new dead letter", () =>
+      Effect.gen(function*() {
+        const stream = yield* TestStream.make({ maxDeliver: 2 })
+        const { jetstream, manager } = yield* NatsConnection.NatsConnection
+        yield* MaxDeliveries.ensure(stream.stream, stream.consumer)
+        const seq = yield* stream.publish("a", job("j1", 1), "j1")
+        // The dead letter is stored first (the same Nats-Msg-Id as the engine's own).
+        const first = yield* DeadLetter.recover({ stream: stream.stream, consumer: stream.consumer, sequence: seq })
+        assert.isFalse(first.duplicate)
+        // Then the server's MaxDeliver advisory of the same message is captured.
+        yield* Effect.promise(() =>
+          jetstream.publish(
+            MaxDeliveries.advisorySubject(stream.stream, stream.consumer),
+            new TextEncoder().encode(JSON.stringify({ type: "io.nats.jetstream.advisory.v1.max_deliver", stream: stream.stream, consumer: stream.consumer, stream_seq: seq, deliveries: 2 }))
+          )
+        )
+        const lines: Array<string> = []
+        const capture = Logger.make(({ message }) => {
+          lines.push(String(Array.isArray(message) ? message[0] : message))
+        })
+        const before = yield* deadLetteredCount(stream.consumer)
+        const recovered = yield* MaxDeliveries.recoverCaptured({ stream: stream.stream, consumer: stream.consumer }).pipe(
+          Effect.provide(Logger.layer([capture]))
+        )
+        assert.strictEqual((yield* deadLetteredCount(stream.consumer)) - before, 0, "one dead letter counted twice")
+        assert.deepStrictEqual(recovered.map((r) => r.sequence), [], "nothing new was stored")
+        assert.notInclude(lines, "dead-letter.max-deliveries")
+        const count = (name: string) => Effect.promise(() => manager.streams.info(name).then((info) => info.state.messages))
+        assert.strictEqual(yield* count(stream.deadLetterStream), 1, "one dead letter in the stream")
+        assert.strictEqual(yield* count(MaxDeliveries.captureStream(stream.stream, stream.consumer)), 0, "the advisory was removed")
+      }).pipe(Effect.scoped))
   })
 })

@@ -766,7 +766,7 @@ describe("retries and dead letters", () => {
           const replayed = (yield* Effect.promise(() => manager.streams.getMessage(stream.stream, { seq: ack.seq })))!
           assert.strictEqual(replayed.header.get("X-Trace"), "trace-r")
           assert.strictEqual(replayed.header.get(DeadLetter.Header.replayOf), `${stream.deadLetterStream}:${dead!.sequence}`)
-          assert.strictEqual(replayed.header.get("Nats-Msg-Id"), `replay.${stream.deadLetterStream}.${dead!.sequence}`)
+          assert.strictEqual(replayed.header.get("Nats-Msg-Id"), DeadLetter.replayId(dead!))
           assert.isFalse(replayed.header.has("Nats-Expected-Last-Subject-Sequence"), "the original's expectation is not replayed")
           assert.deepStrictEqual(yield* DeadLetter.list(stream.deadLetterStream), [], "gone from the dead-letter stream")
 

@@ -6,13 +6,14 @@
  * dead-letter stream by its sequence. Thin wrappers over `@jetworker/nats`'s `DeadLetter`, with
  * the selection, pacing and text an operator needs.
  *
- * A replay is `DeadLetter.replay`: the original payload (so the same event id) with the
- * deterministic `Nats-Msg-Id` `replay.<dead-letter stream>.<sequence>`, so a replay that is itself
- * retried (or run twice) is stored once within the source stream's duplicate window.
+ * A replay is `DeadLetter.replay`: the original payload (so the same event id) with a
+ * deterministic `Nats-Msg-Id` derived from the dead letter's own headers (`DeadLetter.replayId`),
+ * so a replay that is itself retried (or run twice) is stored once within the source stream's
+ * duplicate window.
  *
  * @since 0.3.0
  */
-import { DeadLetter, NatsConnection, type NatsError, Topology } from "@jetworker/nats"
+import { DeadLetter, NatsConnection, NatsError, Topology } from "@jetworker/nats"
 import { Duration, Effect } from "effect"
 
 const decoder = new TextDecoder()
@@ -79,6 +80,32 @@ export const matches = (filter: Filter) => (m: DeadLetter.DeadLetterMessage): bo
     (filter.until === undefined || at < filter.until)
 }
 
+const isoTime = /^(\d{4})-(\d{2})-(\d{2})(?:T(\d{2}):(\d{2})(?::(\d{2})(?:\.(\d{1,9}))?)?(Z|[+-]\d{2}:\d{2}))?$/
+
+/**
+ * Epoch milliseconds of an ISO 8601 `--since`/`--until`, or `undefined` when it is not one of
+ * these forms: a date `2026-12-01` (midnight UTC), or a date-time with its offset
+ * `2026-12-01T10:00Z`, `2026-12-01T10:00:00Z`, `2026-12-01T10:00:00.250+01:00`. A date-time
+ * without an offset is refused, since whose local time it means is a guess; so is anything else
+ * `Date.parse` would take (`2` is February 2001), which would select what nobody asked for.
+ */
+export const parseTime = (text: string): number | undefined => {
+  const m = isoTime.exec(text)
+  if (m === null) return undefined
+  const [year, month, day, hour, minute, second] = m.slice(1, 7).map((part) => Number(part ?? 0)) as [number, number, number, number, number, number]
+  const millis = Number((m[7] ?? "").padEnd(3, "0").slice(0, 3))
+  const zone = m[8] ?? "Z"
+  const [offsetHours, offsetMinutes] = zone === "Z" ? [0, 0] : [Number(zone.slice(1, 3)), Number(zone.slice(4, 6))]
+  if (hour > 23 || minute > 59 || second > 59 || offsetHours > 23 || offsetMinutes > 59) return undefined
+  // setUTCFullYear, unlike Date.UTC, keeps years below 100; both roll 2026-02-30 over to March 2,
+  // so the day read back must be the one given.
+  const date = new Date(0)
+  date.setUTCFullYear(year, month - 1, day)
+  if (date.getUTCFullYear() !== year || date.getUTCMonth() !== month - 1 || date.getUTCDate() !== day) return undefined
+  date.setUTCHours(hour, minute, second, millis)
+  return date.getTime() - (zone.startsWith("-") ? -1 : 1) * (offsetHours * 60 + offsetMinutes) * 60_000
+}
+
 /** Whether `filter` narrows anything (an empty filter selects every dead letter). */
 export const isEmpty = (filter: Filter): boolean => Object.values(filter).every((value) => value === undefined)
 
@@ -136,14 +163,29 @@ export interface Detail extends Row {
   readonly payloadBytes: number
 }
 
-/** Reads one dead letter in full. */
+/** A dead letter in full. */
+export const detail = (m: DeadLetter.DeadLetterMessage): Detail => ({
+  ...toRow(m, 65_536),
+  cause: m.error,
+  headers: m.originalHeaders,
+  payloadBytes: m.payload.byteLength
+})
+
+/**
+ * Reads one dead letter in full. A message that is not a dead letter (`DeadLetter.isDeadLetter`:
+ * any other stream's message) fails with `ApiError` rather than being shown with empty fields.
+ */
 export const show = (stream: string, sequence: number): Effect.Effect<Detail, NatsError.NatsError, NatsConnection.NatsConnection> =>
-  Effect.map(DeadLetter.read(stream, sequence), (m) => ({
-    ...toRow(m, 65_536),
-    cause: m.error,
-    headers: m.originalHeaders,
-    payloadBytes: m.payload.byteLength
-  }))
+  Effect.flatMap(DeadLetter.read(stream, sequence), (m) =>
+    DeadLetter.isDeadLetter(m)
+      ? Effect.succeed(detail(m))
+      : Effect.fail(
+        new NatsError.NatsError({
+          reason: "ApiError",
+          operation: `show ${stream}#${sequence}`,
+          message: `${stream}#${sequence} is not a dead letter (it has no ${DeadLetter.Header.stream} header)`
+        })
+      ))
 
 /** A dead letter in full as text. */
 export const formatDetail = (stream: string, d: Detail): string =>

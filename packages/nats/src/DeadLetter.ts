@@ -15,6 +15,7 @@
  */
 import { AckPolicy, type ConsumerMessages, DeliverPolicy, type JsMsg, type PubAck, type StoredMsg } from "@nats-io/jetstream"
 import { headers as makeHeaders, type MsgHdrs, nanos } from "@nats-io/transport-node"
+import { createHash } from "node:crypto"
 import type { Outcome } from "@jetworker/core"
 import { DateTime, Duration, Effect } from "effect"
 import * as ControlHeaders from "./internal/controlHeaders.ts"
@@ -384,12 +385,26 @@ export const list = (
   })
 
 /**
+ * The `Nats-Msg-Id` of the replay of dead letter `m`: `replay.` and a SHA-256 of its source
+ * stream, consumer, source sequence and failure time. Not its place in the dead-letter stream:
+ * those sequences restart when that stream is deleted and created again, and a new dead letter
+ * replayed under a reused id was taken as a duplicate and deleted, i.e. lost. The headers are the
+ * same on every read of one dead letter (a retried replay stays one message) and differ for a
+ * later dead letter of the same message (its failure time); the hash keeps any stream or
+ * consumer name within the id's printable 200 characters.
+ */
+export const replayId = (m: DeadLetterMessage): string =>
+  `replay.${createHash("sha256").update(JSON.stringify([m.sourceStream, m.consumer, m.sourceSequence, m.failedAt])).digest("hex")}`
+
+/**
  * Replays one dead-letter message: republishes its original payload and headers to its original
- * subject (confirmed by the original stream, `Nats-Msg-Id` = `replay.<stream>.<sequence>`, header
+ * subject (confirmed by the original stream, `Nats-Msg-Id` = {@link replayId}, header
  * `Jetworker-Replay-Of`), then deletes it from the dead-letter stream. The original's `Nats-*`
  * headers are not sent again: they were directives to the original publish (its id, expected
- * last sequence, rollup), which would make the replay fail or do harm. Replaying the same message
- * twice within the original stream's duplicate window stores it once.
+ * last sequence, rollup), which would make the replay fail or do harm. Replaying the same dead
+ * letter twice within the original stream's duplicate window stores it once; a duplicate PubAck
+ * therefore means this very dead letter was stored already (a replay whose delete was lost), so
+ * it is deleted then too.
  */
 export const replay = (
   stream: string,
@@ -400,7 +415,7 @@ export const replay = (
     if (!isDeadLetter(message)) return yield* notADeadLetter(`replay ${stream}#${sequence}`, stream, sequence)
     const { jetstream, manager, apiTimeoutMillis } = yield* NatsConnection
     const operation = `replay ${stream}#${sequence} to ${message.subject}`
-    const h = ControlHeaders.make(`replay.${stream}.${sequence}`, message.sourceStream)
+    const h = ControlHeaders.make(replayId(message), message.sourceStream)
     for (const [name, value] of message.originalHeaders) {
       if (!name.toLowerCase().startsWith("nats-")) h.append(name, value)
     }

@@ -7,7 +7,8 @@
  * stores each such message in the dead-letter stream by its stream sequence
  * (`DeadLetter.recover`: reason `DeliveriesExhausted`, the same `Nats-Msg-Id` as the engine's own
  * dead letter of that sequence, so capturing it twice, or after the engine did write it, stores
- * it once), counts it in `jetworker.dead_lettered` and logs `dead-letter.max-deliveries`.
+ * it once), counts it in `jetworker.dead_lettered` and logs `dead-letter.max-deliveries` (only
+ * when it was not stored already).
  *
  * A captured advisory is removed once its dead letter is stored; one that cannot be stored yet
  * (a full dead-letter stream) stays and is tried again. The capture stream keeps advisories for
@@ -65,8 +66,10 @@ interface Advisory {
 
 /**
  * Stores the message of every captured advisory (at most `limit`) in the dead-letter stream and
- * removes the advisory; returns what it stored. An advisory that cannot be read is removed with a
- * warning; a dead letter that cannot be stored leaves its advisory for the next call.
+ * removes the advisory; returns what it stored. A dead letter the stream already had (a
+ * duplicate PubAck) only has its advisory removed: it is not returned, counted or logged. An
+ * advisory that cannot be read is removed with a warning; a dead letter that cannot be stored
+ * leaves its advisory for the next call.
  */
 export const recoverCaptured = (options: Options): Effect.Effect<ReadonlyArray<Recovered>, NatsError.NatsError, NatsConnection> =>
   Effect.gen(function*() {
@@ -98,7 +101,9 @@ export const recoverCaptured = (options: Options): Effect.Effect<ReadonlyArray<R
           // Gone from the source stream (its retention, or deleted): nothing left to store.
           Effect.catchIf((error) => error.code === 10037, (error) => Effect.as(Effect.logWarning(error.message), undefined))
         )
-        if (deadLetter === undefined) {
+        // Already stored (the engine wrote it and died before acking; or this advisory was handled
+        // before its delete): counting or logging it again would report one dead letter twice.
+        if (deadLetter === undefined || deadLetter.duplicate) {
           yield* call(`delete ${capture}#${seq}`, () => manager.streams.deleteMessage(capture, seq, false))
           continue
         }

@@ -142,5 +142,36 @@ describe("DeadLetter", () => {
         assert.isTrue(again.duplicate, "the second write was stored again")
         assert.strictEqual((yield* DeadLetter.list(shared.stream)).length, 1)
       }).pipe(Effect.scoped))
+
+    it.effect("BE-JOB-003: controlled replay: a dead letter replayed after its dead-letter stream was re-created (sequences restart at 1) reaches the source stream instead of being taken as a duplicate of an older replay and deleted", () =>
+      Effect.gen(function*() {
+        const stream = yield* TestStream.make()
+        const { manager } = yield* NatsConnection.NatsConnection
+        const decoder = new TextDecoder()
+
+        // First dead letter (#1 of the dead-letter stream), replayed: stored in the source stream.
+        const a = yield* stream.publish("a", `{"id":"A"}`, "A")
+        yield* DeadLetter.recover({ stream: stream.stream, consumer: stream.consumer, sequence: a })
+        const first = yield* DeadLetter.replay(stream.deadLetterStream, 1)
+        assert.isFalse(first.duplicate)
+
+        // The dead-letter stream is removed and created again: its sequences restart at 1.
+        yield* Effect.promise(() => manager.streams.delete(stream.deadLetterStream))
+        const b = yield* stream.publish("b", `{"id":"B"}`, "B")
+        yield* DeadLetter.recover({ stream: stream.stream, consumer: stream.consumer, sequence: b })
+        const letter = yield* DeadLetter.read(stream.deadLetterStream, 1)
+        assert.strictEqual(decoder.decode(letter.payload), `{"id":"B"}`, "the new dead letter is #1")
+
+        const before = yield* stream.stored
+        const second = yield* DeadLetter.replay(stream.deadLetterStream, 1)
+        const after = yield* stream.stored
+        assert.isFalse(second.duplicate, "dead letter B was taken as a duplicate of A's replay and deleted: lost")
+        assert.strictEqual(after, before + 1)
+        // The id is the dead letter's own headers: the same on every read (a retried replay is
+        // stored once), another for a later dead letter of the same message (its failure time).
+        assert.strictEqual(DeadLetter.replayId(letter), DeadLetter.replayId({ ...letter, sequence: 7 }))
+        assert.notStrictEqual(DeadLetter.replayId(letter), DeadLetter.replayId({ ...letter, failedAt: new Date().toISOString() }))
+        assert.isAtMost(DeadLetter.replayId({ ...letter, sourceStream: "S".repeat(255), consumer: "C".repeat(255) }).length, 200)
+      }).pipe(Effect.scoped), 60_000)
   })
 })

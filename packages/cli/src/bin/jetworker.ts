@@ -18,9 +18,12 @@
  * container, bad arguments). `dlq`: 0 done; 1 the server refused (no such stream, consumer or
  * message, not stored), a dead letter of a bulk run failed, or a replay or purge was not confirmed;
  * 2 bad arguments (`--sequence` with a filter or `--all`; a `replay` or `purge` of a stream that
- * is not a dead-letter stream) or no connection (unreachable, credentials refused, no JetStream,
+ * is not a dead-letter stream; a `show` of a message that is not a dead letter; a `--since` or
+ * `--until` that is not ISO 8601) or no connection (unreachable, credentials refused, no JetStream,
  * or lost during a bulk run, which then stops and says how many were done). Filters: `--consumer`,
- * `--reason`, `--subject` (a NATS subject filter), `--since`, `--until` (ISO 8601). A `purge`, and
+ * `--reason`, `--subject` (a NATS subject filter), `--since`, `--until` (ISO 8601: a date,
+ * `2026-12-01`, meaning midnight UTC, or a date-time with seconds optional, fractions allowed and
+ * its offset required, `2026-12-01T10:00Z`, `2026-12-01T10:00:00.250+01:00`). A `purge`, and
  * a `replay` of more than one named sequence, asks on a terminal and refuses without one unless
  * `--yes`. `recover` stores into the existing dead-letter stream; it never creates or changes it.
  * `contract check`: 0 the server fits the contract (warnings allowed), 1 it does not (the report
@@ -135,8 +138,14 @@ const filterFlags = {
   consumer: Flag.String("consumer").pipe(Flag.optional, Flag.withDescription("Only dead letters of this consumer")),
   reason: Flag.String("reason").pipe(Flag.optional, Flag.withDescription("Only this reason, e.g. PermanentError, DeliveriesExhausted")),
   subject: Flag.String("subject").pipe(Flag.optional, Flag.withDescription("Only this original subject, or a NATS subject filter (orders.>)")),
-  since: Flag.String("since").pipe(Flag.optional, Flag.withDescription("Only dead-lettered at or after this time (ISO 8601)")),
-  until: Flag.String("until").pipe(Flag.optional, Flag.withDescription("Only dead-lettered before this time (ISO 8601)"))
+  since: Flag.String("since").pipe(
+    Flag.optional,
+    Flag.withDescription("Only dead-lettered at or after this time: ISO 8601, 2026-12-01 (UTC) or 2026-12-01T10:00:00Z (an offset required)")
+  ),
+  until: Flag.String("until").pipe(
+    Flag.optional,
+    Flag.withDescription("Only dead-lettered before this time: ISO 8601, 2026-12-01 (UTC) or 2026-12-01T10:00:00Z (an offset required)")
+  )
 }
 
 type FilterInput = { readonly [K in keyof typeof filterFlags]: Option.Option<string> }
@@ -144,15 +153,22 @@ type FilterInput = { readonly [K in keyof typeof filterFlags]: Option.Option<str
 /** The filter the flags give; a time that does not parse is reported (exit 2). */
 const filterFrom = (what: string, input: FilterInput) =>
   Effect.gen(function*() {
+    // Only ISO 8601 (DeadLetters.parseTime): Date.parse would read `--since 2` as February 2001.
     const time = (value: Option.Option<string>) => {
       if (Option.isNone(value)) return Option.some(undefined)
-      const ms = Date.parse(value.value)
-      return Number.isNaN(ms) ? Option.none() : Option.some(ms)
+      const ms = DeadLetters.parseTime(value.value)
+      return ms === undefined ? Option.none() : Option.some(ms)
     }
     const since = time(input.since)
     const until = time(input.until)
     if (Option.isNone(since) || Option.isNone(until)) {
-      yield* Console.error(`jetworker ${what}: --since and --until take an ISO 8601 time, e.g. 2026-12-01T10:00:00Z`)
+      const given = [["--since", input.since], ["--until", input.until]] as const
+      const bad = given.filter(([, value]) => Option.isSome(value) && DeadLetters.parseTime(value.value) === undefined)
+        .map(([flag, value]) => `${flag} ${JSON.stringify(Option.getOrElse(value, () => ""))}`)
+      yield* Console.error(
+        `jetworker ${what}: ${bad.join(", ")}: --since and --until take an ISO 8601 date (2026-12-01, midnight UTC) ` +
+          `or date-time with its offset (2026-12-01T10:00Z, 2026-12-01T10:00:00.250+01:00)`
+      )
       process.exitCode = 2
       return Option.none<DeadLetters.Filter>()
     }
@@ -204,9 +220,21 @@ const dlqShow = Command.make("show", {
   server
 }, (input) =>
   Effect.gen(function*() {
-    const detail = yield* withNats("dlq show", input.server, DeadLetters.show(input.stream, input.sequence))
-    if (Option.isNone(detail)) return
-    yield* Console.log(input.json ? JSON.stringify(detail.value, null, 2) : DeadLetters.formatDetail(input.stream, detail.value))
+    const read = yield* withNats("dlq show", input.server, DeadLetter.read(input.stream, input.sequence))
+    if (Option.isNone(read)) return
+    // Refused as replay and purge refuse it: shown as a dead letter, any stream's message would
+    // print empty causes and a made-up source, and exit 0.
+    if (!DeadLetter.isDeadLetter(read.value)) {
+      yield* Console.error(
+        `jetworker dlq show: ${input.stream}#${input.sequence} is not a dead letter (it has no ${DeadLetter.Header.stream} header), ` +
+          `nothing shown; if ${input.stream} is a source stream, its consumers' dead letters are in ` +
+          DeadLetter.destination(input.stream, "-").stream
+      )
+      process.exitCode = 2
+      return
+    }
+    const detail = DeadLetters.detail(read.value)
+    yield* Console.log(input.json ? JSON.stringify(detail, null, 2) : DeadLetters.formatDetail(input.stream, detail))
   })).pipe(Command.withDescription("Show one dead letter in full: cause, headers and payload"))
 
 /**
