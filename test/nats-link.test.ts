@@ -34,8 +34,9 @@ describe("the NATS link", () => {
           { timeout: "25 seconds", interval: "250 millis" }
         )
         const after = (yield* Clock.currentTimeMillis) - pausedAt
-        // Five seconds between pings, two unanswered: noticed at the third, with a second's slack.
-        assert.isAtMost(after, 16_000, `readiness went down ${after} ms after the link froze`)
+        // Five seconds between pings, two unanswered: noticed at the third tick, 10 to 15 s after
+        // the freeze; the slack covers the poll and a loaded machine's late timers.
+        assert.isAtMost(after, 17_500, `readiness went down ${after} ms after the link froze`)
         assert.include(down.body, "no answer to pings (stale connection)", down.body)
         yield* Eventually.holds("the stale link in the log", Effect.map(worker.logs, (lines) => lines.some((l) => l.event === "nats.stale" && l.level === "WARN")), "5 seconds")
         yield* proxy.resume

@@ -39,8 +39,9 @@ const stopWhileWaiting = (dependency: "nats" | "postgres") =>
     const logs = yield* worker.logs
     const stages = logs.filter((l) => l.message === "shutdown.stage").map((l) => `${l.stage}:${l.target}=${l.result}(${l.durationMs}ms)`)
     const completed = W.withMessage(logs, "shutdown.completed")
-    // Well inside the close share (1.5 s) that a hung wait would use up.
-    assert.isBelow(took, 1_500, `exited ${took} ms after SIGTERM with ${JSON.stringify(exit)}; stages: ${stages.join(", ")}`)
+    // A hung wait used up the 5 s of the budget's shares before the close (and exited 3); the
+    // bound leaves room for a loaded machine's process exit.
+    assert.isBelow(took, 3_000, `exited ${took} ms after SIGTERM with ${JSON.stringify(exit)}; stages: ${stages.join(", ")}`)
     assert.deepStrictEqual(exit, { code: 0, signal: null }, `completed: ${JSON.stringify(completed)}`)
     assert.strictEqual(completed.length, 1)
     assert.strictEqual(completed[0]?.result, "success")

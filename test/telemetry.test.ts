@@ -282,8 +282,9 @@ describe("telemetry", () => {
       const exit = yield* Effect.promise(() => exited).pipe(Effect.timeout("15 seconds"))
       const took = exit.at - signalledAt
       assert.strictEqual(exit.code, 0, "telemetry and the log pipe change no result")
-      // 300 ms for delivering the signal and reaping the process.
-      assert.isBelow(took, 4_000 + 300, `exited ${took} ms after SIGTERM; SHUTDOWN_BUDGET is 4000 ms`)
+      // 700 ms for delivering the signal and reaping the process on a loaded machine; waits timed
+      // from the end of the telemetry share instead of the budget's end exited a second late.
+      assert.isBelow(took, 4_000 + 700, `exited ${took} ms after SIGTERM; SHUTDOWN_BUDGET is 4000 ms`)
     }), 40_000)
 
   it.live("a log reader that stops reading: the process holds at most LOG_BUFFER_BYTES of log lines, drops the rest, and says how many once the reader is back", () =>
