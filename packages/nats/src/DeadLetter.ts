@@ -455,7 +455,8 @@ export interface RecoverOptions {
  * the consumer's dead-letter stream, read from the source stream by its sequence, with reason
  * `DeliveriesExhausted`. It uses the same `Nats-Msg-Id` as the engine's own dead letter of that
  * sequence, so recovering twice (or after the engine did write it) stores it once within the
- * dead-letter stream's duplicate window. A consumer that does not exist fails with
+ * dead-letter stream's duplicate window; past it, a dead letter of that sequence that is still the
+ * consumer's newest is found too (`duplicate: true`, nothing stored). A consumer that does not exist fails with
  * `ConsumerNotFound` (a misspelt name would store the dead letter under a consumer nobody has).
  */
 export const recover = (options: RecoverOptions): Effect.Effect<PubAck, NatsError.NatsError, NatsConnection> =>
@@ -485,6 +486,22 @@ export const recover = (options: RecoverOptions): Effect.Effect<PubAck, NatsErro
     )
     // Only once the message and the consumer are known, so a mistyped name changes nothing.
     yield* ensure(target, options.deadLetter)
+    // The dead letter's id finds one stored earlier only within the dead-letter stream's duplicate
+    // window, and an advisory may wait days for its consumer to start again: the engine that wrote
+    // the dead letter and died before its ack left both. So the consumer's newest dead letter is
+    // looked at too (exact for that case; one stored earlier than another is still found only by
+    // its id). A failed look-up changes nothing: the publish below goes ahead as before.
+    const newest = yield* Effect.tryPromise({
+      try: () => manager.streams.getMessage(target.stream, { last_by_subj: target.subject }),
+      catch: (error) => NatsError.fromUnknown(operation, error)
+    }).pipe(Effect.orElseSucceed(() => null))
+    if (
+      newest !== null && newest.header?.get(Header.stream) === options.stream &&
+      newest.header.get(Header.sequence) === String(options.sequence)
+    ) {
+      const already: PubAck = { stream: target.stream, seq: newest.seq, duplicate: true }
+      return already
+    }
     const record: Outcome.DeadLetterRecord = {
       outcome: "DeadLettered",
       reason: "DeliveriesExhausted",

@@ -1,5 +1,5 @@
 import { assert, describe, layer } from "@effect/vitest"
-import { DeadLetter, NatsConnection, Publisher } from "@jetworker/nats"
+import { DeadLetter, NatsConnection, Publisher, Topology } from "@jetworker/nats"
 import { TestStream } from "@jetworker/testing"
 import { ErrorSummary, type Outcome } from "@jetworker/core"
 import { headers as makeHeaders } from "@nats-io/transport-node"
@@ -142,6 +142,27 @@ describe("DeadLetter", () => {
         assert.isTrue(again.duplicate, "the second write was stored again")
         assert.strictEqual((yield* DeadLetter.list(shared.stream)).length, 1)
       }).pipe(Effect.scoped))
+
+    it.effect("BE-JOB-003: a MaxDeliver advisory handled after the dead-letter stream's duplicate window (its worker came back late) finds the dead letter the engine had stored: no second dead letter, no second replay", () =>
+      Effect.gen(function*() {
+        const stream = yield* TestStream.make()
+        // The dead-letter stream with a 1 s window: its passing stands for the default 2 minutes'.
+        const target = DeadLetter.destination(stream.stream, stream.consumer)
+        yield* Topology.ensureStream({ name: target.stream, subjects: [`jetworker.dlq.${stream.stream}.>`], duplicateWindow: "1 second" })
+        const seq = yield* stream.publish("a", `{"id":"A"}`, "A")
+        const options = { stream: stream.stream, consumer: stream.consumer, sequence: seq, deadLetter: { create: false } }
+        // The engine's dead letter, as it stores it (the same id and headers as a recovery's).
+        const first = yield* DeadLetter.recover(options)
+        assert.isFalse(first.duplicate)
+        // The window passes (the scenario's own time): the id alone no longer finds the first.
+        yield* Effect.sleep("1500 millis")
+        const again = yield* DeadLetter.recover(options)
+        assert.deepStrictEqual([again.duplicate, again.seq], [true, first.seq], "the dead letter already stored is found")
+        assert.lengthOf(yield* DeadLetter.list(target.stream), 1, "one dead letter, so one replay")
+        // Another message of the consumer is still dead-lettered.
+        const other = yield* stream.publish("a", `{"id":"B"}`, "B")
+        assert.isFalse((yield* DeadLetter.recover({ ...options, sequence: other })).duplicate)
+      }).pipe(Effect.scoped), 30_000)
 
     it.effect("BE-JOB-003: controlled replay: a dead letter replayed after its dead-letter stream was re-created (sequences restart at 1) reaches the source stream instead of being taken as a duplicate of an older replay and deleted", () =>
       Effect.gen(function*() {
