@@ -11,14 +11,6 @@ import { ledgerStream, workerEnv } from "./support/ledger.ts"
 import { databaseUrl, LedgerTestLive, natsUrl } from "./support/services.ts"
 import * as W from "./support/worker.ts"
 
-const quickBudget = {
-  SHUTDOWN_BUDGET: "6 seconds",
-  SHUTDOWN_READINESS_GRACE: "200 millis",
-  SHUTDOWN_CLOSE: "1500 millis",
-  SHUTDOWN_TELEMETRY: "500 millis",
-  SHUTDOWN_RESERVE: "500 millis"
-}
-
 /** A loopback port with nothing behind it (a proxy's, closed again). */
 const deadPort = Effect.scoped(Effect.map(FaultProxy.make({ target: { host: "127.0.0.1", port: 4222 } }), (proxy) => proxy.port))
 
@@ -30,7 +22,7 @@ const stopWhileWaiting = (dependency: "nats" | "postgres") =>
     const env = dependency === "nats"
       ? workerEnv(settings, schema.name, databaseUrl, `nats://127.0.0.1:${port}`)
       : workerEnv(settings, schema.name, `postgres://postgres@127.0.0.1:${port}/test`, natsUrl)
-    const worker = yield* W.start({ ...env, ...quickBudget, STARTUP_TIMEOUT: "30 seconds" })
+    const worker = yield* W.start({ ...env, ...W.quickBudget, STARTUP_TIMEOUT: "30 seconds" })
     yield* worker.waitForLog("startup.waiting", "10 seconds", (line) => line.dependency === dependency)
     const signalledAt = yield* Clock.currentTimeMillis
     yield* worker.child.kill("SIGTERM")

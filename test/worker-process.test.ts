@@ -15,12 +15,21 @@ import { databaseUrl, LedgerTestLive, natsUrl } from "./support/services.ts"
 import * as W from "./support/worker.ts"
 import { fileURLToPath } from "node:url"
 
-const quickBudget = {
-  SHUTDOWN_BUDGET: "6 seconds",
-  SHUTDOWN_READINESS_GRACE: "200 millis",
-  SHUTDOWN_CLOSE: "1500 millis",
-  SHUTDOWN_TELEMETRY: "500 millis",
-  SHUTDOWN_RESERVE: "500 millis"
+/**
+ * The events of a worker that stopped on a failure without a signal: one `shutdown.started`
+ * (reason failure) and one `shutdown.completed` (result failure, at ERROR); returns its
+ * `worker.failed` line (exactly one).
+ */
+const failedShutdown = (logs: ReadonlyArray<W.LogLine>) => {
+  const started = W.withMessage(logs, "shutdown.started")
+  const completed = W.withMessage(logs, "shutdown.completed")
+  assert.strictEqual(started.length, 1)
+  assert.deepInclude(started[0]!, { reason: "failure", signal: null })
+  assert.strictEqual(completed.length, 1)
+  assert.deepInclude(completed[0]!, { result: "failure", level: "ERROR" })
+  const failed = W.withMessage(logs, "worker.failed")
+  assert.strictEqual(failed.length, 1)
+  return failed
 }
 
 /** A loopback port nothing listens on now. */
@@ -48,7 +57,7 @@ describe("worker process", () => {
       Effect.gen(function*() {
         const { settings } = yield* ledgerStream()
         const schema = yield* TestDatabase.TestSchema
-        const worker = yield* W.start({ ...workerEnv(settings, schema.name, databaseUrl, natsUrl), ...quickBudget })
+        const worker = yield* W.start({ ...workerEnv(settings, schema.name, databaseUrl, natsUrl), ...W.quickBudget })
         yield* W.waitReady(worker)
         yield* worker.child.kill("SIGINT")
         assert.deepStrictEqual(yield* worker.child.waitForExit("15 seconds"), { code: 0, signal: null })
@@ -76,36 +85,22 @@ describe("worker process", () => {
       Effect.gen(function*() {
         const { stream, settings } = yield* ledgerStream()
         const schema = yield* TestDatabase.TestSchema
-        const worker = yield* W.start({ ...workerEnv(settings, schema.name, databaseUrl, natsUrl), ...quickBudget })
+        const worker = yield* W.start({ ...workerEnv(settings, schema.name, databaseUrl, natsUrl), ...W.quickBudget })
         yield* W.waitReady(worker)
         const { manager } = yield* NatsConnection.NatsConnection
         yield* Effect.promise(() => manager.consumers.delete(stream.stream, stream.consumer))
         assert.deepStrictEqual(yield* worker.child.waitForExit("20 seconds"), { code: 1, signal: null })
         const logs = yield* worker.logs
-        const started = W.withMessage(logs, "shutdown.started")
-        const completed = W.withMessage(logs, "shutdown.completed")
-        assert.strictEqual(started.length, 1)
-        assert.deepInclude(started[0]!, { reason: "failure", signal: null })
-        assert.strictEqual(completed.length, 1)
-        assert.deepInclude(completed[0]!, { result: "failure", level: "ERROR" })
-        const failed = W.withMessage(logs, "worker.failed")
-        assert.strictEqual(failed.length, 1)
+        const failed = failedShutdown(logs)
         assert.match(String(failed[0]!.cause), /ConsumerDeleted|consumer deleted/i)
       }))
 
     it.effect("BE-SHUT-007: a program that ends interrupted with no stop signal ends with result failure and exit code 1, the two agreeing", () =>
       Effect.gen(function*() {
-        const child = yield* ChildWorker.spawn({ script: selfInterrupting, env: { ...quickBudget, HEALTH_PORT: "off" } })
+        const child = yield* ChildWorker.spawn({ script: selfInterrupting, env: { ...W.quickBudget, HEALTH_PORT: "off" } })
         assert.deepStrictEqual(yield* child.waitForExit("15 seconds"), { code: 1, signal: null })
         const logs = W.jsonLines(yield* child.lines)
-        const started = W.withMessage(logs, "shutdown.started")
-        const completed = W.withMessage(logs, "shutdown.completed")
-        assert.strictEqual(started.length, 1)
-        assert.deepInclude(started[0]!, { reason: "failure", signal: null })
-        assert.strictEqual(completed.length, 1)
-        assert.deepInclude(completed[0]!, { result: "failure", level: "ERROR" })
-        const failed = W.withMessage(logs, "worker.failed")
-        assert.strictEqual(failed.length, 1)
+        const failed = failedShutdown(logs)
         assert.include(String(failed[0]!.nextStep), "no stop signal")
       }))
 
@@ -116,7 +111,7 @@ describe("worker process", () => {
         const { p, a, b } = yield* twoAccounts("overrun")
         const stuck = `${p}.stuck`
         yield* W.makeSlow(stuck, 30_000)
-        const worker = yield* W.start({ ...workerEnv(settings, schema.name, databaseUrl, natsUrl), ...quickBudget })
+        const worker = yield* W.start({ ...workerEnv(settings, schema.name, databaseUrl, natsUrl), ...W.quickBudget })
         yield* W.waitReady(worker)
         yield* stream.publish("eur", transfer(stuck, a, b, 1_00), stuck)
         yield* W.waitReceived(worker, stuck)
@@ -140,7 +135,7 @@ describe("worker process", () => {
         const target = new URL(natsUrl)
         const worker = yield* W.start({
           ...workerEnv(settings, schema.name, databaseUrl, `nats://127.0.0.1:${port}`),
-          ...quickBudget,
+          ...W.quickBudget,
           STARTUP_TIMEOUT: "30 seconds"
         })
         yield* worker.waitForLog("startup.waiting", "10 seconds", (l) => l.dependency === "nats")
@@ -169,7 +164,7 @@ describe("worker process", () => {
         down.port = String(port)
         const worker = yield* W.start({
           ...workerEnv(settings, schema.name, down.toString(), natsUrl),
-          ...quickBudget,
+          ...W.quickBudget,
           STARTUP_TIMEOUT: "30 seconds"
         })
         const waiting = yield* worker.waitForLog("startup.waiting", "10 seconds", (l) => l.dependency === "postgres")
@@ -193,7 +188,7 @@ describe("worker process", () => {
         )
         const worker = yield* W.start({
           ...workerEnv(settings, schema.name, databaseUrl, `nats://127.0.0.1:${port}`),
-          ...quickBudget,
+          ...W.quickBudget,
           STARTUP_TIMEOUT: "2 seconds"
         })
         assert.deepStrictEqual(yield* worker.child.waitForExit("15 seconds"), { code: 1, signal: null })
@@ -236,7 +231,7 @@ describe("worker process", () => {
         const schema = yield* TestDatabase.TestSchema
         const { p, a, b } = yield* twoAccounts("loglevel")
         const env = workerEnv(settings, schema.name, databaseUrl, natsUrl)
-        const worker = yield* W.start({ ...env, ...quickBudget, LOG_LEVEL: "Debug" })
+        const worker = yield* W.start({ ...env, ...W.quickBudget, LOG_LEVEL: "Debug" })
         yield* W.waitReady(worker)
         yield* stream.publish("eur", transfer(`${p}.ok`, a, b, 1_00), `${p}.ok`)
         const committed = yield* worker.waitForLog(
@@ -283,7 +278,7 @@ describe("worker process", () => {
             script: W.fixture,
             env: {
               ...workerEnv(settings, schema.name, databaseUrl, natsUrl),
-              ...quickBudget,
+              ...W.quickBudget,
               LOG_LEVEL: level,
               HEALTH_HOST: "127.0.0.1",
               HEALTH_PORT: String(port)
@@ -321,7 +316,7 @@ describe("worker process", () => {
         const wedge = `${p}.wedge`
         const worker = yield* W.start({
           ...workerEnv(settings, schema.name, databaseUrl, natsUrl),
-          ...quickBudget,
+          ...W.quickBudget,
           HEALTH_MAX_EVENT_LOOP_LAG: "500 millis",
           JW_BLOCK_EVENT: wedge,
           JW_BLOCK_MS: "1500"
@@ -350,7 +345,7 @@ describe("worker process", () => {
         // A heap bound as docs/performance.md suggests (V8's own on this machine is about 4 GiB).
         const worker = yield* W.start({
           ...workerEnv(settings, schema.name, databaseUrl, natsUrl),
-          ...quickBudget,
+          ...W.quickBudget,
           NODE_OPTIONS: "--max-semi-space-size=4 --max-old-space-size=128"
         })
         yield* W.waitReady(worker)

@@ -76,6 +76,15 @@ export const start = Effect.fnUntraced(function*(env: Record<string, string>) {
   return worker
 })
 
+/** A short shutdown budget for worker tests: 6 s (grace 200 ms, close 1.5 s, telemetry 500 ms, reserve 500 ms). */
+export const quickBudget = {
+  SHUTDOWN_BUDGET: "6 seconds",
+  SHUTDOWN_READINESS_GRACE: "200 millis",
+  SHUTDOWN_CLOSE: "1500 millis",
+  SHUTDOWN_TELEMETRY: "500 millis",
+  SHUTDOWN_RESERVE: "500 millis"
+}
+
 /** Waits until `/healthz/ready` answers 200. */
 export const waitReady = (worker: Worker, timeout: Duration.Input = "20 seconds") =>
   Eventually.poll(

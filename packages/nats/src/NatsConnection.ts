@@ -215,6 +215,12 @@ const encoder = new TextEncoder()
 
 const settingError = (message: string) => new NatsError.NatsError({ reason: "ApiError", operation: "connect", message })
 
+/** `value`, unless it is not an integer from 1 to `max` (then a failure naming the setting). */
+const integerSetting = (name: string, value: number, max: number): Effect.Effect<number, NatsError.NatsError> =>
+  Number.isInteger(value) && value >= 1 && value <= max
+    ? Effect.succeed(value)
+    : Effect.fail(settingError(`${name} must be an integer from 1 to ${max}, got ${value}`))
+
 /** Fails, naming `what` and `file`, unless `file` can be read. */
 const readable = (what: string, file: string | undefined) =>
   file === undefined ? Effect.void : Effect.try({
@@ -298,30 +304,12 @@ export const make = (options: Options) =>
   Effect.gen(function*() {
     const apiTimeoutMillis = millis(options.apiTimeout, 5_000)
     const drainMillis = millis(options.drainTimeout, 5_000)
-    const maxPublishes = options.maxPublishesInFlight ?? 1024
-    if (!Number.isInteger(maxPublishes) || maxPublishes < 1 || maxPublishes > 100_000) {
-      return yield* new NatsError.NatsError({
-        reason: "ApiError",
-        operation: "connect",
-        message: `maxPublishesInFlight must be an integer from 1 to 100000, got ${maxPublishes}`
-      })
-    }
+    const maxPublishes = yield* integerSetting("maxPublishesInFlight", options.maxPublishesInFlight ?? 1024, 100_000)
     const pingMillis = millis(options.pingInterval, 5_000)
     if (!(pingMillis >= 1_000 && pingMillis <= 600_000)) {
-      return yield* new NatsError.NatsError({
-        reason: "ApiError",
-        operation: "connect",
-        message: `pingInterval must be from 1 second to 10 minutes, got ${String(options.pingInterval)}`
-      })
+      return yield* settingError(`pingInterval must be from 1 second to 10 minutes, got ${String(options.pingInterval)}`)
     }
-    const maxPingsOut = options.maxPingsOut ?? 2
-    if (!Number.isInteger(maxPingsOut) || maxPingsOut < 1 || maxPingsOut > 100) {
-      return yield* new NatsError.NatsError({
-        reason: "ApiError",
-        operation: "connect",
-        message: `maxPingsOut must be an integer from 1 to 100, got ${maxPingsOut}`
-      })
-    }
+    const maxPingsOut = yield* integerSetting("maxPingsOut", options.maxPingsOut ?? 2, 100)
     const authenticator = yield* authenticatorFor(options)
     const tls = yield* tlsFor(options)
     const connectMillis = millis(options.connectTimeout, 5_000)

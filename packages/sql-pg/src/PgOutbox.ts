@@ -202,7 +202,8 @@ export const relayRound = (
       const sent: Array<string> = []
       let failure: Outbox.PublishFailed | undefined
       // The budget on the monotonic clock (a step of the wall clock must not stretch it).
-      const started = Number(clock.monotonicTimeNanosUnsafe()) / 1e6
+      const elapsedMillis = () => Number(clock.monotonicTimeNanosUnsafe()) / 1e6
+      const started = elapsedMillis()
       let outOfTime = false
       for (const row of rows) {
         // Past the budget, what was published is marked now: a relay killed later in a long round
@@ -211,7 +212,7 @@ export const relayRound = (
         // and the next round publishes it again with the same id, inside the duplicate window.
         // A round's first publish is not cut (it is bounded by its own attempts and timeout), so
         // that every round gets one row further, whatever the budget.
-        const left = budgetMillis - (Number(clock.monotonicTimeNanosUnsafe()) / 1e6 - started)
+        const left = budgetMillis - (elapsedMillis() - started)
         if (sent.length > 0 && left <= 0) {
           outOfTime = true
           break
