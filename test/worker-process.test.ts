@@ -47,6 +47,7 @@ const isLifecycleEvent = (line: W.LogLine) =>
   /^dependency\./.test(String(line.event))
 
 const selfInterrupting = fileURLToPath(new URL("./fixtures/self-interrupting-worker.ts", import.meta.url))
+const failingClose = fileURLToPath(new URL("./fixtures/failing-close-worker.ts", import.meta.url))
 
 const startedKeys = ["timestamp", "level", "message", "signal", "reason", "budgetMs"]
 const completedKeys = ["timestamp", "level", "message", "result", "durationMs", "budgetMs", "signal"]
@@ -102,6 +103,22 @@ describe("worker process", () => {
         const logs = W.jsonLines(yield* child.lines)
         const failed = failedShutdown(logs)
         assert.include(String(failed[0]!.nextStep), "no stop signal")
+      }))
+
+    it.effect("BE-SHUT-007: a resource that fails to close makes the shutdown a failure (exit code 1), and its close stage line says why", () =>
+      Effect.gen(function*() {
+        const worker = yield* W.startScript(failingClose, { ...W.quickBudget, HEALTH_PORT: "0" })
+        yield* W.waitReady(worker)
+        yield* worker.child.kill("SIGTERM")
+        assert.deepStrictEqual(yield* worker.child.waitForExit("15 seconds"), { code: 1, signal: null })
+        const logs = yield* worker.logs
+        const close = logs.filter((l) => l.message === "shutdown.stage" && l.target === "broken-client")
+        assert.strictEqual(close.length, 1)
+        assert.deepInclude(close[0]!, { level: "ERROR", stage: "close", result: "failed" })
+        assert.include(String(close[0]!.error), "socket already destroyed while closing")
+        const completed = W.withMessage(logs, "shutdown.completed")
+        assert.strictEqual(completed.length, 1)
+        assert.deepInclude(completed[0]!, { level: "ERROR", result: "failure", signal: "SIGTERM" })
       }))
 
     it.effect("BE-SHUT-007: overrun shutdown: a stage past its share ends with result timeout and exit code 3", () =>

@@ -47,8 +47,11 @@ const parse = (line: string): LogLine | undefined => {
 export const jsonLines = (lines: ReadonlyArray<string>): ReadonlyArray<LogLine> => lines.flatMap((l) => parse(l) ?? [])
 
 /** Starts the ledger worker fixture with `env`; waits (bounded) until its health server listens. */
-export const start = Effect.fnUntraced(function*(env: Record<string, string>) {
-  const child = yield* ChildWorker.spawn({ script: fixture, env })
+export const start = (env: Record<string, string>) => startScript(fixture, env)
+
+/** Starts the worker `script` with `env`; waits (bounded) until its health server listens. */
+export const startScript = Effect.fnUntraced(function*(script: string, env: Record<string, string>) {
+  const child = yield* ChildWorker.spawn({ script, env })
   const listening = yield* child.waitForLine((line) => parse(line)?.message === "health.listening", "20 seconds")
   const port = Number(parse(listening)!.port)
   const get = (path: string) =>

@@ -24,7 +24,7 @@
  *
  * @since 0.2.0
  */
-import { Clock, Context, Data, Deferred, Duration, Effect, Exit, Fiber, Layer, Option, Result, Schedule, Scope } from "effect"
+import { Cause, Clock, Context, Data, Deferred, Duration, Effect, Exit, Fiber, Layer, Option, Result, Schedule, Scope } from "effect"
 import * as ErrorSummary from "./ErrorSummary.ts"
 
 // ---------------------------------------------------------------------------------------------
@@ -224,6 +224,11 @@ export interface Managed extends LifecycleShape {
   readonly startedAt: () => number | undefined
   /** Whether some stage overran its share. */
   readonly overran: () => boolean
+  /**
+   * Whether some stage failed (a resource whose release failed), telemetry aside: the shutdown's
+   * result is then `failure`, since the process did not close what it owns.
+   */
+  readonly stageFailed: () => boolean
   /** Marks an overrun found outside `stage` (e.g. work abandoned at a deadline). */
   readonly markOverrun: Effect.Effect<void>
   /** The readiness probe's view. */
@@ -251,9 +256,27 @@ interface ComponentState {
   reason: string | undefined
 }
 
-const logStage = (stage: Stage, target: string, result: StageResult, durationMillis: number) =>
-  (result === "completed" ? Effect.logInfo : Effect.logWarning)("shutdown.stage").pipe(
-    Effect.annotateLogs({ stage, target, result, durationMs: Math.round(durationMillis) })
+/**
+ * One `shutdown.stage` line. A failed stage says why (`error`), at ERROR unless it is a telemetry
+ * flush (best effort: it changes no result, so WARN, like a stage cut at its deadline).
+ */
+const logStage = (
+  stage: Stage,
+  target: string,
+  result: StageResult,
+  durationMillis: number,
+  failure?: Cause.Cause<unknown>
+) =>
+  (result === "completed" ? Effect.logInfo : result === "failed" && stage !== "telemetry" ? Effect.logError : Effect.logWarning)(
+    "shutdown.stage"
+  ).pipe(
+    Effect.annotateLogs({
+      stage,
+      target,
+      result,
+      durationMs: Math.round(durationMillis),
+      ...(failure === undefined ? {} : { error: ErrorSummary.describe(ErrorSummary.fromCause(failure)) })
+    })
   )
 
 /** A lifecycle for a worker to drive; its start-up deadline counts from now. */
@@ -267,6 +290,7 @@ export const makeManaged = (options: ManagedOptions): Effect.Effect<Managed> =>
     let phase: Phase = "starting"
     let shutdownAt: number | undefined
     let overran = false
+    let stageFailed = false
 
     const deadline = (share: Share): number | undefined =>
       shutdownAt === undefined ? undefined : shutdownAt + shareEnd(budget, share)
@@ -281,15 +305,20 @@ export const makeManaged = (options: ManagedOptions): Effect.Effect<Managed> =>
         const fiber = yield* Effect.forkDetach(effect)
         const exit = yield* Fiber.await(fiber).pipe(Effect.timeoutOption(Duration.millis(Math.max(0, end - start))))
         let result: StageResult
+        let failure: Cause.Cause<unknown> | undefined
         if (exit._tag === "None") {
           result = "timeout"
           // Telemetry is best effort: a collector that is slow or gone changes no result.
           if (share !== "telemetry") overran = true
           yield* Effect.forkDetach(Fiber.interrupt(fiber))
+        } else if (Exit.isSuccess(exit.value)) {
+          result = "completed"
         } else {
-          result = Exit.isSuccess(exit.value) ? "completed" : "failed"
+          result = "failed"
+          failure = exit.value.cause
+          if (share !== "telemetry") stageFailed = true
         }
-        yield* logStage(stage, target, result, (yield* Clock.currentTimeMillis) - start)
+        yield* logStage(stage, target, result, (yield* Clock.currentTimeMillis) - start, failure)
         return result
       })
 
@@ -369,6 +398,7 @@ export const makeManaged = (options: ManagedOptions): Effect.Effect<Managed> =>
         })),
       startedAt: () => shutdownAt,
       overran: () => overran,
+      stageFailed: () => stageFailed,
       markOverrun: Effect.sync(() => {
         overran = true
       }),

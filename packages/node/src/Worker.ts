@@ -20,7 +20,9 @@
  *    stdout logger); a slow or unreachable collector is cut at the end of the telemetry share
  *    and changes no result;
  * 6. `shutdown.completed` with `result` (`success`, `timeout` or `failure`), `durationMs`,
- *    `budgetMs` and `signal`.
+ *    `budgetMs` and `signal`. `failure` when the program failed, or when a resource failed to
+ *    close (its stage line, `failed`, carries the `error`); a failed telemetry flush changes no
+ *    result.
  *
  * A repeated or concurrent signal is logged (`shutdown.signal_ignored`) and changes nothing: it
  * starts no second procedure, closes nothing twice and does not extend any wait. A failing
@@ -423,7 +425,8 @@ const runWith = <E, ROut, LE, TE>(
     )
     yield* lifecycle.stage("telemetry", "logger", "telemetry", flushStdout)
 
-    const result: ShutdownResult = failed ? "failure" : lifecycle.overran() ? "timeout" : "success"
+    // A resource that could not be closed is a failure too: the process did not release what it owns.
+    const result: ShutdownResult = failed || lifecycle.stageFailed() ? "failure" : lifecycle.overran() ? "timeout" : "success"
     const durationMs = (yield* Clock.currentTimeMillis) - startedAt
     yield* (result === "success" ? Effect.logInfo : Effect.logError)("shutdown.completed").pipe(
       Effect.annotateLogs({ result, durationMs, budgetMs: budget.success.totalMillis, signal: signal ?? null })
