@@ -6,6 +6,11 @@
  * effect, acked or dead-lettered per the consumer's contract, counted in `jetworker.expired`.
  * The engine itself checks before every run of the handler; this is for waits inside it.
  *
+ * Not in a batch handler (`Consumer.makeBatch`): there `ensure` has no current delivery and
+ * succeeds. The engine checks each element's deadline once, before the batch handler runs; a
+ * batch handler that waits long should keep its batches short (`batch.maxWait`, `handlerTimeout`)
+ * or handle such events one by one.
+ *
  * It needs no classification entry: the engine recognises it before classifying errors.
  *
  * @since 0.2.0
@@ -28,7 +33,7 @@ export class WorkExpired extends Data.TaggedError("WorkExpired")<{
 
 /**
  * Fails with {@link WorkExpired} when the current delivery's event is past its deadline; succeeds
- * otherwise, and outside a delivery or for an event without a deadline.
+ * otherwise, outside a delivery (a batch handler included) or for an event without a deadline.
  *
  * ```ts
  * import { Expiry } from "@jetworker/core"

@@ -40,7 +40,8 @@ export interface FencingToken {
 
 /**
  * Fails with {@link LeaseExpired} past the local lease deadline; succeeds otherwise (and outside a
- * delivery). The engine ends the delivery `Released` (LeaseLost) without an ack.
+ * delivery, a batch handler included: there the engine alone guards the lease, and never acks an
+ * element past it). The engine ends the delivery `Released` (LeaseLost) without an ack.
  *
  * ```ts
  * import { Lease } from "@jetworker/core"
