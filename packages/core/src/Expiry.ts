@@ -3,7 +3,9 @@
  * event's deadline (a lock, a dependency, a rate limiter), a handler calls `Expiry.ensure` before
  * its effect. Past the deadline (with the consumer's skew allowance) it fails with
  * {@link WorkExpired}, which the engine turns into the `Expired` outcome (stage `AfterWait`): no
- * effect, acked or dead-lettered per the consumer's contract, counted in `jetworker.expired`.
+ * effect, acked or dead-lettered per the consumer's contract, counted in `jetworker.expired`. After
+ * the idempotency store has committed the delivery's effect, the outcome is `Committed` (or
+ * `Duplicate`) instead, acked: only the steps after the check are skipped.
  * The engine itself checks before every run of the handler; this is for waits inside it.
  *
  * Not in a batch handler (`Consumer.makeBatch`): there `ensure` has no current delivery and

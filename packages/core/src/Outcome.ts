@@ -16,7 +16,7 @@
  * @since 0.1.0
  */
 import { Data, type DateTime, Duration } from "effect"
-import type { ErrorSummary } from "./ErrorSummary.ts"
+import { describe as describeError, type ErrorSummary } from "./ErrorSummary.ts"
 
 /** Where a delivery came from: enough for an operator to find the message again. */
 export interface MessageRef {
@@ -244,7 +244,11 @@ export const toCommand = (
   }
 }
 
-/** A one-line description of an outcome for logs and tables. */
+/**
+ * A one-line description of an outcome for logs and tables: the outcome, the consumer and
+ * sequence, the event id, and for a failure its reason and error down to the innermost cause
+ * (`ErrorSummary.describe`: PostgreSQL's own message, say, under the driver's "Query failed").
+ */
 export const describe = (outcome: Outcome): string => {
   const ref = `${outcome.message.consumer}#${outcome.message.sequence}` +
     (outcome.message.eventId === undefined ? "" : ` (${outcome.message.eventId})`)
@@ -259,12 +263,15 @@ export const describe = (outcome: Outcome): string => {
       return `Expired ${ref} ${outcome.stage}`
     case "Rejected":
     case "DeadLettered":
-      // The tag only once when it says the same as the reason (`MalformedPayload: MalformedPayload: …`).
+      // The tag only once when it says the same as the reason (`MalformedPayload: MalformedPayload: …`);
+      // `describeError` begins with `<tag>: `.
       return `${outcome._tag} ${ref}: ${outcome.reason}: ` +
-        (outcome.error.tag === outcome.reason ? "" : `${outcome.error.tag}: `) + outcome.error.message
+        (outcome.error.tag === outcome.reason
+          ? describeError(outcome.error).slice(outcome.error.tag.length + 2)
+          : describeError(outcome.error))
     case "Released":
       return `Released ${ref}: ${outcome.reason}` +
         (outcome.retryIn === undefined ? "" : ` (retry in ${Duration.format(outcome.retryIn)})`) +
-        (outcome.error === undefined ? "" : `: ${outcome.error.tag}: ${outcome.error.message}`)
+        (outcome.error === undefined ? "" : `: ${describeError(outcome.error)}`)
   }
 }

@@ -83,7 +83,10 @@ export type OrderingDefinition<A> =
 export interface BatchDefinition<A, E, R> {
   readonly maxSize: number
   readonly maxWait: Duration.Duration
-  /** One result per event, in order; a failure of the whole effect fails every element. */
+  /**
+   * One `Result` per event, in order; a run that fails as a whole (or gives anything else) is not
+   * charged to every element: each then runs alone (`processBatch`).
+   */
   readonly handle: (
     events: ReadonlyArray<A>
   ) => Effect.Effect<ReadonlyArray<Result.Result<unknown, E>>, E, R | CurrentBatch>
@@ -166,9 +169,6 @@ interface Reports {
 /** A delivery's reports before the store has said anything. */
 const noReportsYet = (): Reports => ({ committed: false, alreadyCommitted: false, committedAt: 0 })
 
-/** No report from the store (a batch element judged by its own result). */
-const noReports: Reports = noReportsYet()
-
 /** The event expired while the engine waited to run the handler again (an in-process retry). */
 class ExpiredBeforeRun extends Data.TaggedError("ExpiredBeforeRun")<{ readonly detectedAt: number }> {}
 
@@ -205,19 +205,22 @@ export const fail = <E>(error: E): Effect.Effect<never, E> => Effect.fail(error)
 const isRoutine = (outcome: Outcome.Outcome): boolean =>
   (outcome._tag === "Committed" || outcome._tag === "Duplicate") && outcome.confirmed
 
-// The line names the consumer, sequence and event id; the rest goes in annotations, built only
-// for outcomes logged above debug level (the hot path logs Committed/Duplicate at debug).
+// The line names the consumer, sequence, event id and the error down to its innermost cause; the
+// rest goes in annotations (keys an operator filters on with jq), built only for outcomes logged
+// above debug level (the hot path logs Committed/Duplicate at debug).
 const logOutcome = (outcome: Outcome.Outcome): Effect.Effect<void> => {
   if (isRoutine(outcome)) return Effect.logDebug(Outcome.describe(outcome))
   const log = outcome._tag === "Released" ? Effect.logInfo : Effect.logWarning
-  return log(Outcome.describe(outcome)).pipe(
-    Effect.annotateLogs({
-      outcome: outcome._tag,
-      subject: outcome.message.subject,
-      sequence: outcome.message.sequence,
-      deliveryCount: outcome.message.deliveryCount
-    })
-  )
+  const annotations: Record<string, unknown> = {
+    outcome: outcome._tag,
+    subject: outcome.message.subject,
+    sequence: outcome.message.sequence,
+    deliveryCount: outcome.message.deliveryCount
+  }
+  if (outcome.message.eventId !== undefined) annotations.eventId = outcome.message.eventId
+  if ("reason" in outcome) annotations.reason = outcome.reason
+  if ("error" in outcome && outcome.error !== undefined) annotations.error = ErrorSummary.describe(outcome.error)
+  return log(Outcome.describe(outcome)).pipe(Effect.annotateLogs(annotations))
 }
 
 /**
@@ -811,6 +814,13 @@ const makeProcess = <A, E extends Tagged, R>(
         Option.isSome(failure) && (failure.value instanceof ExpiredBeforeRun || failure.value instanceof WorkExpired) &&
         metadata.expiresAt !== undefined
       ) {
+        if (reports.committed || reports.alreadyCommitted) {
+          // Expired after the store committed the effect (or found it committed): `Expired` would
+          // say "no effect". The effect is applied; only what followed the check is skipped.
+          const verdict = succeeded(message, undefined, reports)
+          if (verdict._tag === "Committed") yield* afterCommit
+          return verdict
+        }
         return Outcome.verdict("Expired", {
           message,
           expiresAt: metadata.expiresAt,
@@ -1147,10 +1157,12 @@ const makeProcess = <A, E extends Tagged, R>(
   /**
    * A batch (BE-JOB-007): every delivery is prepared on its own (a rejected or expired one ends
    * there), the rest go to the batch handler in one run, and each element is judged from its own
-   * result and settled with its own command. A run that fails as a whole (its transaction, a
-   * defect, a result of the wrong length) is not charged to every element: each element then
-   * runs alone, as a batch of one with the consumer's in-process retries, so a poison element
-   * fails by itself and the others commit.
+   * result and the store's reports, and settled with its own command. A run that fails as a whole
+   * (its transaction, a defect, an interruption of its own, a result that is not one `Result` per
+   * element) is not charged to every element: each element then runs alone, as a batch of one
+   * with the consumer's in-process retries, so a poison element fails by itself and the others
+   * commit. Whatever dies on the way, every element still ends in an outcome and its lease is
+   * given back.
    */
   const processBatch = (deliveries: ReadonlyArray<Delivery>, batch: BatchDefinition<A, E, R>): Effect.Effect<void, never, R> =>
     Effect.uninterruptibleMask((restore) =>
@@ -1161,18 +1173,52 @@ const makeProcess = <A, E extends Tagged, R>(
         if (last.pending !== undefined) progress.pending = last.pending
         record(inFlightGauge, running)
         const leases = deliveries.map((delivery) => keeper.register(delivery, leaseStart(delivery, receivedAt), fiber))
+        const unregister = () => {
+          for (const lease of leases) keeper.unregister(lease)
+        }
+        // What the safety net keeps: the verdicts reached before a defect, and the elements' refs.
+        let prepared: PreparedBatch<A> | undefined
         return prepareBatch(deliveries).pipe(
-          Effect.flatMap(({ verdicts, runnable }) =>
-            runnable.length === 0 ? Effect.succeed(verdicts) : runBatch(deliveries, batch, leases, verdicts, runnable, restore)
-          ),
+          Effect.flatMap((batchPrepared) => {
+            prepared = batchPrepared
+            const { verdicts, runnable } = batchPrepared
+            return runnable.length === 0 ? Effect.succeed(verdicts) : runBatch(deliveries, batch, leases, verdicts, runnable, restore)
+          }),
+          Effect.catchCause((cause) => Effect.sync(() => batchDefect(deliveries, prepared, cause))),
           Effect.flatMap((verdicts) => {
-            for (const lease of leases) keeper.unregister(lease)
+            unregister()
             // Each element its own command, sent at once: individual acks, naks and dead letters.
             return settleAll(deliveries, verdicts as ReadonlyArray<Verdict>, receivedAt, leases)
-          })
+          }),
+          // Never left to the keeper: it would extend these leases for as long as the process lives.
+          Effect.ensuring(Effect.sync(unregister))
         )
       })
     )
+
+  /**
+   * The batch's safety net, as `judgeSafely` is the single delivery's: after a defect anywhere on
+   * the batch's path (user code the engine reads, such as a result array, or the engine's own), an
+   * element keeps the verdict it had reached, and every other one is dead-lettered with the cause
+   * (`Defect`), so none is left without an outcome.
+   */
+  const batchDefect = (
+    deliveries: ReadonlyArray<Delivery>,
+    prepared: PreparedBatch<A> | undefined,
+    cause: Cause.Cause<unknown>
+  ): ReadonlyArray<Verdict> => {
+    const messages = deliveries.map(messageRef)
+    for (const { index, prepared: element } of prepared?.runnable ?? []) messages[index] = element.message
+    // Masked throughout, so an interruption here is not expected; if one is, it releases.
+    const interrupted = Cause.hasInterruptsOnly(cause)
+    const error = ErrorSummary.fromCause(cause)
+    return deliveries.map((_, index) =>
+      prepared?.verdicts[index] ??
+        (interrupted
+          ? Outcome.verdict("Released", { message: messages[index]!, reason: "Interrupted", error: undefined, retryIn: Duration.zero })
+          : defect(messages[index]!, error))
+    )
+  }
 
   /**
    * A batch's elements, prepared each on its own: a verdict for those that end here, the rest
@@ -1207,6 +1253,37 @@ const makeProcess = <A, E extends Tagged, R>(
           : Effect.sync(() => add(index, checkNow(delivery))), { discard: true }),
       { verdicts, runnable }
     )
+  }
+
+  /**
+   * What is wrong with a batch handler's value, or `undefined` when it is one `Result` per element.
+   * Every entry is read (a hole is not skipped, as `every` would): the judging reads them all.
+   */
+  const resultsProblem = (value: unknown, elements: number): string | undefined => {
+    if (!Array.isArray(value)) return `the batch handler gave ${value === null ? "null" : typeof value}, not an array of results`
+    if (value.length !== elements) return `the batch handler gave ${value.length} results for ${elements} elements`
+    for (let i = 0; i < elements; i++) {
+      const entry: unknown = value[i]
+      if (!Result.isResult(entry)) {
+        return `the batch handler's result ${i} (of ${elements}) is ${entry === undefined ? "missing" : entry === null ? "null" : typeof entry}, not a Result`
+      }
+    }
+    return undefined
+  }
+
+  /**
+   * The verdict on a batch element whose result succeeded: as `succeeded` for a single delivery,
+   * the store's reports decide with the value (a handler may map `commitBatch`'s values away). But
+   * a store reports per event id, to every element of that id: of two copies of one event in the
+   * batch (the store ran its effect once), only the first that succeeded is the commit, the other a
+   * duplicate; `committedIds` holds the ids already judged committed in this batch.
+   */
+  const elementSucceeded = (prepared: Prepared<A>, value: unknown, reports: Reports, committedIds: Set<string>): Verdict => {
+    const id = prepared.key.id
+    const duplicate = isAlreadyCommitted(value) || (reports.committed ? committedIds.has(id) : reports.alreadyCommitted)
+    if (duplicate) return Outcome.verdict("Duplicate", { message: prepared.message })
+    if (reports.committed) committedIds.add(id)
+    return Outcome.verdict("Committed", { message: prepared.message })
   }
 
   /** The batch handler's run over the runnable elements, then each element's verdict. */
@@ -1250,40 +1327,47 @@ const makeProcess = <A, E extends Tagged, R>(
       Effect.as(Effect.forEach(elements, (element) => Effect.map(judge(element), (verdict) => {
         verdicts[element.index] = verdict
       }), { discard: true }), verdicts)
-    return Effect.andThen(hits, Effect.flatMap(run, (exit): Effect.Effect<Array<Verdict | undefined>, never, R> => {
-      if (Exit.isSuccess(exit) && Array.isArray(exit.value) && exit.value.length === runnable.length) {
-        const results: ReadonlyArray<Result.Result<unknown, unknown>> = exit.value
-        // The element's own result decides; the store's reports matter only for a cut run. A
-        // success without a probe is judged at once, without an effect of its own.
-        const rest: Array<{ readonly index: number; readonly prepared: Prepared<A>; readonly result: Result.Result<unknown, unknown> }> = []
-        for (const [i, { index, prepared }] of runnable.entries()) {
-          const result = results[i]!
-          if (probe === undefined && Result.isSuccess(result)) {
-            verdicts[index] = succeeded(prepared.message, result.success, noReports)
-          } else rest.push({ index, prepared, result })
+    // One result per element: each element's own decides. A success is judged at once, without an
+    // effect of its own, unless a probe watches its commit.
+    const judgeResults = (results: ReadonlyArray<Result.Result<unknown, unknown>>) => {
+      const failed: Array<{ readonly index: number; readonly prepared: Prepared<A>; readonly failure: unknown }> = []
+      const watched: Array<{ readonly index: number; readonly prepared: Prepared<A>; readonly verdict: Verdict }> = []
+      const committedIds = new Set<string>()
+      for (const [i, { index, prepared, reports }] of runnable.entries()) {
+        const result = results[i]!
+        if (Result.isFailure(result)) {
+          failed.push({ index, prepared, failure: result.failure })
+          continue
         }
-        if (rest.length === 0) return Effect.succeed(verdicts)
-        return judgeEach(rest, ({ index, prepared, result }) =>
-          concludeSafely(
-            prepared,
-            deliveries[index]!,
-            Result.isSuccess(result) ? Exit.succeed(result.success) : Exit.fail(result.failure),
-            noReportsYet(),
-            leases[index]!
-          ))
+        const verdict = elementSucceeded(prepared, result.success, reports, committedIds)
+        verdicts[index] = verdict
+        if (probe !== undefined && verdict._tag === "Committed") watched.push({ index, prepared, verdict })
       }
-      if (Exit.isFailure(exit) && Cause.hasInterrupts(exit.cause)) {
-        // Cut (shutdown past its drain, a lease lost): released, or committed with the ack withheld.
-        return judgeEach(runnable, ({ index, prepared, reports }) => concludeSafely(prepared, deliveries[index]!, exit, reports, leases[index]!))
-      }
+      const afterCommits = watched.length === 0 ? Effect.succeed(verdicts) : judgeEach(watched, ({ index, prepared, verdict }) =>
+        hit({ point: "after-commit", consumer: definition.name, sequence: deliveries[index]!.sequence, eventId: prepared.metadata.id })
+          .pipe(Effect.as(verdict), Effect.catchCause(defectVerdict(prepared.message))))
+      if (failed.length === 0) return afterCommits
+      // A failed element is judged by its own failure (its effect was undone, whatever the store
+      // reported for another element of its id).
+      return Effect.andThen(afterCommits, judgeEach(failed, ({ index, prepared, failure }) =>
+        concludeSafely(prepared, deliveries[index]!, Exit.fail(failure), noReportsYet(), leases[index]!)))
+    }
+    // Whether the engine itself cut the run: a lease the keeper found lost, or this fiber
+    // interrupted (a shutdown past its drain). An interruption still pending on this masked fiber
+    // fails a `restore` of nothing at once. Any other interruption is the run's own (an element's
+    // effect that interrupted itself, say): a failure of the whole run, not a cut.
+    const cutByEngine: Effect.Effect<boolean> = leases.some((lease) => lease.lost)
+      ? Effect.succeed(true)
+      : Effect.map(Effect.exit(restore(Effect.void)), Exit.isFailure)
+    const failedAsWhole = (exit: Exit.Exit<unknown, unknown>, problem: string | undefined) => {
       if (runnable.length === 1) {
-        const failed = Exit.isFailure(exit) ? exit : Exit.die(new Error("the batch handler gave no result per element"))
+        const failed = Exit.isFailure(exit) ? exit : Exit.die(new Error(problem))
         return judgeEach(runnable, ({ index, prepared, reports }) => concludeSafely(prepared, deliveries[index]!, failed, reports, leases[index]!))
       }
       return Effect.andThen(
         Effect.logWarning(
           `batch of ${runnable.length} failed as a whole; running its elements one by one`,
-          Exit.isFailure(exit) ? ErrorSummary.fromCause(exit.cause) : ErrorSummary.make("BatchResultInvalid", "the batch handler gave no result per element")
+          Exit.isFailure(exit) ? ErrorSummary.fromCause(exit.cause) : ErrorSummary.make("BatchResultInvalid", problem ?? "")
         ),
         judgeEach(runnable, ({ index, prepared }) => {
           const delivery = deliveries[index]!
@@ -1294,6 +1378,18 @@ const makeProcess = <A, E extends Tagged, R>(
           )
         })
       )
+    }
+    return Effect.andThen(hits, Effect.flatMap(run, (exit): Effect.Effect<Array<Verdict | undefined>, never, R> => {
+      if (Exit.isSuccess(exit)) {
+        const problem = resultsProblem(exit.value, runnable.length)
+        return problem === undefined ? judgeResults(exit.value) : failedAsWhole(exit, problem)
+      }
+      if (!Cause.hasInterrupts(exit.cause)) return failedAsWhole(exit, undefined)
+      return Effect.flatMap(cutByEngine, (cut) =>
+        cut
+          // Cut (shutdown past its drain, a lease lost): released, or committed with the ack withheld.
+          ? judgeEach(runnable, ({ index, prepared, reports }) => concludeSafely(prepared, deliveries[index]!, exit, reports, leases[index]!))
+          : failedAsWhole(exit, undefined))
     }))
   }
   const batchTimeoutMessage = `batch handler ran longer than ${Duration.format(definition.handlerTimeout)}`
