@@ -21,6 +21,7 @@ import type { LeaseExpired } from "./Lease.ts"
 import { CurrentBatch, CurrentDelivery } from "./CurrentDelivery.ts"
 import type { Metadata } from "./Envelope.ts"
 import * as ErrorSummary from "./ErrorSummary.ts"
+import * as DurationInput from "./internal/durationInput.ts"
 import * as Engine from "./internal/engine.ts"
 import type { Ordering } from "./Ordering.ts"
 import type { Outcome, RejectReason } from "./Outcome.ts"
@@ -83,7 +84,10 @@ export interface BaseOptions<A, E extends Tagged, R, RS> {
   readonly expiry?: {
     /** Allowance for producer/consumer clock skew. Default: 0. */
     readonly skew?: Duration.Input | undefined
-    /** What settles expired work: `"ack"` (default) or `"deadLetter"`. */
+    /**
+     * What settles expired work: `"ack"` (default) or `"deadLetter"`, spelled exactly so; any other
+     * value is an invalid option (`run` fails with {@link InvalidOptions}).
+     */
     readonly onExpired?: "ack" | "deadLetter" | undefined
   } | undefined
   /**
@@ -160,13 +164,24 @@ const durationOption = (
   allowZero: boolean
 ): Duration.Duration => {
   if (input === undefined) return fallback
-  const duration = Duration.fromInput(input)
-  if (duration._tag === "None" || !Duration.isFinite(duration.value) ||
-    Duration.toMillis(duration.value) < (allowZero ? 0 : 1)) {
-    problems.push({ option, problem: `must be a finite duration${allowZero ? "" : " above zero"}` })
+  // Checked as given: parsed, a NaN (say `Number(env.X)`) would already be a zero duration.
+  const duration = DurationInput.parse(input)
+  if (duration === undefined || !Duration.isFinite(duration) || Duration.toMillis(duration) < (allowZero ? 0 : 1)) {
+    problems.push({
+      option,
+      problem: `must be a finite duration${allowZero ? "" : " above zero"} such as "30 seconds", got ${DurationInput.show(input)}`
+    })
     return fallback
   }
-  return duration.value
+  return duration
+}
+
+/** What settles expired work; anything but the two spellings is a problem, never a silent ack. */
+const expiredToOption = (problems: Array<OptionProblem>, onExpired: unknown): "Ack" | "DeadLetter" => {
+  if (onExpired === undefined || onExpired === "ack") return "Ack"
+  if (onExpired === "deadLetter") return "DeadLetter"
+  problems.push({ option: "expiry.onExpired", problem: `must be "ack" or "deadLetter", got ${DurationInput.show(onExpired)}` })
+  return "Ack"
 }
 
 const intOption = (
@@ -282,6 +297,7 @@ export const make = <A, E extends Tagged, R, RS = never>(
   const handlerTimeout = durationOption(problems, "handlerTimeout", options.handlerTimeout, Duration.seconds(30), false)
   const drainTimeout = durationOption(problems, "drainTimeout", options.drainTimeout, Duration.seconds(10), true)
   const skew = durationOption(problems, "expiry.skew", options.expiry?.skew, Duration.zero, true)
+  const expiredTo = expiredToOption(problems, options.expiry?.onExpired)
   const maxDeliveries = intOption(problems, "maxDeliveries", options.maxDeliveries, 2 * retry.attempts, 10_000)
   const onOutcomeTimeout = durationOption(problems, "onOutcomeTimeout", options.onOutcomeTimeout, Duration.seconds(5), false)
   const progressInterval = durationOption(problems, "progressInterval", options.progressInterval, Duration.seconds(30), true)
@@ -305,7 +321,7 @@ export const make = <A, E extends Tagged, R, RS = never>(
       handlerTimeout,
       drainTimeout,
       skewMillis: Duration.toMillis(skew),
-      expiredTo: options.expiry?.onExpired === "deadLetter" ? "DeadLetter" : "Ack",
+      expiredTo,
       onOutcome: options.onOutcome,
       onOutcomeTimeout,
       maxDeliveries,

@@ -13,6 +13,7 @@
  * @since 0.1.0
  */
 import { Duration, Effect, Schedule } from "effect"
+import * as DurationInput from "./internal/durationInput.ts"
 
 /** A validated retry policy. Build it with {@link exponential}. */
 export interface RetryPolicy {
@@ -49,7 +50,7 @@ export interface ExponentialOptions {
   readonly jitter?: boolean | undefined
   /** Quick retries inside a delivery, 0 to 10. Default: 2. */
   readonly inProcessRetries?: number | undefined
-  /** Longest delay waited in process. Default: 1 second. */
+  /** Longest delay waited in process, finite and not negative (0: none). Default: 1 second. */
   readonly inProcessMaxDelay?: Duration.Input | undefined
 }
 
@@ -70,8 +71,29 @@ export const defaultPolicy: RetryPolicy = {
 }
 
 /**
- * An exponential, jittered, capped policy with a finite number of attempts. Out-of-range options
- * are kept as given and reported by {@link validate} (the consumer refuses to start with them).
+ * Inputs of {@link exponential} that are no usable duration (they do not parse, or hold a NaN that
+ * effect would read as zero), by the stand-in duration put in their place: {@link validate} finds
+ * them there and reports them as given. Keyed by the stand-in, so a policy spread with a valid
+ * field in its place (`{ ...policy, base }`) is valid again.
+ */
+const invalidInputs = new WeakMap<Duration.Duration, unknown>()
+
+/** `input` parsed, `fallback` when not given, or a stand-in (of the fallback's length) remembering an invalid input. */
+const durationField = (input: Duration.Input | undefined, fallback: Duration.Duration): Duration.Duration => {
+  if (input === undefined) return fallback
+  const parsed = DurationInput.parse(input)
+  if (parsed !== undefined) return parsed
+  // A fresh object: the stand-in must be this field's alone.
+  const standIn = Duration.millis(Duration.toMillis(fallback))
+  invalidInputs.set(standIn, input)
+  return standIn
+}
+
+/**
+ * An exponential, jittered, capped policy with a finite number of attempts. Never throws:
+ * out-of-range options are kept as given, and a duration that does not parse (`"5 secs"` cast from
+ * config) or holds a NaN is replaced by its default and remembered; {@link validate} reports all of
+ * them (the consumer refuses to start with them).
  *
  * ```ts
  * import { Retry } from "@jetworker/core"
@@ -83,19 +105,22 @@ export const defaultPolicy: RetryPolicy = {
  */
 export const exponential = (options: ExponentialOptions = {}): RetryPolicy => ({
   attempts: options.attempts ?? defaultPolicy.attempts,
-  base: options.base === undefined ? defaultPolicy.base : Duration.fromInputUnsafe(options.base),
+  base: durationField(options.base, defaultPolicy.base),
   factor: options.factor ?? defaultPolicy.factor,
-  cap: options.cap === undefined ? defaultPolicy.cap : Duration.fromInputUnsafe(options.cap),
+  cap: durationField(options.cap, defaultPolicy.cap),
   jitter: options.jitter ?? defaultPolicy.jitter,
   inProcess: {
     times: options.inProcessRetries ?? defaultPolicy.inProcess.times,
-    maxDelay: options.inProcessMaxDelay === undefined
-      ? defaultPolicy.inProcess.maxDelay
-      : Duration.fromInputUnsafe(options.inProcessMaxDelay)
+    maxDelay: durationField(options.inProcessMaxDelay, defaultPolicy.inProcess.maxDelay)
   }
 })
 
-/** Problems with a policy (empty when it is usable). */
+/**
+ * Problems with a policy (empty when it is usable), each naming the option and the value got:
+ * `attempts` 1 to 1000, `inProcessRetries` 0 to 10, `factor` 1 to 10, `base` at least 1
+ * millisecond, `cap` at least `base`, `inProcessMaxDelay` not negative; durations finite, and
+ * parsable without a NaN when given to {@link exponential}.
+ */
 export const validate = (policy: RetryPolicy): ReadonlyArray<OptionProblem> => {
   const problems: Array<OptionProblem> = []
   const intIn = (option: string, value: number, min: number, max: number) => {
@@ -103,19 +128,27 @@ export const validate = (policy: RetryPolicy): ReadonlyArray<OptionProblem> => {
       problems.push({ option, problem: `must be an integer from ${min} to ${max}, got ${value}` })
     }
   }
+  /** Reports a duration `exponential` could not use; whether it did. */
+  const unusable = (option: string, duration: Duration.Duration): boolean => {
+    if (!invalidInputs.has(duration)) return false
+    problems.push({ option, problem: `must be a duration such as "200 millis", got ${DurationInput.show(invalidInputs.get(duration))}` })
+    return true
+  }
   intIn("retry.attempts", policy.attempts, 1, 1000)
   intIn("retry.inProcessRetries", policy.inProcess.times, 0, 10)
   if (!(Number.isFinite(policy.factor) && policy.factor >= 1 && policy.factor <= 10)) {
     problems.push({ option: "retry.factor", problem: `must be from 1 to 10, got ${policy.factor}` })
   }
-  if (!Duration.isFinite(policy.base) || Duration.toMillis(policy.base) < 1) {
-    problems.push({ option: "retry.base", problem: "must be a finite duration of at least 1 millisecond" })
+  if (!unusable("retry.base", policy.base) && (!Duration.isFinite(policy.base) || Duration.toMillis(policy.base) < 1)) {
+    problems.push({ option: "retry.base", problem: `must be a finite duration of at least 1 millisecond, got ${Duration.format(policy.base)}` })
   }
-  if (!Duration.isFinite(policy.cap) || Duration.isLessThan(policy.cap, policy.base)) {
-    problems.push({ option: "retry.cap", problem: "must be finite and at least retry.base" })
+  if (!unusable("retry.cap", policy.cap) && (!Duration.isFinite(policy.cap) || Duration.isLessThan(policy.cap, policy.base))) {
+    problems.push({ option: "retry.cap", problem: `must be finite and at least retry.base, got ${Duration.format(policy.cap)}` })
   }
-  if (!Duration.isFinite(policy.inProcess.maxDelay)) {
-    problems.push({ option: "retry.inProcessMaxDelay", problem: "must be a finite duration" })
+  const maxDelay = policy.inProcess.maxDelay
+  // A negative bound would quietly turn in-process retries off: no delay is that short.
+  if (!unusable("retry.inProcessMaxDelay", maxDelay) && (!Duration.isFinite(maxDelay) || Duration.isNegative(maxDelay))) {
+    problems.push({ option: "retry.inProcessMaxDelay", problem: `must be a finite duration, not negative, got ${Duration.format(maxDelay)}` })
   }
   return problems
 }

@@ -12,9 +12,10 @@
  */
 import { AttemptStore, AttemptStoreError, type AttemptStoreShape } from "@jetworker/core/AttemptStore"
 import type { Key } from "@jetworker/core/IdempotencyStore"
-import { Duration, Effect, Layer, Option } from "effect"
+import { Duration, Effect, Layer } from "effect"
 import { SqlClient } from "effect/sql"
 import type { SqlError } from "effect/sql/SqlError"
+import * as DurationInput from "./internal/durationInput.ts"
 import * as Table from "./internal/table.ts"
 
 /** Options of the store. */
@@ -60,10 +61,14 @@ RETURNING failures`
 export const layer = (options?: Options): Layer.Layer<AttemptStore, AttemptStoreError, SqlClient.SqlClient> =>
   Layer.effect(AttemptStore, Effect.map(make(options), (shape) => AttemptStore.of(shape)))
 
+/** The largest `limit` of {@link purge}: PostgreSQL's largest `integer`. */
+const maxPurgeLimit = 2_147_483_647
+
 /**
  * Deletes at most `limit` rows not updated for `olderThan` (messages that stopped failing
  * without reaching a final outcome the engine saw, e.g. purged from the stream) and returns how
- * many it deleted. A negative or infinite `olderThan` is refused.
+ * many it deleted. A negative, NaN or infinite `olderThan`, and a `limit` outside 1 to
+ * 2147483647, are refused before any statement.
  */
 export const purge = (options: {
   readonly olderThan: Duration.Input
@@ -74,16 +79,18 @@ export const purge = (options: {
     const name = options.table ?? Table.defaultAttemptsTable
     const table = Table.quote(name)
     if (table === undefined) return yield* new AttemptStoreError({ message: Table.invalidMessage(name, "attempts") })
-    const olderThan = Duration.fromInput(options.olderThan)
-    // A negative age ("-1 hour", a sign slip) would delete counts recorded a moment ago, resetting
-    // the retry budget of messages still being retried.
-    if (Option.isNone(olderThan) || !Duration.isFinite(olderThan.value) || Duration.toMillis(olderThan.value) < 0) {
+    // Read as given: effect turns a NaN into a zero duration. A negative or NaN age ("-1 hour", a
+    // sign slip) would delete counts recorded a moment ago, resetting the retry budget of messages
+    // still being retried.
+    const olderThan = DurationInput.parse(options.olderThan)
+    if (olderThan === undefined || !Duration.isFinite(olderThan) || Duration.toMillis(olderThan) < 0) {
       return yield* new AttemptStoreError({
-        message: `purge: olderThan must be a finite duration of at least 0, got ${JSON.stringify(options.olderThan)}`
+        message: `purge: olderThan must be a finite duration of at least 0, got ${DurationInput.show(options.olderThan)}`
       })
     }
-    if (!Number.isSafeInteger(options.limit) || options.limit < 1) {
-      return yield* new AttemptStoreError({ message: `purge: limit must be a positive integer, got ${options.limit}` })
+    // Checked here: past PostgreSQL's integer (the LIMIT's type) the statement would fail.
+    if (!Number.isInteger(options.limit) || options.limit < 1 || options.limit > maxPurgeLimit) {
+      return yield* new AttemptStoreError({ message: `purge: limit must be an integer from 1 to ${maxPurgeLimit}, got ${options.limit}` })
     }
     const sql = yield* SqlClient.SqlClient
     const rows = yield* sql.unsafe<{ readonly deleted: number }>(
@@ -94,7 +101,7 @@ export const purge = (options: {
   DELETE FROM ${table} AS t USING doomed WHERE t.scope = doomed.scope AND t.id = doomed.id RETURNING 1
 )
 SELECT count(*)::integer AS deleted FROM deleted`,
-      [Duration.toMillis(olderThan.value) / 1000, options.limit]
+      [Duration.toMillis(olderThan) / 1000, options.limit]
     ).pipe(Effect.mapError(storeError("purge")))
     return rows[0]?.deleted ?? 0
   })

@@ -45,7 +45,8 @@ import {
 import * as Probe from "@jetworker/core/Probe"
 import { Cause, Context, Duration, Effect, Exit, Layer, Option, Result, Tracer } from "effect"
 import { SqlClient, type SqlError, type Statement } from "effect/sql"
-import { box, classify, unbox, UserFailure } from "./internal/errors.ts"
+import * as DurationInput from "./internal/durationInput.ts"
+import { box, classify, classifyPurge, unbox, UserFailure } from "./internal/errors.ts"
 import * as Table from "./internal/table.ts"
 
 /** Options of the store. */
@@ -351,11 +352,14 @@ SELECT EXISTS (SELECT 1 FROM jetworker_fresh) AS inserted`.pipe(Effect.mapError(
 /** Starts with `INSERT`, `UPDATE` or `DELETE`, after any whitespace and comments. */
 const dataModifying = /^(?:\s|--[^\n]*(?:\n|$)|\/\*[\s\S]*?\*\/)*(?:insert|update|delete)\b/i
 
+/** The largest `limit` of {@link purge}: PostgreSQL's largest `integer`, the type its `LIMIT` takes. */
+const maxPurgeLimit = 2_147_483_647
+
 /** Options of {@link purge}. */
 export interface PurgeOptions {
-  /** Delete rows committed longer ago than this, measured by the database's clock. */
+  /** Delete rows committed longer ago than this, measured by the database's clock; finite and not negative. */
   readonly olderThan: Duration.Input
-  /** The most rows one call deletes (a positive integer), which bounds its locks and its time. */
+  /** The most rows one call deletes, an integer from 1 to 2147483647 (PostgreSQL's `integer`), which bounds its locks and its time. */
   readonly limit: number
   /** The deduplication table. Default: `"jetworker_dedup"`. */
   readonly table?: string | undefined
@@ -366,21 +370,27 @@ export interface PurgeOptions {
  * many it deleted. Choose `olderThan` longer than the longest time an event can still arrive
  * (redelivery, dead-letter replay, producer republish): a purged key is no longer a duplicate.
  * Rows locked by a running transaction are skipped, so it never waits on live commits.
+ *
+ * Fails with `IdempotencyError` `Misconfigured`, before any statement, when `olderThan` is not a
+ * finite, non-negative duration (a NaN included, which would otherwise read as zero and purge
+ * every row) or `limit` is not an integer from 1 to 2147483647; a statement that fails
+ * is classified like the store's own, with a message about the purge.
  */
 export const purge = (options: PurgeOptions): Effect.Effect<number, IdempotencyError, SqlClient.SqlClient> =>
   Effect.gen(function*() {
     const table = yield* resolveTable(options.table)
-    const olderThan = Duration.fromInput(options.olderThan)
-    if (Option.isNone(olderThan) || !Duration.isFinite(olderThan.value) || Duration.isNegative(olderThan.value)) {
+    const olderThan = DurationInput.parse(options.olderThan)
+    if (olderThan === undefined || !Duration.isFinite(olderThan) || Duration.isNegative(olderThan)) {
       return yield* new IdempotencyError({
         reason: "Misconfigured",
-        message: "purge: olderThan must be a finite, non-negative duration"
+        message: `purge: olderThan must be a finite, non-negative duration such as "30 days", got ${DurationInput.show(options.olderThan)}`
       })
     }
-    if (!Number.isSafeInteger(options.limit) || options.limit < 1) {
+    // Checked here: past PostgreSQL's integer the database would refuse it as bad data.
+    if (!Number.isInteger(options.limit) || options.limit < 1 || options.limit > maxPurgeLimit) {
       return yield* new IdempotencyError({
         reason: "Misconfigured",
-        message: `purge: limit must be a positive integer, got ${options.limit}`
+        message: `purge: limit must be an integer from 1 to ${maxPurgeLimit}, got ${options.limit}`
       })
     }
     const sql = yield* SqlClient.SqlClient
@@ -395,7 +405,7 @@ export const purge = (options: PurgeOptions): Effect.Effect<number, IdempotencyE
   DELETE FROM ${table} AS t USING doomed WHERE t.scope = doomed.scope AND t.id = doomed.id RETURNING 1
 )
 SELECT count(*)::integer AS deleted FROM deleted`,
-      [Duration.toMillis(olderThan.value) / 1000, options.limit]
-    ).pipe(Effect.mapError((error) => classify(error, table)))
+      [Duration.toMillis(olderThan) / 1000, options.limit]
+    ).pipe(Effect.mapError((error) => classifyPurge(error, table)))
     return rows[0]?.deleted ?? 0
   })

@@ -37,6 +37,7 @@ import { ErrorSummary, Outbox, Telemetry } from "@jetworker/core"
 import { Clock, Duration, Effect, Layer, Predicate, Result, Schedule } from "effect"
 import { SqlClient } from "effect/sql"
 import type { SqlError } from "effect/sql/SqlError"
+import * as DurationInput from "./internal/durationInput.ts"
 import { sqlState } from "./internal/errors.ts"
 import * as Table from "./internal/table.ts"
 
@@ -104,7 +105,10 @@ export interface RelayOptions extends Options {
   readonly backoff?: Duration.Input | undefined
   /** The longest delay between failed rounds, at least `backoff`. Default: 10 seconds. */
   readonly maxBackoff?: Duration.Input | undefined
-  /** How long sent rows are kept before the clean-up deletes them (`Duration.infinity`: for ever). Default: 1 hour. */
+  /**
+   * How long sent rows are kept before the clean-up deletes them, at least zero (`Duration.infinity`:
+   * for ever); a negative or NaN one is refused. Default: 1 hour.
+   */
   readonly retention?: Duration.Input | undefined
   /**
    * Rows the clean-up deletes at most per run. It runs once a minute, and again after each round
@@ -155,13 +159,28 @@ const rowHeaders = (headers: unknown): ReadonlyArray<readonly [string, string]> 
   return `its headers column holds ${JSON.stringify(headers).slice(0, 120)}, not a JSON array of [name, value] string pairs`
 }
 
-/** A duration option, refused with its name when it does not parse (a cast config string may not). */
+/**
+ * A duration option, refused with its name when it does not parse (a cast config string may not)
+ * or holds a NaN (which effect would read as zero).
+ */
 const duration = (name: string, value: Duration.Input | undefined, fallback: Duration.Input): Effect.Effect<Duration.Duration, Outbox.OutboxError> => {
-  const parsed = Duration.fromInput(value ?? fallback)
-  return parsed._tag === "Some"
-    ? Effect.succeed(parsed.value)
-    : Effect.fail(new Outbox.OutboxError({ message: `${name} must be a duration such as "30 seconds", got ${JSON.stringify(value)}` }))
+  const parsed = DurationInput.parse(value ?? fallback)
+  return parsed !== undefined
+    ? Effect.succeed(parsed)
+    : Effect.fail(new Outbox.OutboxError({ message: `${name} must be a duration such as "30 seconds", got ${DurationInput.show(value)}` }))
 }
+
+/**
+ * The retention, checked: a negative one would delete every sent row at once, the newest
+ * included. An infinite one is accepted (rows are kept for ever).
+ */
+const retentionOf = (options: RelayOptions): Effect.Effect<Duration.Duration, Outbox.OutboxError> =>
+  Effect.flatMap(duration("retention", options.retention, "1 hour"), (retention) =>
+    Duration.isNegative(retention)
+      ? Effect.fail(new Outbox.OutboxError({
+        message: `retention must be a duration of at least zero (Duration.infinity keeps sent rows for ever), got ${DurationInput.show(options.retention)}`
+      }))
+      : Effect.succeed(retention))
 
 const checkCount = (name: string, value: number | undefined, fallback: number): Effect.Effect<number, Outbox.OutboxError> => {
   const count = value ?? fallback
@@ -269,13 +288,16 @@ const isMissingTable = (error: Outbox.OutboxError | Outbox.PublishFailed): boole
 const sqlFailure = (what: string) => (cause: SqlError) =>
   new Outbox.OutboxError({ message: `outbox ${what}: ${cause.message}`, cause })
 
-/** Deletes up to `cleanupBatch` rows sent longer than `retention` ago; returns how many. */
+/**
+ * Deletes up to `cleanupBatch` rows sent longer than `retention` ago; returns how many. Fails with
+ * `OutboxError` naming the option for a bad `table`, `cleanupBatch` or `retention` (negative, NaN).
+ */
 export const cleanup = (options: RelayOptions = {}): Effect.Effect<number, Outbox.OutboxError, SqlClient.SqlClient> =>
   Effect.gen(function*() {
     const sql = yield* SqlClient.SqlClient
     const table = yield* quoted(options.table ?? Table.defaultOutboxTable)
     const limit = yield* checkCount("cleanupBatch", options.cleanupBatch, 1000)
-    const retention = Duration.toMillis(yield* duration("retention", options.retention, "1 hour"))
+    const retention = Duration.toMillis(yield* retentionOf(options))
     // Kept for ever: nothing to delete (PostgreSQL has no infinite interval to compare with).
     if (!Number.isFinite(retention)) return 0
     const deleted = yield* sql.unsafe<{ readonly n: number }>(
@@ -294,7 +316,8 @@ export const cleanup = (options: RelayOptions = {}): Effect.Effect<number, Outbo
  * cause) and retried, never returned; an interruption in the middle of a round rolls it back (its
  * rows are published again). A relay that starts before its table exists (its migrations run
  * later in the start-up, or as a separate job) says so once (`outbox.relay_waiting`, INFO) and
- * keeps trying on the same backoff.
+ * keeps trying on the same backoff. A bad setting (a zero pause, a negative or NaN `retention`...)
+ * fails with `OutboxError` naming it, before the first round.
  */
 export const relay = (
   options: RelayOptions = {}
@@ -369,7 +392,7 @@ const relaySettings = (options: RelayOptions) =>
   Effect.gen(function*() {
     yield* checkCount("batchSize", options.batchSize, 100)
     yield* quoted(options.table ?? Table.defaultOutboxTable)
-    yield* duration("retention", options.retention, "1 hour")
+    yield* retentionOf(options)
     yield* positive("roundBudget", options.roundBudget, "30 seconds")
     const backoff = yield* positive("backoff", options.backoff, "200 millis")
     const maxBackoff = yield* positive("maxBackoff", options.maxBackoff, "10 seconds")
@@ -386,7 +409,10 @@ const relaySettings = (options: RelayOptions) =>
     }
   })
 
-/** Runs the relay as a scoped fiber for as long as the layer lives (its scope's end interrupts it). */
+/**
+ * Runs the relay as a scoped fiber for as long as the layer lives (its scope's end interrupts it).
+ * Building it fails with `OutboxError` naming a bad setting, as {@link relay} does.
+ */
 export const layerRelay = (
   options: RelayOptions = {}
 ): Layer.Layer<never, Outbox.OutboxError, SqlClient.SqlClient | Outbox.OutboxPublisher> =>

@@ -126,3 +126,21 @@ const messages: { readonly [R in Reason]: (detail: string, table: string) => str
     `the database rejected the data of this commit (${detail}); the same event fails the same way ` +
     `on every attempt, so no retry can succeed`
 }
+
+/**
+ * The `IdempotencyError` for a failed `purge` statement: the reasons of {@link classify}, worded
+ * for a purge (which commits no event, so the commit wording would mislead).
+ */
+export const classifyPurge = (error: SqlError, table: string): IdempotencyError => {
+  const reason = reasonOf(error, table)
+  return new IdempotencyError({ reason, message: purgeMessages[reason](detail(error), table) })
+}
+
+const purgeMessages: { readonly [R in Reason]: (detail: string, table: string) => string } = {
+  Unavailable: (detail) => `idempotency purge failed: the store failed or is unreachable (${detail})`,
+  Conflict: (detail) => `idempotency purge conflicted with a concurrent transaction (${detail}); running it again can succeed`,
+  Misconfigured: (detail, table) => `idempotency purge: ${messages.Misconfigured(detail, table)}`,
+  InvalidData: (detail, table) =>
+    `the database refused the idempotency purge of ${table} (${detail}); check its olderThan and limit, ` +
+    `since the same purge fails the same way every time`
+}
