@@ -6,7 +6,8 @@
  *
  * @since 0.1.0
  */
-import { Clock, DateTime, type Duration, Effect, Schema } from "effect"
+import { Clock, Data, DateTime, Duration, Effect, Schema } from "effect"
+import * as DurationInput from "./internal/durationInput.ts"
 
 /** What the engine reads from every event: its stable id, creation time and optional expiry. */
 export interface Metadata {
@@ -47,27 +48,58 @@ export const schema = <const Type extends string, S extends Schema.Top>(type: Ty
     data
   })
 
-/**
- * Builds an envelope stamped with the current `Clock` time and, unless given, a random id. Give an
- * id derived from business data when the producer may retry (INT-NATS-007).
- */
-export const make = <const Type extends string, A>(options: {
+/** A `ttl` that gives no expiry an event can carry: NaN, negative, or past the last representable date. */
+export class InvalidTtl extends Data.TaggedError("InvalidTtl")<{ readonly message: string }> {}
+
+/** The options of {@link make}. */
+export interface MakeOptions<Type extends string, A> {
   readonly type: Type
   readonly data: A
   readonly id?: string | undefined
-  /** How long the event stays worth doing; no expiry when omitted. */
+  /**
+   * How long the event stays worth doing, from its creation time: a duration of 0 or more, or
+   * `Duration.infinity` for no expiry. No expiry when omitted.
+   */
   readonly ttl?: Duration.Input | undefined
-}): Effect.Effect<Envelope<Type, A>> =>
-  Effect.map(Clock.currentTimeMillis, (now) => {
+}
+
+/** The latest instant a `Date` (so an ISO-8601 `expiresAt`) can hold: 8.64e15 ms after the epoch. */
+const maxEpochMillis = 8.64e15
+
+/** The expiry `ttl` after `time`: `undefined` for none (no or an infinite ttl), or why it cannot be one. */
+const expiryOf = (time: DateTime.Utc, ttl: Duration.Input | undefined): DateTime.Utc | undefined | InvalidTtl => {
+  if (ttl === undefined) return undefined
+  const invalid = (why: string) => new InvalidTtl({ message: `ttl must be ${why}, got ${DurationInput.show(ttl)}` })
+  // effect reads a NaN as 0: an event meant to live a while would be born expired.
+  const parsed = DurationInput.parse(ttl)
+  if (parsed === undefined) return invalid("a duration such as \"5 minutes\", or Duration.infinity for no expiry")
+  if (Duration.isNegative(parsed)) return invalid("0 or more (a negative ttl makes an event that is expired when created)")
+  if (!Duration.isFinite(parsed)) return undefined
+  const expiresAt = DateTime.addDuration(time, parsed)
+  // Past the last date a `Date` holds, the expiry has no ISO-8601 form (`toJson` could not write it).
+  return Math.abs(expiresAt.epochMilliseconds) <= maxEpochMillis
+    ? expiresAt
+    : invalid(`short enough that the expiry falls before +275760-09-13 (use Duration.infinity for no expiry)`)
+}
+
+/**
+ * Builds an envelope stamped with the current `Clock` time and, unless given, a random id. Give an
+ * id derived from business data when the producer may retry (INT-NATS-007). `ttl` sets
+ * `expiresAt` = time + ttl (none for `Duration.infinity`); a NaN, negative or out-of-range ttl
+ * fails with {@link InvalidTtl}, which only a call that gives a `ttl` can.
+ */
+export function make<const Type extends string, A>(
+  options: MakeOptions<Type, A> & { readonly ttl?: undefined }
+): Effect.Effect<Envelope<Type, A>>
+export function make<const Type extends string, A>(options: MakeOptions<Type, A>): Effect.Effect<Envelope<Type, A>, InvalidTtl>
+export function make<const Type extends string, A>(options: MakeOptions<Type, A>): Effect.Effect<Envelope<Type, A>, InvalidTtl> {
+  return Effect.flatMap(Clock.currentTimeMillis, (now) => {
     const time = DateTime.makeUnsafe(now)
-    return {
-      id: options.id ?? crypto.randomUUID(),
-      type: options.type,
-      time,
-      expiresAt: options.ttl === undefined ? undefined : DateTime.addDuration(time, options.ttl),
-      data: options.data
-    }
+    const expiresAt = expiryOf(time, options.ttl)
+    if (expiresAt instanceof InvalidTtl) return Effect.fail(expiresAt)
+    return Effect.succeed({ id: options.id ?? crypto.randomUUID(), type: options.type, time, expiresAt, data: options.data })
   })
+}
 
 /**
  * Whether `metadata` has expired at `nowMillis` (epoch milliseconds), allowing `skewMillis` for
@@ -80,7 +112,9 @@ export const isExpired = (metadata: Metadata, nowMillis: number, skewMillis: num
 /**
  * The wire form of `envelope`, as {@link schema} decodes it: `{ id, type, time, expiresAt?, data }`
  * with the times as ISO-8601 strings. `data` is written as `JSON.stringify` writes it; data with
- * encodings of its own (dates, bigints) must be encoded with its schema first.
+ * encodings of its own (dates, bigints) must be encoded with its schema first. It throws what
+ * `JSON.stringify` throws (a bigint, a cycle) and a `RangeError` for a time outside the `Date`
+ * range; `Publisher.publishEnvelope` and `Outbox.recordEnvelope` fail with their error instead.
  */
 export const toJson = <Type extends string, A>(envelope: Envelope<Type, A>): string =>
   JSON.stringify({

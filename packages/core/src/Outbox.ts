@@ -49,29 +49,44 @@ const encoder = new TextEncoder()
 export const subjectBytes = (subject: string): number => encoder.encode(subject).byteLength
 
 /**
+ * What makes `subject` impossible to publish to, or `undefined` when it is a literal NATS subject:
+ * dot-separated tokens without spaces or control characters (none empty), no wildcard (`*`, `>`:
+ * JetStream would store the message under that literal name, which no consumer filter reaches as
+ * meant), at most {@link maxSubjectBytes} bytes of UTF-8. The message starts with the subject, so
+ * it reads on its own. `Publisher.publish` refuses the same subjects with the same words.
+ */
+export const subjectProblem = (subject: string): string | undefined => {
+  const tokens = subject.split(".")
+  // NATS takes any characters in a token but whitespace and control characters (UTF-8 included).
+  if (subject.length === 0 || tokens.some((token) => token === "" || /[\s\p{Cc}]/u.test(token))) {
+    return `subject ${JSON.stringify(subject)}: must be dot-separated tokens without spaces or control characters`
+  }
+  if (tokens.some((token) => token === "*" || token === ">")) {
+    return `subject ${JSON.stringify(subject)}: a wildcard cannot be published to`
+  }
+  const bytes = subjectBytes(subject)
+  if (bytes > maxSubjectBytes) {
+    // Quoting a subject this long would bury the rest of the message: its start is enough.
+    return `subject ${JSON.stringify(`${subject.slice(0, 60)}…`)}: ${bytes} bytes, ` +
+      `more than the ${maxSubjectBytes} that fit a NATS control line`
+  }
+  return undefined
+}
+
+/**
  * What makes `message` impossible to publish, checked before it is recorded: a row that can never
  * be published would hold back every row recorded after it. Empty: it can be published. The id
  * must be 1 to 200 printable ASCII characters without spaces (it is the `Nats-Msg-Id`); the
- * subject a literal NATS subject (dot-separated tokens without spaces or control characters, no
- * wildcards, at most {@link maxSubjectBytes} bytes of UTF-8); a header name printable without
- * `:`, not containing `Nats-Msg-Id`, its value on one line.
+ * subject a literal NATS subject ({@link subjectProblem}); a header name printable without `:`,
+ * not containing `Nats-Msg-Id`, its value on one line.
  */
 export const problems = (message: OutboxMessage): ReadonlyArray<string> => {
   const found: Array<string> = []
   if (!isValidId(message.id)) {
     found.push(`id ${JSON.stringify(message.id)}: must be 1 to 200 printable ASCII characters without spaces`)
   }
-  const tokens = message.subject.split(".")
-  // NATS takes any characters in a token but whitespace and control characters (UTF-8 included).
-  if (message.subject.length === 0 || tokens.some((token) => token === "" || /[\s\p{Cc}]/u.test(token))) {
-    found.push(`subject ${JSON.stringify(message.subject)}: must be dot-separated tokens without spaces or control characters`)
-  } else if (tokens.some((token) => token === "*" || token === ">")) {
-    found.push(`subject ${JSON.stringify(message.subject)}: a wildcard cannot be published to`)
-  } else if (subjectBytes(message.subject) > maxSubjectBytes) {
-    // Quoting a subject this long would bury the rest of the message: its start is enough.
-    found.push(`subject ${JSON.stringify(`${message.subject.slice(0, 60)}…`)}: ${subjectBytes(message.subject)} bytes, ` +
-      `more than the ${maxSubjectBytes} that fit a NATS control line`)
-  }
+  const subject = subjectProblem(message.subject)
+  if (subject !== undefined) found.push(subject)
   for (const [name, value] of message.headers ?? []) {
     if (isReservedHeader(name)) {
       found.push(`header ${JSON.stringify(name)}: not allowed, the id goes in Nats-Msg-Id (a second header containing ` +
@@ -124,12 +139,24 @@ export class Outbox extends Context.Service<Outbox, {
 export const record = (message: OutboxMessage): Effect.Effect<void, OutboxError, Outbox> =>
   Outbox.use((outbox) => outbox.record(message))
 
-/** Records an event envelope as JSON (`Envelope.toJson`), with its id as `Nats-Msg-Id`. */
+/**
+ * Records an event envelope as JSON (`Envelope.toJson`), with its id as `Nats-Msg-Id`. An
+ * envelope JSON cannot write (data holding a bigint or a cycle, a time outside the `Date` range)
+ * fails with `OutboxError` when run, and records nothing.
+ */
 export const recordEnvelope = <Type extends string, A>(
   subject: string,
   envelope: Envelope.Envelope<Type, A>
 ): Effect.Effect<void, OutboxError, Outbox> =>
-  record({ subject, id: envelope.id, payload: encoder.encode(Envelope.toJson(envelope)) })
+  Effect.try({
+    // Written when run, not when the effect is built: a throw there would escape the caller's effect.
+    try: () => encoder.encode(Envelope.toJson(envelope)),
+    catch: (cause) =>
+      new OutboxError({
+        message: `event ${JSON.stringify(envelope.id)} cannot be written as JSON: ${cause instanceof Error ? cause.message : String(cause)}`,
+        cause
+      })
+  }).pipe(Effect.flatMap((payload) => record({ subject, id: envelope.id, payload })))
 
 /** A publish that was not confirmed; `retryable` says whether the same publish may succeed later. */
 export class PublishFailed extends Data.TaggedError("PublishFailed")<{

@@ -106,8 +106,9 @@ export const ensure = (
       subjectsMode: "add",
       maxAge: options.maxAge ?? "30 days",
       maxBytes: options.maxBytes ?? 1024 * 1024 * 1024,
-      discard: "new",
-      duplicateWindow: "2 minutes"
+      discard: "new"
+      // No duplicate window: Topology's default, 2 minutes, or the max age when that is shorter
+      // (the server refuses a window longer than the max age).
     })
   })
 

@@ -16,8 +16,9 @@
  *
  * Options are checked before anything is sent (and by {@link outboxPublisher} when its layer is
  * built): `attempts` an integer from 1 to 100, `timeout` from 1 ms to {@link maxTimeoutMillis}, the
- * subject at most `Outbox.maxSubjectBytes` bytes (a longer one would make the server close the
- * connection).
+ * subject a literal NATS subject of at most `Outbox.maxSubjectBytes` bytes (`Outbox.subjectProblem`,
+ * the outbox's own check: no wildcard, which would be stored as a literal, no empty token, which
+ * nobody would answer, and nothing longer, which would make the server close the connection).
  *
  * A retry is deduplicated only within the stream's duplicate window: {@link republishHorizon}
  * says how long after the first attempt the last retry may go out, and {@link checkHorizon}
@@ -234,7 +235,11 @@ const explainNoResponders = (
     return yield* new NatsError.NatsError({ ...error, message })
   })
 
-/** Publishes `payload` to `subject` until the stream confirms it, retrying with the same id. */
+/**
+ * Publishes `payload` to `subject` until the stream confirms it, retrying with the same id. Bad
+ * input (options out of range, a subject `Outbox.subjectProblem` refuses, an invalid `msgId`, a
+ * header containing `Nats-Msg-Id`) fails with `ApiError`, not retryable, before anything is sent.
+ */
 export const publish = (
   subject: string,
   payload: Uint8Array,
@@ -243,15 +248,11 @@ export const publish = (
   Effect.gen(function*() {
     const operation = `publish ${subject}`
     const { attempts, timeoutMillis } = yield* checkOptions(operation, options)
-    // Sent, a subject this long would make the server close the shared connection (and the
-    // publish time out, retryable, every time): refused for good before anything is sent.
-    const bytes = Outbox.subjectBytes(subject)
-    if (bytes > Outbox.maxSubjectBytes) {
-      return yield* optionError(
-        operation,
-        `the subject is ${bytes} bytes, more than the ${Outbox.maxSubjectBytes} that fit a NATS control line`
-      )
-    }
+    // Refused for good before anything is sent, as the outbox refuses it: a wildcard would be
+    // stored as a literal subject, an empty token go unanswered (a retryable NoResponders after
+    // every attempt), and an over-long subject make the server close the shared connection.
+    const subjectProblem = Outbox.subjectProblem(subject)
+    if (subjectProblem !== undefined) return yield* optionError(operation, subjectProblem)
     if (!Outbox.isValidId(options.msgId)) {
       return yield* new NatsError.NatsError({
         reason: "ApiError",
@@ -316,7 +317,9 @@ export const publish = (
 const encoder = new TextEncoder()
 
 /**
- * Publishes an event envelope as JSON, with `Nats-Msg-Id` equal to its id.
+ * Publishes an event envelope as JSON, with `Nats-Msg-Id` equal to its id. An envelope JSON
+ * cannot write (data holding a bigint or a cycle, a time outside the `Date` range) fails with a
+ * `NatsError` (`ApiError`, not retryable) when run, and sends nothing.
  *
  * ```ts
  * import { Envelope } from "@jetworker/core"
@@ -337,11 +340,15 @@ export const publishEnvelope = <Type extends string, A>(
   envelope: Envelope.Envelope<Type, A>,
   options: Omit<PublishOptions, "msgId">
 ): Effect.Effect<PubAck, NatsError.NatsError, NatsConnection> =>
-  publish(
-    subject,
-    encoder.encode(Envelope.toJson(envelope)),
-    { ...options, msgId: envelope.id }
-  )
+  Effect.try({
+    // Written when run, not when the effect is built: a throw there would escape the caller's effect.
+    try: () => encoder.encode(Envelope.toJson(envelope)),
+    catch: (cause) =>
+      optionError(
+        `publish ${subject}`,
+        `event ${JSON.stringify(envelope.id)} cannot be written as JSON: ${cause instanceof Error ? cause.message : String(cause)}`
+      )
+  }).pipe(Effect.flatMap((payload) => publish(subject, payload, { ...options, msgId: envelope.id })))
 
 /**
  * Core's `OutboxPublisher` on this connection, for an outbox relay (`@jetworker/sql-pg`'s

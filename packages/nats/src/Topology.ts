@@ -41,7 +41,11 @@ export interface StreamOptions {
   readonly subjectsMode?: "exact" | "add" | undefined
   /** Default: `"file"`. */
   readonly storage?: "file" | "memory" | undefined
-  /** `Nats-Msg-Id` deduplication window; must cover the producers' republish horizon. Default: 2 minutes. */
+  /**
+   * `Nats-Msg-Id` deduplication window; must cover the producers' republish horizon, and be no
+   * longer than `maxAge` (the server refuses that). Default: 2 minutes, or `maxAge` when that is
+   * shorter (as nats-server itself does).
+   */
   readonly duplicateWindow?: Duration.Input | undefined
   /** Oldest message kept. Default: 0 (no age limit). */
   readonly maxAge?: Duration.Input | undefined
@@ -66,7 +70,10 @@ export interface ConsumerOptions {
   readonly maxDeliver?: number | undefined
   /** Unacked deliveries outstanding across all instances. Default: 1000. */
   readonly maxAckPending?: number | undefined
-  /** Only messages on this subject (a subset of the stream's). */
+  /**
+   * Only messages on this subject: inside one of the stream's subjects, or a wildcard wider than
+   * one (the server refuses any other; `ensureConsumer` refuses it before sending).
+   */
   readonly filterSubject?: string | undefined
   /**
    * Only messages on these subjects (instead of `filterSubject`). Several subjects need NATS 2.10
@@ -186,6 +193,38 @@ export const consumerProblems = (options: ConsumerOptions): ReadonlyArray<Proble
 const ns = (input: Duration.Input | undefined, fallback: Duration.Input): number =>
   nanos(Duration.toMillis(Duration.fromInputUnsafe(input ?? fallback)))
 
+/** The server's duplicate window when none is declared: 2 minutes. */
+const defaultWindowMillis = 120_000
+
+/**
+ * The duplicate window of a declaration: the declared one, else 2 minutes or a shorter positive
+ * `maxAge` (nats-server's own default, so the live stream keeps what is declared; a 2-minute window
+ * with a shorter max age is refused by the server).
+ */
+const windowNanos = (options: StreamOptions): number => {
+  if (options.duplicateWindow !== undefined) return ns(options.duplicateWindow, 0)
+  const maxAge = options.maxAge === undefined ? undefined : finiteMillis(options.maxAge)
+  return ns(maxAge !== undefined && maxAge > 0 ? Math.min(defaultWindowMillis, maxAge) : defaultWindowMillis, 0)
+}
+
+/**
+ * A declared duplicate window longer than the declared max age, which the server refuses ("duplicates
+ * window can not be larger then max age"). Kept out of {@link streamProblems}, whose callers
+ * (`Contract.validate`) report this case on their own.
+ */
+const windowProblem = (options: StreamOptions): Problem | undefined => {
+  if (options.duplicateWindow === undefined || options.maxAge === undefined) return undefined
+  const window = finiteMillis(options.duplicateWindow)
+  const maxAge = finiteMillis(options.maxAge)
+  if (window === undefined || maxAge === undefined || !(maxAge > 0) || !(window > maxAge)) return undefined
+  return {
+    setting: "duplicate_window",
+    message: `duplicateWindow must not be longer than maxAge (the server refuses it): shorten the window, or leave it ` +
+      `out (it then defaults to the shorter of 2 minutes and maxAge), got duplicateWindow ` +
+      `${formatNanos(ns(options.duplicateWindow, 0))} and maxAge ${formatNanos(ns(options.maxAge, 0))}`
+  }
+}
+
 /** A nanosecond duration as text (`30s`, `2m`; `0` for none). */
 export const formatNanos = (value: number | undefined): string =>
   (value ?? 0) === 0 ? "0" : Duration.format(Duration.millis(Math.floor((value ?? 0) / 1_000_000)))
@@ -200,7 +239,7 @@ export const streamConfig = (options: StreamOptions): Partial<StreamConfig> & { 
   name: options.name,
   subjects: [...options.subjects],
   storage: options.storage === "memory" ? StorageType.Memory : StorageType.File,
-  duplicate_window: ns(options.duplicateWindow, "2 minutes"),
+  duplicate_window: windowNanos(options),
   max_age: ns(options.maxAge, 0),
   max_bytes: options.maxBytes ?? -1,
   max_msgs: options.maxMessages ?? -1,
@@ -275,14 +314,16 @@ export const streamChanges = (options: StreamOptions, live: StreamConfig | undef
 /**
  * Creates the stream, or updates its mutable settings to the declaration (its subjects as
  * `subjectsMode` says; settings the declaration does not cover are left as they are). Returns the
- * live info.
+ * live info. What the server would not keep ({@link streamProblems}) or would refuse (a declared
+ * duplicate window longer than the max age) is refused before anything is sent.
  */
 export const ensureStream = (options: StreamOptions): Effect.Effect<StreamInfo, NatsError.NatsError, NatsConnection> =>
   Effect.gen(function*() {
     const operation = `ensure stream ${options.name}`
     if (!NAME.test(options.name)) return yield* invalid(operation, `invalid stream name ${JSON.stringify(options.name)}`)
     if (options.subjects.length === 0) return yield* invalid(operation, "a stream needs at least one subject")
-    const problems = streamProblems(options)
+    const window = windowProblem(options)
+    const problems = [...streamProblems(options), ...(window === undefined ? [] : [window])]
     if (problems.length > 0) return yield* invalid(operation, problems.map((problem) => problem.message).join("; "))
     const { manager } = yield* NatsConnection
     const wanted = streamConfig(options)
@@ -329,6 +370,26 @@ const filters = (options: ConsumerOptions): Pick<ConsumerConfig, "filter_subject
   const subjects = options.filterSubjects ?? (options.filterSubject === undefined ? [] : [options.filterSubject])
   if (subjects.length === 0) return {}
   return subjects.length === 1 ? { filter_subject: subjects[0]! } : { filter_subjects: [...subjects] }
+}
+
+/**
+ * The filters of a consumer declaration that the stream's subjects (`streamSubjects`, as live or
+ * declared) do not allow, which the server refuses ("consumer filter subject is not a valid
+ * subset"): a filter must lie inside one of them, or be a wildcard wider than one (`>` is taken).
+ * Empty: the filters fit, or the stream has no subjects of its own (a mirror or sourced stream).
+ */
+export const filterProblems = (options: ConsumerOptions, streamSubjects: ReadonlyArray<string>): ReadonlyArray<Problem> => {
+  if (streamSubjects.length === 0) return []
+  const option = options.filterSubjects === undefined ? "filterSubject" : "filterSubjects"
+  const outside = (options.filterSubjects ?? (options.filterSubject === undefined ? [] : [options.filterSubject])).filter((filter) =>
+    !streamSubjects.some((subject) => captures(subject, filter) || captures(filter, subject))
+  )
+  return outside.map((filter) => ({
+    setting: "filter_subject",
+    message: `${option} ${JSON.stringify(filter)} is outside the subjects of stream ${options.stream} ` +
+      `(${streamSubjects.join(", ")}), so the server would refuse it: filter on a subject the stream captures, or add ` +
+      `the subject to the stream`
+  }))
 }
 
 /** Whether the dotted server `version` (`2.9.10`) is `wanted` or later. */
@@ -417,7 +478,11 @@ export const consumerChanges = (options: ConsumerOptions, live: ConsumerConfig |
   return changes
 }
 
-/** Creates the durable consumer, or updates its mutable settings to the declaration. Returns the live info. */
+/**
+ * Creates the durable consumer, or updates its mutable settings to the declaration. Returns the
+ * live info. A declared filter is first checked against the live stream's subjects
+ * ({@link filterProblems}): one outside them is refused before anything is sent.
+ */
 export const ensureConsumer = (
   options: ConsumerOptions
 ): Effect.Effect<ConsumerInfo, NatsError.NatsError, NatsConnection> =>
@@ -440,6 +505,12 @@ export const ensureConsumer = (
     const { connection, manager } = yield* NatsConnection
     const tooNew = unsupported(options, connection.info?.version)
     if (tooNew.length > 0) return yield* invalid(operation, tooNew.map((change) => change.message).join("; "))
+    if (options.filterSubject !== undefined || options.filterSubjects !== undefined) {
+      // Checked against the live stream, before the consumer is created or its filter changed.
+      const stream = yield* call(operation, () => manager.streams.info(options.stream))
+      const outside = filterProblems(options, stream.config.subjects ?? [])
+      if (outside.length > 0) return yield* invalid(operation, outside.map((problem) => problem.message).join("; "))
+    }
     const existing = yield* call(operation, () => manager.consumers.info(options.stream, options.name)).pipe(
       Effect.catchIf((error) => error.reason === "ConsumerNotFound", () => Effect.succeed(undefined))
     )
