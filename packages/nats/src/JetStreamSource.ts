@@ -15,7 +15,7 @@
  */
 import { createInbox, type Msg, type Subscription } from "@nats-io/transport-node"
 import { type Delivery, Source, Telemetry } from "@jetworker/core"
-import { Clock, Duration, Effect, Metric, Stream } from "effect"
+import { Clock, Duration, Effect, Metric, Option, Stream } from "effect"
 import * as Contract from "./Contract.ts"
 import * as DeadLetter from "./DeadLetter.ts"
 import * as MaxDeliveries from "./MaxDeliveries.ts"
@@ -29,16 +29,23 @@ export interface Options {
   readonly stream: string
   /** The durable pull consumer on it. Default: the name of the consumer that opens the source. */
   readonly consumer?: string | undefined
-  /** Lifetime of one pull request on the server. Default: 30 seconds (nats.js clamps to >= 1 s). */
+  /**
+   * Lifetime of one pull request on the server, from 1 second to 2147483647 ms (~24.8 days).
+   * Default: 30 seconds.
+   */
   readonly pullExpires?: Duration.Input | undefined
-  /** Bound on each ack, nak, term or dead-letter publish confirmation. Default: 5 seconds. */
+  /**
+   * Bound on each ack, nak, term, lease extension or dead-letter publish confirmation, from
+   * 1 millisecond to 2147483647 ms (~24.8 days). Default: 5 seconds.
+   */
   readonly settleTimeout?: Duration.Input | undefined
   /** Where terminal failures go. Default: stream `<stream>_DLQ`, created when missing. */
   readonly deadLetter?: DeadLetter.Options | undefined
   /**
    * How often the consumer's lag (`num_pending`) and unacknowledged count (`num_ack_pending`)
    * are read from the server into the `jetworker.consumer.lag` and `jetworker.consumer.ack_pending`
-   * gauges; each read is one request, bounded by the API timeout. Default: 10 seconds.
+   * gauges; each read is one request, bounded by the API timeout. From 100 milliseconds to
+   * 2147483647 ms (~24.8 days). Default: 10 seconds.
    */
   readonly lagInterval?: Duration.Input | undefined
   /**
@@ -83,16 +90,83 @@ const withNextStep = (error: Source.SourceError, stream: string, consumer: strin
     })
     : error
 
-/** A source reading `options.consumer` (default: the opening consumer's name) on `options.stream`. */
+// The longest a Node timer waits: a longer one fires at once (and settles, pulls or polls in a loop).
+const MAX_TIMER_MILLIS = 2 ** 31 - 1
+
+/** A duration option as it was given, for a message: strings quoted, NaN shown as NaN. */
+const shown = (input: unknown): string => {
+  if (typeof input === "string") return JSON.stringify(input)
+  if (Duration.isDuration(input)) return Duration.format(input)
+  if (Array.isArray(input)) return `[${input.map(String).join(", ")}]`
+  if (typeof input === "object" && input !== null) {
+    return `{ ${Object.entries(input).map(([key, value]) => `${key}: ${String(value)}`).join(", ")} }`
+  }
+  return String(input)
+}
+
+/**
+ * `input` in milliseconds, or `undefined` when it is no duration: unparsable (`"5 secs"` from a
+ * config cast to `Duration.Input`), or holding a NaN, which `Duration` reads as zero.
+ */
+const millisOf = (input: Duration.Input): number | undefined => {
+  const parts: ReadonlyArray<unknown> = typeof input === "number"
+    ? [input]
+    : Array.isArray(input)
+    ? input
+    : typeof input === "object" && input !== null && !Duration.isDuration(input)
+    ? Object.values(input)
+    : []
+  if (parts.some((part) => typeof part === "number" && Number.isNaN(part))) return undefined
+  return Option.match(Duration.fromInput(input), { onNone: () => undefined, onSome: Duration.toMillis })
+}
+
+/** The options' durations in milliseconds, checked. */
+interface Settings {
+  readonly settleTimeoutMillis: number
+  readonly expiresMillis: number
+  readonly lagIntervalMillis: number
+}
+
+/**
+ * The durations, or what is wrong with them. Checked once, when the source is made, and reported
+ * by `open` (a `Source` reports its problems there): `make` never throws.
+ */
+const settingsOf = (options: Options): Settings | ReadonlyArray<string> => {
+  const problems: Array<string> = []
+  const check = (name: string, input: Duration.Input | undefined, fallback: number, min: number, minText: string) => {
+    const millis = input === undefined ? fallback : millisOf(input)
+    if (millis !== undefined && millis >= min && millis <= MAX_TIMER_MILLIS) return millis
+    problems.push(`${name} must be a duration from ${minText} to ${MAX_TIMER_MILLIS} ms, got ${shown(input)}`)
+    return fallback
+  }
+  // 0 would have every confirmation time out before its reply.
+  const settleTimeoutMillis = check("settleTimeout", options.settleTimeout, 5_000, 1, "1 millisecond")
+  // Shorter pulls only cost requests; the idle heartbeat (half the expiry) needs room to be heard.
+  const expiresMillis = check("pullExpires", options.pullExpires, 30_000, 1_000, "1 second")
+  // Each tick is a consumer-info request to the JetStream API (and a MaxDeliver recovery round):
+  // faster than 10 a second floods the server for a gauge read every few seconds.
+  const lagIntervalMillis = check("lagInterval", options.lagInterval, 10_000, 100, "100 milliseconds")
+  return problems.length > 0 ? problems : { settleTimeoutMillis, expiresMillis, lagIntervalMillis }
+}
+
+/**
+ * A source reading `options.consumer` (default: the opening consumer's name) on `options.stream`.
+ * Its durations are checked here, and a value that cannot work fails `open` with a `SourceError`
+ * (reason `ContractMismatch`) naming the option and the value, before any request to the server.
+ */
 export const make = (options: Options): Source.Source<NatsConnection> => {
-  const settleTimeoutMillis = Duration.toMillis(Duration.fromInputUnsafe(options.settleTimeout ?? "5 seconds"))
-  const expiresMillis = Math.max(1000, Duration.toMillis(Duration.fromInputUnsafe(options.pullExpires ?? "30 seconds")))
-  const lagInterval = Duration.fromInputUnsafe(options.lagInterval ?? "10 seconds")
+  const settings = settingsOf(options)
 
   const open = (open: Source.OpenOptions) =>
     Effect.gen(function*() {
       const durable = options.consumer ?? open.consumer
       const name = `${options.stream}/${durable}`
+      if (!("settleTimeoutMillis" in settings)) {
+        // The closed set of reasons has none for settings; like a mismatch, retrying cannot help.
+        return yield* mismatch(`JetStreamSource ${name}: ${settings.join("; ")}`)
+      }
+      const { expiresMillis, settleTimeoutMillis } = settings
+      const lagInterval = Duration.millis(settings.lagIntervalMillis)
       const destination = DeadLetter.destination(options.stream, durable, options.deadLetter)
       const connection = yield* NatsConnection
       const call = <A>(operation: string, f: () => Promise<A>) => Effect.mapError(NatsError.tryPromise(operation, f), sourceError)
@@ -298,7 +372,7 @@ export const make = (options: Options): Source.Source<NatsConnection> => {
         // It leaves with the acks sent in the same turn of the event loop (`publishSoon`).
         connection.publishSoon(
           pullSubject,
-          encoder.encode(`{"batch":${batch},"expires":${expiresMillis * 1_000_000},"idle_heartbeat":${heartbeatMillis * 1_000_000}}`),
+          encoder.encode(`{"batch":${batch},"expires":${Math.round(expiresMillis * 1_000_000)},"idle_heartbeat":${heartbeatMillis * 1_000_000}}`),
           inbox + id,
           (error) => {
             // Never sent, so never answered: nothing of it is on its way.

@@ -29,9 +29,16 @@ import * as Outgoing from "./internal/outgoing.ts"
 import * as Replies from "./internal/replies.ts"
 import * as NatsError from "./NatsError.ts"
 
-/** How to connect. Every duration is a `Duration.Input`. */
+/**
+ * How to connect. Every duration is a `Duration.Input`, finite and at most 2147483647 ms (~24.8
+ * days, the longest a timer waits); a setting out of range fails `make` before connecting, with a
+ * `NatsError` naming it and the value given.
+ */
 export interface Options {
-  /** Server URLs, e.g. `nats://127.0.0.1:4222`; give every node of a cluster. */
+  /**
+   * Server URLs, e.g. `nats://127.0.0.1:4222` (a string may hold several, comma-separated); give
+   * every node of a cluster. Blank entries are dropped; none left is refused. Required.
+   */
   readonly servers: string | ReadonlyArray<string>
   /** Connection name shown by the server. Default: `jetworker`. */
   readonly name?: string | undefined
@@ -60,16 +67,17 @@ export interface Options {
   } | undefined
   /** Reconnect attempts before giving up; -1 is forever. Default: -1. */
   readonly maxReconnectAttempts?: number | undefined
-  /** Wait between reconnect attempts (plus up to 100 ms of jitter). Default: 250 millis. */
+  /** Wait between reconnect attempts (plus up to 100 ms of jitter), 0 or more. Default: 250 millis. */
   readonly reconnectTimeWait?: Duration.Input | undefined
   /**
    * Bound on establishing the first connection. Under a worker that is starting, a refused or
-   * timed-out first connection is retried until the worker's start-up deadline. Default: 5 seconds.
+   * timed-out first connection is retried until the worker's start-up deadline. At least 1
+   * millisecond. Default: 5 seconds.
    */
   readonly connectTimeout?: Duration.Input | undefined
-  /** Bound on JetStream API requests and publishes. Default: 5 seconds. */
+  /** Bound on JetStream API requests and publishes, at least 1 millisecond. Default: 5 seconds. */
   readonly apiTimeout?: Duration.Input | undefined
-  /** Bound on draining at release; then the connection is closed. Default: 5 seconds. */
+  /** Bound on draining at release, 0 or more; then the connection is closed. Default: 5 seconds. */
   readonly drainTimeout?: Duration.Input | undefined
   /**
    * Confirmed publishes (`Publisher.publish`, retries included) in flight at once on this
@@ -134,8 +142,42 @@ export interface Shape {
 /** The NATS connection service. */
 export class NatsConnection extends Context.Service<NatsConnection, Shape>()("@jetworker/nats/NatsConnection") {}
 
-const millis = (input: Duration.Input | undefined, fallback: number): number =>
-  input === undefined ? fallback : Duration.toMillis(Duration.fromInputUnsafe(input))
+// The longest a Node timer waits: nats.js times its requests, connection and reconnects with
+// timers, and a longer one fires at once (or, for its request timer, after 1 ms).
+const MAX_TIMER_MILLIS = 2 ** 31 - 1
+
+/** A setting as it was given, for a message: strings quoted, NaN shown as NaN. */
+const shown = (input: unknown): string => {
+  if (typeof input === "string") return JSON.stringify(input)
+  if (Duration.isDuration(input)) return Duration.format(input)
+  if (Array.isArray(input)) return `[${input.map((item) => typeof item === "string" ? JSON.stringify(item) : String(item)).join(", ")}]`
+  if (typeof input === "object" && input !== null) {
+    return `{ ${Object.entries(input).map(([key, value]) => `${key}: ${String(value)}`).join(", ")} }`
+  }
+  return String(input)
+}
+
+/**
+ * `input` in milliseconds, or `undefined` when it is no duration: unparsable (`"5 secs"` from a
+ * config cast to `Duration.Input`), or holding a NaN, which `Duration` reads as zero.
+ */
+const millisOf = (input: Duration.Input): number | undefined => {
+  const parts: ReadonlyArray<unknown> = typeof input === "number"
+    ? [input]
+    : Array.isArray(input)
+    ? input
+    : typeof input === "object" && input !== null && !Duration.isDuration(input)
+    ? Object.values(input)
+    : []
+  if (parts.some((part) => typeof part === "number" && Number.isNaN(part))) return undefined
+  return Option.match(Duration.fromInput(input), { onNone: () => undefined, onSome: Duration.toMillis })
+}
+
+/** The server URLs given, trimmed, without empty entries (a trailing comma, an empty `NATS_URL`). */
+const serverList = (servers: string | ReadonlyArray<string>): ReadonlyArray<string> =>
+  (typeof servers === "string" ? servers.split(",") : Array.isArray(servers) ? servers : [])
+    .map((server) => server.trim())
+    .filter((server) => server !== "")
 
 /** Server URLs for a message or a log line: without credentials (`user:password@`), which are never logged. */
 export const describeServers = (servers: string | ReadonlyArray<string>): string =>
@@ -221,6 +263,24 @@ const integerSetting = (name: string, value: number, max: number): Effect.Effect
     ? Effect.succeed(value)
     : Effect.fail(settingError(`${name} must be an integer from 1 to ${max}, got ${value}`))
 
+/**
+ * `input` in milliseconds (`fallback` when unset), unless it is no duration, infinite, or outside
+ * `min` (0 or 1 ms) to 2147483647 ms: then a failure naming the setting and the value given.
+ */
+const durationSetting = (
+  name: string,
+  input: Duration.Input | undefined,
+  fallback: number,
+  min: 0 | 1
+): Effect.Effect<number, NatsError.NatsError> => {
+  const millis = input === undefined ? fallback : millisOf(input)
+  return millis !== undefined && millis >= min && millis <= MAX_TIMER_MILLIS
+    ? Effect.succeed(millis)
+    : Effect.fail(settingError(
+      `${name} must be a duration from ${min === 0 ? "0" : "1 millisecond"} to ${MAX_TIMER_MILLIS} ms, got ${shown(input)}`
+    ))
+}
+
 /** Fails, naming `what` and `file`, unless `file` can be read. */
 const readable = (what: string, file: string | undefined) =>
   file === undefined ? Effect.void : Effect.try({
@@ -299,20 +359,34 @@ const connectOnce = (options: ConnectionOptions): Effect.Effect<Connection, Nats
     })
   })
 
-/** Connects with `options`; the scope's close drains, then closes, the connection. */
+/**
+ * Connects with `options`; the scope's close drains, then closes, the connection. A setting that
+ * cannot work (see {@link Options}) fails before connecting. Under a worker, readiness follows the
+ * connection (component `nats`), and each change is logged once as `dependency.down` (with the
+ * reason) or `dependency.up`, whatever `LOG_LEVEL`.
+ */
 export const make = (options: Options) =>
   Effect.gen(function*() {
-    const apiTimeoutMillis = millis(options.apiTimeout, 5_000)
-    const drainMillis = millis(options.drainTimeout, 5_000)
+    // Without a server nats.js would connect to its default, 127.0.0.1:4222, whatever was meant.
+    const servers = serverList(options.servers)
+    if (servers.length === 0) {
+      return yield* settingError(
+        `servers is empty (got ${shown(options.servers)}): set NATS_URL, or the servers option, to the server URLs, ` +
+          `comma-separated (e.g. nats://127.0.0.1:4222)`
+      )
+    }
+    const apiTimeoutMillis = yield* durationSetting("apiTimeout", options.apiTimeout, 5_000, 1)
+    const connectMillis = yield* durationSetting("connectTimeout", options.connectTimeout, 5_000, 1)
+    const drainMillis = yield* durationSetting("drainTimeout", options.drainTimeout, 5_000, 0)
+    const reconnectMillis = yield* durationSetting("reconnectTimeWait", options.reconnectTimeWait, 250, 0)
     const maxPublishes = yield* integerSetting("maxPublishesInFlight", options.maxPublishesInFlight ?? 1024, 100_000)
-    const pingMillis = millis(options.pingInterval, 5_000)
-    if (!(pingMillis >= 1_000 && pingMillis <= 600_000)) {
-      return yield* settingError(`pingInterval must be from 1 second to 10 minutes, got ${String(options.pingInterval)}`)
+    const pingMillis = options.pingInterval === undefined ? 5_000 : millisOf(options.pingInterval)
+    if (!(pingMillis !== undefined && pingMillis >= 1_000 && pingMillis <= 600_000)) {
+      return yield* settingError(`pingInterval must be from 1 second to 10 minutes, got ${shown(options.pingInterval)}`)
     }
     const maxPingsOut = yield* integerSetting("maxPingsOut", options.maxPingsOut ?? 2, 100)
     const authenticator = yield* authenticatorFor(options)
     const tls = yield* tlsFor(options)
-    const connectMillis = millis(options.connectTimeout, 5_000)
     const lifecycle = yield* Lifecycle.Lifecycle
     // Under a worker that is starting, a refused or timed-out connection is retried until the
     // start-up deadline (the server may be restarting); otherwise it fails at once. Each try
@@ -322,10 +396,10 @@ export const make = (options: Options) =>
       const deadline = lifecycle.startupDeadline()
       const timeout = deadline === undefined ? connectMillis : Math.max(1, Math.min(connectMillis, deadline - now - 100))
       return connectOnce({
-            servers: typeof options.servers === "string" ? options.servers : [...options.servers],
+            servers: [...servers],
             name: options.name ?? "jetworker",
             maxReconnectAttempts: options.maxReconnectAttempts ?? -1,
-            reconnectTimeWait: millis(options.reconnectTimeWait, 250),
+            reconnectTimeWait: reconnectMillis,
             reconnectJitter: 100,
             pingInterval: pingMillis,
             maxPingOut: maxPingsOut,
@@ -361,6 +435,30 @@ export const make = (options: Options) =>
     // Readiness reflects the connection: down while disconnected.
     const component = yield* lifecycle.component("nats", "dependency")
     yield* component.up
+    // Each readiness change is also a lifecycle event, written whatever LOG_LEVEL, in the lines a
+    // checked resource writes (`Lifecycle.resource`): once when it goes down, with the reason, and
+    // once when it is back. Only under a worker, the one place with a readiness to report on. The
+    // nats.* lines below still say what the client saw.
+    let up = true
+    const down = (reason: string) =>
+      Effect.suspend(() => {
+        if (!up || !lifecycle.managed) return component.down(reason)
+        up = false
+        return Effect.andThen(
+          component.down(reason),
+          Effect.logWarning(`dependency nats is down: ${reason}; readiness is down until the client reconnects`).pipe(
+            Effect.annotateLogs({ event: "dependency.down", dependency: "nats", reason })
+          )
+        )
+      })
+    const back = Effect.suspend(() => {
+      if (up) return component.up
+      up = true
+      return Effect.andThen(
+        component.up,
+        Effect.logInfo("dependency nats is back").pipe(Effect.annotateLogs({ event: "dependency.up", dependency: "nats" }))
+      )
+    })
     // Log connection status changes for operators, through the configured logger; the fiber ends
     // with the scope (or when the connection closes and the status iterator ends).
     // Whether the link was last taken for dead for want of pongs: the disconnect that follows says so.
@@ -370,7 +468,7 @@ export const make = (options: Options) =>
         switch (status.type) {
           case "disconnect":
             return Effect.andThen(
-              component.down(stale ? "disconnected: no answer to pings (stale connection)" : "disconnected"),
+              down(stale ? "disconnected: no answer to pings (stale connection)" : "disconnected"),
               Effect.logWarning(`nats connection disconnect from ${describeServers(status.server)}`).pipe(
                 Effect.annotateLogs({ event: "nats.disconnect", server: describeServers(status.server) })
               )
@@ -378,7 +476,7 @@ export const make = (options: Options) =>
           case "reconnect":
             stale = false
             return Effect.andThen(
-              component.up,
+              back,
               Effect.logWarning(`nats connection reconnect to ${describeServers(status.server)}`).pipe(
                 Effect.annotateLogs({ event: "nats.reconnect", server: describeServers(status.server) })
               )
@@ -387,7 +485,7 @@ export const make = (options: Options) =>
             // The link froze: no answer to the pings. Down now; the client reconnects.
             stale = true
             return Effect.andThen(
-              component.down("no answer to pings (stale connection)"),
+              down("no answer to pings (stale connection)"),
               Effect.logWarning(`nats connection stale: ${maxPingsOut} pings unanswered; reconnecting`).pipe(
                 Effect.annotateLogs({ event: "nats.stale" })
               )
@@ -428,7 +526,8 @@ export const layer = (options: Options): Layer.Layer<NatsConnection, NatsError.N
 
 /**
  * Like {@link layer}, configured from the environment (each variable optional): `NATS_URL` (the
- * servers, comma-separated; default `nats://127.0.0.1:4222`), `NATS_TOKEN`, `NATS_USER` and
+ * servers, comma-separated, blank entries dropped; default `nats://127.0.0.1:4222`, also when it is
+ * empty, which Effect's `ConfigProvider` reads as unset), `NATS_TOKEN`, `NATS_USER` and
  * `NATS_PASSWORD`, `NATS_NKEY_SEED`, `NATS_CREDS` (a credentials file), `NATS_TLS_CA`,
  * `NATS_TLS_CERT` and `NATS_TLS_KEY` (PEM files). Secrets are read as `Redacted`. `options`
  * sets the rest (and wins over the environment).
@@ -463,7 +562,8 @@ export const layerConfig = (
         credentialsFile: Option.getOrUndefined(env.credentialsFile),
         tls: Object.keys(tls).length === 0 ? undefined : tls,
         ...options,
-        servers: env.url.split(",").map((server) => server.trim())
+        // Blank entries dropped: a `NATS_URL` of only commas is no server, refused by `make`.
+        servers: serverList(env.url)
       })
     })
   )
