@@ -417,8 +417,9 @@ export const makeManaged = (options: ManagedOptions): Effect.Effect<Managed> =>
  * Wraps a resource's Layer so that the worker's shutdown closes it as one `close` stage named
  * `name`, bounded by the close share (abandoned past it). With `check`, readiness reflects it too:
  * a dependency component, up once built, probed every `checkInterval` (default 5 seconds; each
- * probe bounded by the same) and down while the check fails; each change is logged once
- * (`dependency.down`, a warning with the reason, and `dependency.up`).
+ * probe bounded by the same) and down while the check fails, dies or is interrupted; each change
+ * is logged once (`dependency.down`, a warning with the reason, and `dependency.up`). Probing goes
+ * on until the resource is closed, whatever a check did.
  */
 export const resource = <ROut, E, RIn, X = unknown, CE = unknown>(
   name: string,
@@ -448,7 +449,10 @@ export const resource = <ROut, E, RIn, X = unknown, CE = unknown>(
         const probe = options.check.pipe(
           Effect.timeout(interval.value),
           Effect.provideContext(context),
-          Effect.matchEffect({
+          // On the cause, not only the typed error: a check that throws or whose promise rejects
+          // (a defect) is the dependency down too, and must not end the loop, which would leave
+          // readiness up for the rest of the process.
+          Effect.matchCauseEffect({
             onSuccess: () => {
               if (up) return component.up
               up = true
@@ -457,8 +461,8 @@ export const resource = <ROut, E, RIn, X = unknown, CE = unknown>(
                 Effect.logInfo(`dependency ${name} is back`).pipe(Effect.annotateLogs({ event: "dependency.up", dependency: name }))
               )
             },
-            onFailure: (error) => {
-              const reason = ErrorSummary.fromError(error).message
+            onFailure: (cause) => {
+              const reason = ErrorSummary.fromCause(cause).message
               if (!up) return component.down(reason)
               up = false
               return Effect.andThen(

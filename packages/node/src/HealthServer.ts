@@ -32,7 +32,10 @@ export interface Options {
   readonly port: number
   /** Interface to bind. Default: `0.0.0.0` (reachable by the orchestrator's probes). */
   readonly host?: string | undefined
-  /** Event-loop lag past which `/healthz/live` answers 503. Default: 5 seconds. */
+  /**
+   * Event-loop lag past which `/healthz/live` answers 503; positive and finite (0 would fail every
+   * probe). Default: 5 seconds.
+   */
   readonly maxEventLoopLag?: Duration.Input | undefined
   /** The readiness to report (a managed lifecycle's). */
   readonly readiness: () => Lifecycle.Readiness
@@ -50,7 +53,14 @@ const json = (body: unknown, status: number) =>
 /** Starts the server in the current scope; closing the scope closes it. */
 export const make = (options: Options): Effect.Effect<HealthServer, HttpServerError.ServeError, Scope.Scope> =>
   Effect.gen(function*() {
-    const maxLagMillis = Duration.toMillis(Duration.fromInputUnsafe(options.maxEventLoopLag ?? "5 seconds"))
+    const maxLag = Duration.fromInput(options.maxEventLoopLag ?? "5 seconds")
+    if (maxLag._tag === "None" || !Duration.isFinite(maxLag.value) || !(Duration.toMillis(maxLag.value) > 0)) {
+      // A programming error, as a defect naming the option (`Worker` checks its variable first).
+      return yield* Effect.die(
+        new Error(`HealthServer.make: maxEventLoopLag must be a positive, finite duration, got ${String(options.maxEventLoopLag)}`)
+      )
+    }
+    const maxLagMillis = Duration.toMillis(maxLag.value)
     const lag = yield* Effect.acquireRelease(Effect.sync(() => EventLoopLag.start()), (lag) => Effect.sync(lag.stop))
     const server = yield* NodeHttpServer.make(() => createServer({ requestTimeout: 10_000 }), {
       port: options.port,

@@ -16,7 +16,10 @@
  * - `details`: the further arguments of a log call, when there are any;
  * - `cause`: the pretty-printed cause, when the line carries one.
  *
- * `Redacted` values print as `<redacted>`; bigints as strings. It deliberately adds no fiber id;
+ * `Redacted` values print as `<redacted>`; bigints as strings; a value inside itself as
+ * `[Circular]` where it recurs, and one whose `toJSON` (or getter) throws as
+ * `[unserialisable: <reason>]`, so that a line is always one JSON object with its fixed keys and
+ * every annotation. It deliberately adds no fiber id;
  * lines written outside any span (the lifecycle events) carry no trace or span id.
  *
  * @since 0.2.0
@@ -26,23 +29,89 @@ import * as LifecycleEvents from "./internal/lifecycleEvents.ts"
 
 const RESERVED = new Set(["timestamp", "level", "message", "traceId", "spanId", "details", "cause"])
 
-const replacer = (_key: string, value: unknown): unknown => {
+const replacer = (value: unknown): unknown => {
   if (typeof value === "bigint") return value.toString()
   if (Redacted.isRedacted(value)) return "<redacted>"
   if (value instanceof Error) return { name: value.name, message: value.message }
   return value
 }
 
-const stringify = (value: unknown): string => {
+const reasonOf = (error: unknown): string => {
   try {
-    return JSON.stringify(value, replacer)
+    return error instanceof Error ? error.message : String(error)
   } catch {
-    return JSON.stringify(String(value))
+    return "unknown"
   }
 }
 
-const text = (value: unknown): string =>
-  typeof value === "string" ? value : Redacted.isRedacted(value) ? "<redacted>" : stringify(value)
+const unserialisable = (error: unknown): string => `[unserialisable: ${reasonOf(error)}]`
+
+/**
+ * `value` made safe for `JSON.stringify`, in the order `JSON.stringify` itself goes (`toJSON`,
+ * then {@link replacer}, then the children): a value that is its own ancestor becomes
+ * `"[Circular]"`, a `toJSON` or a getter that throws `"[unserialisable: <reason>]"`. Only ancestors
+ * count, so a value shared by two keys is printed twice, as `JSON.stringify` would.
+ */
+const toJsonSafe = (value: unknown, key: string, ancestors: Set<object>): unknown => {
+  let current = value
+  if ((typeof current === "object" && current !== null) || typeof current === "bigint") {
+    const toJSON: unknown = (current as { readonly toJSON?: unknown }).toJSON
+    if (typeof toJSON === "function") {
+      try {
+        current = toJSON.call(current, key)
+      } catch (error) {
+        return unserialisable(error)
+      }
+    }
+  }
+  current = replacer(current)
+  if (typeof current !== "object" || current === null) return current
+  if (ancestors.has(current)) return "[Circular]"
+  if (current instanceof Number || current instanceof String || current instanceof Boolean) return current.valueOf()
+  const parent = current
+  ancestors.add(parent)
+  try {
+    if (Array.isArray(parent)) return parent.map((item: unknown, index) => toJsonSafe(item, String(index), ancestors))
+    // No prototype: a `__proto__` key is data here, not a prototype to set.
+    const out: Record<string, unknown> = Object.create(null)
+    for (const child of Object.keys(parent)) {
+      let item: unknown
+      try {
+        item = (parent as Record<string, unknown>)[child]
+      } catch (error) {
+        out[child] = unserialisable(error)
+        continue
+      }
+      out[child] = toJsonSafe(item, child, ancestors)
+    }
+    return out
+  } finally {
+    ancestors.delete(parent)
+  }
+}
+
+/**
+ * `JSON.stringify(value)` with cycles and throwing `toJSON`s written as markers; it throws only on
+ * a structure too deep for the stack.
+ */
+const stringify = (value: unknown): string | undefined => {
+  try {
+    // The common case, as fast as `JSON.stringify` itself; the walk only for a line it refuses.
+    return JSON.stringify(value, (_key, item: unknown) => replacer(item))
+  } catch {
+    return JSON.stringify(toJsonSafe(value, "", new Set()))
+  }
+}
+
+const text = (value: unknown): string => {
+  if (typeof value === "string") return value
+  if (Redacted.isRedacted(value)) return "<redacted>"
+  try {
+    return stringify(value) ?? String(value)
+  } catch (error) {
+    return unserialisable(error)
+  }
+}
 
 const LEVEL: Record<string, string> = {
   All: "ALL",
@@ -76,7 +145,12 @@ export const formatter: Logger.Logger<unknown, string> = Logger.make(({ cause, d
   }
   if (parts.length > 1) line.details = parts.length === 2 ? parts[1] : parts.slice(1)
   if (cause.reasons.length > 0) line.cause = Cause.pretty(cause)
-  return stringify(line)
+  try {
+    return stringify(line)!
+  } catch (error) {
+    // Only a structure too deep for the stack gets here: the fixed keys are written all the same.
+    return JSON.stringify({ timestamp: line.timestamp, level: line.level, message: line.message, error: unserialisable(error) })
+  }
 })
 
 /** Bytes of lines held for stdout at most, by default: 8 MiB (see {@link make}). */

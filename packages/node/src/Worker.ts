@@ -52,6 +52,7 @@ import {
   Scope
 } from "effect"
 import * as HealthServer from "./HealthServer.ts"
+import * as Credentials from "./internal/credentials.ts"
 import * as LifecycleEvents from "./internal/lifecycleEvents.ts"
 import { nextStep } from "./internal/nextStep.ts"
 import * as JsonLogger from "./JsonLogger.ts"
@@ -77,13 +78,16 @@ export interface Settings {
   readonly telemetry: Duration.Duration
   /** `SHUTDOWN_RESERVE`, default `1 second`: left unused by plan. */
   readonly reserve: Duration.Duration
-  /** `STARTUP_TIMEOUT`, default `60 seconds`: bound on building the resources (waiting for dependencies). */
+  /**
+   * `STARTUP_TIMEOUT`, default `60 seconds`, positive and finite: bound on building the resources
+   * (waiting for dependencies).
+   */
   readonly startupTimeout: Duration.Duration
   /** `HEALTH_PORT`, default 8080; 0 picks a free port; `off` serves no probes. */
   readonly healthPort: number | "off"
   /** `HEALTH_HOST`, default `0.0.0.0`. */
   readonly healthHost: string
-  /** `HEALTH_MAX_EVENT_LOOP_LAG`, default `5 seconds`: past it `/healthz/live` answers 503. */
+  /** `HEALTH_MAX_EVENT_LOOP_LAG`, default `5 seconds`, positive and finite: past it `/healthz/live` answers 503. */
   readonly maxEventLoopLag: Duration.Duration
   /**
    * `LOG_LEVEL`, default `Info`: the least severe level written (`Debug` adds a line per committed
@@ -108,6 +112,16 @@ const parsePort = (raw: string): number | "off" => {
   const port = /^\d{1,5}$/.test(raw.trim()) ? Number(raw.trim()) : Number.NaN
   return Number.isInteger(port) && port >= 0 && port <= 65535 ? port : Number.NaN
 }
+
+/**
+ * Why `duration`, read from `name`, cannot be used where only a positive, finite duration makes
+ * sense (a lag of 0 fails every liveness probe, a start-up timeout of 0 has already run out);
+ * `undefined` when it can.
+ */
+const notPositiveFinite = (name: string, duration: Duration.Duration): string | undefined =>
+  Duration.isFinite(duration) && Duration.toMillis(duration) > 0
+    ? undefined
+    : `${name} must be a positive, finite duration, got ${Duration.format(duration)}`
 
 /** Reads {@link Settings} from the environment (managed configuration). */
 export const settings: Config.Config<Settings> = Config.all({
@@ -211,6 +225,17 @@ export const run = <E, ROut = never, LE = never, TE = never>(
       )
       return exitCodes.failure
     }
+    // The shutdown shares (SHUTDOWN_*) are checked by `Lifecycle.makeBudget`, in `runWith`.
+    for (
+      const problem of [
+        notPositiveFinite("HEALTH_MAX_EVENT_LOOP_LAG", s.maxEventLoopLag),
+        notPositiveFinite("STARTUP_TIMEOUT", s.startupTimeout)
+      ]
+    ) {
+      if (problem === undefined) continue
+      yield* Effect.logError("worker.invalid_settings").pipe(Effect.annotateLogs({ error: problem }))
+      return exitCodes.failure
+    }
     return yield* runWith(program, options, s).pipe(
       LifecycleEvents.withLevel(s.logLevel),
       Effect.provide(JsonLogger.layerWith({ maxBufferedBytes: s.logBufferBytes }))
@@ -234,7 +259,13 @@ const runWith = <E, ROut, LE, TE>(
       reserve: s.reserve
     })
     if (Result.isFailure(budget)) {
-      yield* Effect.logError("worker.invalid_settings").pipe(Effect.annotateLogs({ error: budget.failure.message }))
+      // The budget names its shares as options; the operator set them as variables.
+      yield* Effect.logError("worker.invalid_settings").pipe(
+        Effect.annotateLogs({
+          error: `${budget.failure.message} (total is SHUTDOWN_BUDGET, readinessGrace SHUTDOWN_READINESS_GRACE, ` +
+            `close SHUTDOWN_CLOSE, telemetry SHUTDOWN_TELEMETRY, reserve SHUTDOWN_RESERVE)`
+        })
+      )
       return exitCodes.failure
     }
     const lifecycle = yield* Lifecycle.makeManaged({
@@ -284,13 +315,16 @@ const runWith = <E, ROut, LE, TE>(
         Effect.exit
       )
       if (Exit.isFailure(built) || built.value._tag === "None") {
-        yield* Effect.logError("telemetry.unavailable", Exit.isFailure(built) ? built.cause : Cause.empty).pipe(
-          Effect.annotateLogs({
-            error: Exit.isFailure(built)
-              ? ErrorSummary.describe(ErrorSummary.fromCause(built.cause))
-              : "not built within the start-up timeout"
-          })
-        )
+        const cause = Exit.isFailure(built) ? built.cause : Cause.empty
+        // An endpoint's userinfo is a secret the SDK quotes when it throws on the endpoint: the
+        // error is written without it, and a cause that quotes it is left out (its stack with it).
+        const error = Exit.isFailure(built)
+          ? Credentials.withoutCredentials(ErrorSummary.describe(ErrorSummary.fromCause(built.cause)))
+          : "not built within the start-up timeout"
+        yield* Effect.logError(
+          "telemetry.unavailable",
+          Credentials.hasCredentials(Cause.pretty(cause)) ? Cause.empty : cause
+        ).pipe(Effect.annotateLogs({ error }))
         // Release what the layer built before it failed (its flushes unregister with it), without
         // waiting on it: a half-built exporter must not hold up the start.
         yield* Effect.forkDetach(Scope.close(telemetryScope, Exit.void))

@@ -14,9 +14,14 @@
  *   them in its `telemetry` stage, each bounded by the telemetry share, one stage line per
  *   channel. A slow or unreachable collector never holds the exit past the budget, and a failed
  *   flush changes no result.
- * - The SDK's own errors (an export that failed) are written as `telemetry.error` JSON lines on
- *   stdout, at most 10 a minute, and never sent through the telemetry they are about, so an
- *   unreachable collector yields a bounded number of lines, not a loop.
+ * - The SDK's own errors (an export that failed) are written as `telemetry.error` lines (ERROR,
+ *   or WARN for its warnings) by the loggers in effect where the layer is built (under
+ *   `Worker.runMain`, the JSON lines on stdout, so `LOG_LEVEL` applies), at most 10 a minute, and
+ *   never sent through the telemetry they are about, so an unreachable collector yields a bounded
+ *   number of lines, not a loop.
+ * - Every endpoint must be an `http://` or `https://` URL: another value fails `settings` with a
+ *   `ConfigError` naming the variable. Credentials in an endpoint (`http://user:password@host`,
+ *   sent as basic auth) never appear in a message or a line: they are removed first.
  *
  * There is no separate error reporter: errors are log lines and span statuses.
  *
@@ -31,7 +36,7 @@ import { OTLPTraceExporter } from "@opentelemetry/exporter-trace-otlp-http"
 import { BatchLogRecordProcessor, LoggerProvider } from "@opentelemetry/sdk-logs"
 import { PeriodicExportingMetricReader } from "@opentelemetry/sdk-metrics"
 import { BasicTracerProvider, BatchSpanProcessor } from "@opentelemetry/sdk-trace-base"
-import { Config, Duration, Effect, Layer, Option } from "effect"
+import { Config, ConfigProvider, type Context, Duration, Effect, Layer, Option } from "effect"
 
 /** The telemetry settings; `settings` reads them from the `OTEL_*` environment. */
 export interface Settings {
@@ -71,7 +76,31 @@ const endpoint = (base: string | undefined, own: string | undefined, exporter: s
   return base === undefined ? undefined : `${base.replace(/\/+$/, "")}${path}`
 }
 
-/** Reads {@link Settings} from the environment. */
+/**
+ * `text` with the credentials of every URL in it removed: `http://user:password@host` becomes
+ * `http://host`. Node sends a URL's userinfo as basic auth, so it is a secret. Everything from `//`
+ * to the last `@` before a blank or a quote goes, so a password holding `@` or `/` goes whole too
+ * (at worst, more than the userinfo: this is for messages, never for requests).
+ */
+const withoutCredentials = (text: string): string => text.replace(/\/\/[^\s"'<>`]*@/g, "//")
+
+/**
+ * Why the endpoint in `variable` cannot be exported to (not an `http:` or `https:` URL), naming the
+ * variable and the endpoint without its credentials; `undefined` when it can.
+ */
+const endpointProblem = (variable: string, value: string | undefined): string | undefined => {
+  if (value === undefined) return undefined
+  const url = URL.canParse(value) ? new URL(value) : undefined
+  return url !== undefined && (url.protocol === "http:" || url.protocol === "https:")
+    ? undefined
+    : `${variable} must be an http:// or https:// URL, got ${withoutCredentials(value)}`
+}
+
+/**
+ * Reads {@link Settings} from the environment. An endpoint variable that is set but is not an
+ * `http://` or `https://` URL fails with a `ConfigError` naming the variable and the value, with
+ * its credentials removed.
+ */
 export const settings: Config.Config<Settings> = Config.all({
   base: optionalString("OTEL_EXPORTER_OTLP_ENDPOINT"),
   traces: optionalString("OTEL_EXPORTER_OTLP_TRACES_ENDPOINT"),
@@ -88,33 +117,55 @@ export const settings: Config.Config<Settings> = Config.all({
   logQueueSize: positiveInt("OTEL_BLRP_MAX_QUEUE_SIZE", 2_048),
   logBatchSize: positiveInt("OTEL_BLRP_MAX_EXPORT_BATCH_SIZE", 512),
   metricIntervalMillis: positiveInt("OTEL_METRIC_EXPORT_INTERVAL", 60_000)
-}).pipe(Config.map((c): Settings => ({
-  tracesEndpoint: endpoint(c.base, c.traces, c.tracesExporter, "/v1/traces"),
-  metricsEndpoint: endpoint(c.base, c.metrics, c.metricsExporter, "/v1/metrics"),
-  logsEndpoint: endpoint(c.base, c.logs, c.logsExporter, "/v1/logs"),
-  exportTimeoutMillis: c.exportTimeoutMillis,
-  spanDelayMillis: c.spanDelayMillis,
-  spanQueueSize: c.spanQueueSize,
-  spanBatchSize: Math.min(c.spanBatchSize, c.spanQueueSize),
-  logDelayMillis: c.logDelayMillis,
-  logQueueSize: c.logQueueSize,
-  logBatchSize: Math.min(c.logBatchSize, c.logQueueSize),
-  metricIntervalMillis: c.metricIntervalMillis
-})))
+}).pipe(
+  // Checked here, before any SDK constructor sees them: a malformed endpoint would otherwise throw
+  // from inside the SDK, and its message (and the SDK's warnings) would carry the URL as given,
+  // credentials included.
+  // Only the variables a built channel uses: one turned off (`none`) is never read.
+  Config.mapEffect((c) => {
+    const used = (own: string | undefined, exporter: string | undefined) =>
+      exporter?.toLowerCase() === "none" ? undefined : own
+    const channels = [[c.traces, c.tracesExporter], [c.metrics, c.metricsExporter], [c.logs, c.logsExporter]] as const
+    const baseUsed = channels.some(([own, exporter]) => own === undefined && exporter?.toLowerCase() !== "none")
+    const problems = [
+      endpointProblem("OTEL_EXPORTER_OTLP_ENDPOINT", baseUsed ? c.base : undefined),
+      endpointProblem("OTEL_EXPORTER_OTLP_TRACES_ENDPOINT", used(c.traces, c.tracesExporter)),
+      endpointProblem("OTEL_EXPORTER_OTLP_METRICS_ENDPOINT", used(c.metrics, c.metricsExporter)),
+      endpointProblem("OTEL_EXPORTER_OTLP_LOGS_ENDPOINT", used(c.logs, c.logsExporter))
+    ].filter((problem) => problem !== undefined)
+    return problems.length === 0
+      ? Effect.succeed(c)
+      : Effect.fail(new Config.ConfigError(new ConfigProvider.SourceError({ message: problems.join("; ") })))
+  }),
+  Config.map((c): Settings => ({
+    tracesEndpoint: endpoint(c.base, c.traces, c.tracesExporter, "/v1/traces"),
+    metricsEndpoint: endpoint(c.base, c.metrics, c.metricsExporter, "/v1/metrics"),
+    logsEndpoint: endpoint(c.base, c.logs, c.logsExporter, "/v1/logs"),
+    exportTimeoutMillis: c.exportTimeoutMillis,
+    spanDelayMillis: c.spanDelayMillis,
+    spanQueueSize: c.spanQueueSize,
+    spanBatchSize: Math.min(c.spanBatchSize, c.spanQueueSize),
+    logDelayMillis: c.logDelayMillis,
+    logQueueSize: c.logQueueSize,
+    logBatchSize: Math.min(c.logBatchSize, c.logQueueSize),
+    metricIntervalMillis: c.metricIntervalMillis
+  }))
+)
 
-// The SDK reports failed exports through its diagnostic logger: write them as JSON lines straight
-// to stdout (never through Effect's loggers, which may feed the failing exporter), rate limited.
+// The SDK reports failed exports through its diagnostic logger. Its lines go to the loggers in
+// effect where this layer is built (under `Worker.runMain`, the stdout JSON logger filtered by
+// LOG_LEVEL), never to the loggers this layer adds (the OTLP log exporter, which may be the one
+// failing), rate limited, and without the credentials of any URL they quote.
 const MAX_ERRORS_PER_MINUTE = 10
-const boundedDiagLogger = (): DiagLogger => {
+const boundedDiagLogger = (context: Context.Context<never>): DiagLogger => {
+  const log = (effect: Effect.Effect<void>) => void Effect.runForkWith(context)(effect)
   let windowStart = 0
   let written = 0
   let suppressed = 0
-  const write = (level: string) => (message: string, ...args: Array<unknown>) => {
+  const write = (level: "Error" | "Warn") => (message: string, ...args: Array<unknown>) => {
     const now = Date.now()
     if (now - windowStart >= 60_000) {
-      if (suppressed > 0) {
-        process.stdout.write(`${JSON.stringify({ timestamp: new Date(now).toISOString(), level: "WARN", message: "telemetry.error", suppressed })}\n`)
-      }
+      if (suppressed > 0) log(Effect.logWarning("telemetry.error").pipe(Effect.annotateLogs({ suppressed })))
       windowStart = now
       written = 0
       suppressed = 0
@@ -125,12 +176,11 @@ const boundedDiagLogger = (): DiagLogger => {
     }
     written++
     const detail = args.map((a) => (a instanceof Error ? a.message : typeof a === "string" ? a : safeJson(a))).join(" ")
-    process.stdout.write(
-      `${JSON.stringify({ timestamp: new Date(now).toISOString(), level, message: "telemetry.error", error: `${message} ${detail}`.trim().slice(0, 1_000) })}\n`
-    )
+    const error = withoutCredentials(`${message} ${detail}`.trim()).slice(0, 1_000)
+    log((level === "Error" ? Effect.logError : Effect.logWarning)("telemetry.error").pipe(Effect.annotateLogs({ error })))
   }
   const ignore = () => undefined
-  return { error: write("ERROR"), warn: write("WARN"), info: ignore, debug: ignore, verbose: ignore }
+  return { error: write("Error"), warn: write("Warn"), info: ignore, debug: ignore, verbose: ignore }
 }
 
 const safeJson = (value: unknown): string => {
@@ -162,9 +212,10 @@ export const layer = (settings: Settings): Layer.Layer<never> => {
     settings.logsEndpoint !== undefined
   if (!any) return Layer.empty
 
-  const diagnostics = Layer.effectDiscard(Effect.sync(() =>
-    diag.setLogger(boundedDiagLogger(), { logLevel: DiagLogLevel.WARN, suppressOverrideMessage: true })
-  ))
+  const diagnostics = Layer.effectDiscard(Effect.flatMap(Effect.context<never>(), (context) =>
+    Effect.sync(() =>
+      diag.setLogger(boundedDiagLogger(context), { logLevel: DiagLogLevel.WARN, suppressOverrideMessage: true })
+    )))
 
   const traces = settings.tracesEndpoint === undefined ? Layer.empty : OtelTracer.layerWithoutOtelTracer.pipe(
     Layer.provide(OtelTracer.layerTracer),
