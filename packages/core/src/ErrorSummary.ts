@@ -135,10 +135,16 @@ export const make = (
 /**
  * One line for a log's `error` key: `Tag: message`, followed by the innermost wrapped error's
  * message where the outer one does not already say it (for a failed connection, the driver's
- * `connect ECONNREFUSED 127.0.0.1:5433`, which names what to check).
+ * `connect ECONNREFUSED 127.0.0.1:5433`, which names what to check), and its `code` where no
+ * message says it (PostgreSQL's SQLSTATE, as `integer out of range, code 22003`).
  */
 export const describe = (summary: ErrorSummary): string => {
   const text = `${summary.tag}: ${summary.message}`
-  const innermost = summary.causes?.[summary.causes.length - 1]?.message
-  return innermost === undefined || innermost === "" || text.includes(innermost) ? text : `${text} (${innermost})`
+  const last = summary.causes?.[summary.causes.length - 1]
+  const innermost = last === undefined || last.message === "" || text.includes(last.message) ? undefined : last.message
+  const code = last?.fields.code
+  const said = innermost === undefined ? text : `${text} ${innermost}`
+  const codeText = (typeof code === "string" && code !== "") || typeof code === "number" ? String(code) : undefined
+  const extra = [innermost, codeText === undefined || said.includes(codeText) ? undefined : `code ${codeText}`].filter((part) => part !== undefined)
+  return extra.length === 0 ? text : `${text} (${extra.join(", ")})`
 }

@@ -65,7 +65,7 @@ export interface Options {
     readonly certFile?: string | undefined
     readonly keyFile?: string | undefined
   } | undefined
-  /** Reconnect attempts before giving up; -1 is forever. Default: -1. */
+  /** Reconnect attempts before giving up: -1 (for ever) or an integer from 0 to 1000000. Default: -1. */
   readonly maxReconnectAttempts?: number | undefined
   /** Wait between reconnect attempts (plus up to 100 ms of jitter), 0 or more. Default: 250 millis. */
   readonly reconnectTimeWait?: Duration.Input | undefined
@@ -380,6 +380,11 @@ export const make = (options: Options) =>
     const drainMillis = yield* durationSetting("drainTimeout", options.drainTimeout, 5_000, 0)
     const reconnectMillis = yield* durationSetting("reconnectTimeWait", options.reconnectTimeWait, 250, 0)
     const maxPublishes = yield* integerSetting("maxPublishesInFlight", options.maxPublishesInFlight ?? 1024, 100_000)
+    // nats.js compares it with a counter: NaN or 1.5 would mean "never reconnect", -2 "for ever".
+    const maxReconnects = options.maxReconnectAttempts ?? -1
+    if (!(maxReconnects === -1 || (Number.isInteger(maxReconnects) && maxReconnects >= 0 && maxReconnects <= 1_000_000))) {
+      return yield* Effect.fail(settingError(`maxReconnectAttempts must be -1 (for ever) or an integer from 0 to 1000000, got ${maxReconnects}`))
+    }
     const pingMillis = options.pingInterval === undefined ? 5_000 : millisOf(options.pingInterval)
     if (!(pingMillis !== undefined && pingMillis >= 1_000 && pingMillis <= 600_000)) {
       return yield* settingError(`pingInterval must be from 1 second to 10 minutes, got ${shown(options.pingInterval)}`)
@@ -398,7 +403,7 @@ export const make = (options: Options) =>
       return connectOnce({
             servers: [...servers],
             name: options.name ?? "jetworker",
-            maxReconnectAttempts: options.maxReconnectAttempts ?? -1,
+            maxReconnectAttempts: maxReconnects,
             reconnectTimeWait: reconnectMillis,
             reconnectJitter: 100,
             pingInterval: pingMillis,

@@ -44,6 +44,19 @@ describe("NatsConnection options", () => {
       }
     }))
 
+  it.live("maxReconnectAttempts other than -1 (for ever) or a whole number of 0 or more is refused, naming the value", () =>
+    Effect.gen(function*() {
+      for (const value of [Number.NaN, 1.5, -2, Number.POSITIVE_INFINITY]) {
+        const error = yield* refusal({ servers: nowhere, maxReconnectAttempts: value })
+        assert.include(error.message, `maxReconnectAttempts must be -1 (for ever) or an integer from 0 to 1000000, got ${value}`)
+        assert.isFalse(error.isRetryable, error.message)
+      }
+      for (const value of [-1, 0, 10]) {
+        const error = yield* refusal({ servers: nowhere, maxReconnectAttempts: value })
+        assert.include(error.message, "could not connect to nats://127.0.0.1:1", String(value))
+      }
+    }))
+
   it.live("the bounds themselves are accepted: zero waits to reconnect and to drain, and timeouts of 1 ms and 2147483647 ms", () =>
     Effect.gen(function*() {
       // Accepted settings reach the connection attempt: nothing listens at `nowhere`.
