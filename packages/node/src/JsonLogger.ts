@@ -16,7 +16,8 @@
  * - `details`: the further arguments of a log call, when there are any;
  * - `cause`: the pretty-printed cause, when the line carries one.
  *
- * `Redacted` values print as `<redacted>`; bigints as strings; a value inside itself as
+ * `Redacted` values print as `<redacted>`; bigints as strings; an `Error` as its name, message,
+ * `code` (when it has one) and `cause`, without its stack; a value inside itself as
  * `[Circular]` where it recurs, and one whose `toJSON` (or getter) throws as
  * `[unserialisable: <reason>]`, so that a line is always one JSON object with its fixed keys and
  * every annotation. It deliberately adds no fiber id;
@@ -32,7 +33,15 @@ const RESERVED = new Set(["timestamp", "level", "message", "traceId", "spanId", 
 const replacer = (value: unknown): unknown => {
   if (typeof value === "bigint") return value.toString()
   if (Redacted.isRedacted(value)) return "<redacted>"
-  if (value instanceof Error) return { name: value.name, message: value.message }
+  if (value instanceof Error) {
+    // The code (a driver's ECONNREFUSED, PostgreSQL's SQLSTATE) and the chain of causes say what
+    // to do; the stack stays out of the line.
+    const out: Record<string, unknown> = { name: value.name, message: value.message }
+    const code: unknown = (value as { readonly code?: unknown }).code
+    if (typeof code === "string" || typeof code === "number") out.code = code
+    if (value.cause !== undefined) out.cause = value.cause
+    return out
+  }
   return value
 }
 
@@ -64,12 +73,16 @@ const toJsonSafe = (value: unknown, key: string, ancestors: Set<object>): unknow
       }
     }
   }
+  // The value itself counts as an ancestor too: the replacer gives an Error a new object each time.
+  if (typeof value === "object" && value !== null && ancestors.has(value)) return "[Circular]"
   current = replacer(current)
   if (typeof current !== "object" || current === null) return current
   if (ancestors.has(current)) return "[Circular]"
   if (current instanceof Number || current instanceof String || current instanceof Boolean) return current.valueOf()
   const parent = current
+  const original = typeof value === "object" && value !== null && value !== parent ? value : undefined
   ancestors.add(parent)
+  if (original !== undefined) ancestors.add(original)
   try {
     if (Array.isArray(parent)) return parent.map((item: unknown, index) => toJsonSafe(item, String(index), ancestors))
     // No prototype: a `__proto__` key is data here, not a prototype to set.
@@ -87,6 +100,7 @@ const toJsonSafe = (value: unknown, key: string, ancestors: Set<object>): unknow
     return out
   } finally {
     ancestors.delete(parent)
+    if (original !== undefined) ancestors.delete(original)
   }
 }
 
