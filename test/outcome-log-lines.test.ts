@@ -47,6 +47,7 @@ describe("outcome log lines", () => {
         assert.isDefined(line, lines.map((l) => l.text).join("\n"))
         assert.include(line!.text, `(${id}): PermanentError: SqlError: `)
         assert.include(line!.text, "integer out of range")
+        assert.include(line!.text, "code 22003", "the SQLSTATE an operator looks up")
         const { annotations } = line!
         assert.strictEqual(annotations.outcome, "DeadLettered")
         assert.strictEqual(annotations.eventId, id)

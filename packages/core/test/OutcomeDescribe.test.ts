@@ -23,7 +23,7 @@ describe("Outcome.describe", () => {
       const outcome = Outcome.DeadLettered({ message, reason: "PermanentError", error: sqlError, confirmed: true, durationMillis: 3 })
       assert.strictEqual(
         Outcome.describe(outcome),
-        "DeadLettered ledger-applier#42 (t-42): PermanentError: SqlError: PgConnection: Query failed (integer out of range)"
+        "DeadLettered ledger-applier#42 (t-42): PermanentError: SqlError: PgConnection: Query failed (integer out of range, code 22003)"
       )
     }))
 
@@ -52,7 +52,7 @@ describe("Outcome.describe", () => {
       const outcome = Outcome.Released({ message, reason: "Retrying", error: sqlError, retryIn: Duration.millis(400), confirmed: true, durationMillis: 3 })
       assert.strictEqual(
         Outcome.describe(outcome),
-        `Released ledger-applier#42 (t-42): Retrying (retry in ${Duration.format(Duration.millis(400))}): SqlError: PgConnection: Query failed (integer out of range)`
+        `Released ledger-applier#42 (t-42): Retrying (retry in ${Duration.format(Duration.millis(400))}): SqlError: PgConnection: Query failed (integer out of range, code 22003)`
       )
     }))
 })

@@ -2,7 +2,7 @@ import { assert, describe, layer } from "@effect/vitest"
 import { Consumer, Envelope, Retry } from "@jetworker/core"
 import { DeadLetter, JetStreamSource, NatsConnection } from "@jetworker/nats"
 import { Eventually, FaultProxy, OutcomeLog, TestStream } from "@jetworker/testing"
-import { Data, Effect, Fiber, Layer, Logger, Ref, Schema } from "effect"
+import { Context, Data, Effect, Fiber, Layer, Logger, Ref, Schema } from "effect"
 import type { Delivery } from "@jetworker/core"
 
 const NatsLive = NatsConnection.layer({ servers: process.env.NATS_URL ?? "nats://127.0.0.1:4222" })
@@ -36,7 +36,10 @@ const openThroughProxy = (stream: TestStream.TestStream, prefetch: number) =>
     const intake = yield* JetStreamSource.make({ stream: stream.stream, consumer: stream.consumer, captureMaxDeliveries: false })
       .open({ consumer: stream.consumer, prefetch, attempts: 3, ordering: "Unordered" })
       .pipe(Effect.provide(viaProxy), Effect.provide(logged.layer))
-    return { proxy, intake, logged }
+    // A round trip through the proxy: what the server sent before it has been read by the client.
+    const { connection } = Context.get(viaProxy, NatsConnection.NatsConnection)
+    const flushed = Effect.promise(() => connection.flush())
+    return { proxy, intake, logged, flushed }
   })
 
 const envelope = (id: string, n: number) =>
@@ -157,9 +160,12 @@ describe("JetStreamSource", () => {
         const stream = yield* TestStream.make({ ackWait: "60 seconds" })
         const prefetch = 10
         for (let n = 0; n < 5; n++) yield* stream.publish("a", envelope(`r${n}`, n), `r${n}`)
-        const { intake, logged, proxy } = yield* openThroughProxy(stream, prefetch)
+        const { intake, logged, proxy, flushed } = yield* openThroughProxy(stream, prefetch)
         // The first pull (10) brought the 5 there are and stays open for the rest.
         yield* Eventually.holds("five delivered", Effect.map(stream.info, (info) => info.num_ack_pending === 5))
+        // Sent is not yet read: on a loaded machine the fifth could still be in the proxy when it is
+        // cut, and the takes below would wait for it for ever.
+        yield* flushed.pipe(Effect.timeout("5 seconds"))
         yield* proxy.cut
         // Taking them frees room: the intake pulls it while disconnected, and that pull is lost.
         for (let n = 0; n < 5; n++) yield* intake.take
