@@ -43,6 +43,12 @@ export interface FencingToken {
  * delivery, a batch handler included: there the engine alone guards the lease, and never acks an
  * element past it). The engine ends the delivery `Released` (LeaseLost) without an ack.
  *
+ * The local deadline counts from the message's receipt, so time the message spent on the way
+ * (a link that froze for a few seconds) is not on it: after such a delay another worker may
+ * already run the redelivery while this check still passes. It narrows the window, it is no
+ * fence: pass {@link fencingToken}'s key to the system the irreversible step goes to, and let it
+ * deduplicate.
+ *
  * ```ts
  * import { Lease } from "@jetworker/core"
  * import { Effect } from "effect"
