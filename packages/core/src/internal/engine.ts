@@ -919,11 +919,17 @@ const makeProcess = <A, E extends Tagged, R>(
 
   /** The verdict to act on and its broker command, decided when the command is sent. */
   const decide = (judged: Verdict, lease: LeaseKeeper.Lease): Decided => {
-    // Never ack past the local lease deadline (with the keeper's 10% margin): the server may
-    // have handed the message to another consumer, and it would accept this ack for both.
+    // Never ack or nak past the local lease deadline (with the keeper's 10% margin): the server
+    // may have handed the message to another consumer, and it applies either to whoever holds it
+    // (a nak would hand it to a third while the second runs it). What was found stays said.
     const commandStart = now()
-    const verdict = leaseMillis > 0 && acks(judged) && commandStart >= lease.hold.since + leaseMillis * 0.9
+    const pastLease = leaseMillis > 0 && commandStart >= lease.hold.since + leaseMillis * 0.9
+    const verdict = !pastLease
+      ? judged
+      : acks(judged)
       ? withholdAck(judged)
+      : judged._tag === "Released" && judged.retryIn !== undefined
+      ? { ...judged, reason: "LeaseLost" as const, retryIn: undefined }
       : judged
     // The time only stamps dead-letter records; skip building a DateTime for the other outcomes.
     const stamp = verdict._tag === "Committed" || verdict._tag === "Duplicate" || verdict._tag === "Released"
