@@ -7,7 +7,7 @@
  * @since 0.1.0
  */
 import { Clock, Data, DateTime, Duration, Effect, Schema } from "effect"
-import * as DurationInput from "./internal/durationInput.ts"
+import * as DurationInput from "./DurationInput.ts"
 
 /** What the engine reads from every event: its stable id, creation time and optional expiry. */
 export interface Metadata {

@@ -148,3 +148,12 @@ export const describe = (summary: ErrorSummary): string => {
   const extra = [innermost, codeText === undefined || said.includes(codeText) ? undefined : `code ${codeText}`].filter((part) => part !== undefined)
   return extra.length === 0 ? text : `${text} (${extra.join(", ")})`
 }
+
+/**
+ * `text` with the credentials of every URL in it removed: `http://user:password@host` becomes
+ * `http://host`. Node sends a URL's userinfo as basic auth, so it is a secret, and a library that
+ * refuses such a URL quotes it in its error. Everything from `//` to the last `@` before a blank or
+ * a quote goes, so a password holding `@` or `/` goes whole too (at worst, more than the userinfo:
+ * this is for messages, never for requests).
+ */
+export const withoutCredentials = (text: string): string => text.replace(/\/\/[^\s"'<>`]*@/g, "//")

@@ -13,7 +13,7 @@
  * @since 0.1.0
  */
 import { Duration, Effect, Schedule } from "effect"
-import * as DurationInput from "./internal/durationInput.ts"
+import * as DurationInput from "./DurationInput.ts"
 
 /** A validated retry policy. Build it with {@link exponential}. */
 export interface RetryPolicy {

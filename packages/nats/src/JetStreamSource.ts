@@ -14,8 +14,8 @@
  * @since 0.1.0
  */
 import { createInbox, type Msg, type Subscription } from "@nats-io/transport-node"
-import { type Delivery, Source, Telemetry } from "@jetworker/core"
-import { Clock, Duration, Effect, Metric, Option, Stream } from "effect"
+import { type Delivery, DurationInput, Source, Telemetry } from "@jetworker/core"
+import { Clock, Duration, Effect, Metric, Stream } from "effect"
 import * as Contract from "./Contract.ts"
 import * as DeadLetter from "./DeadLetter.ts"
 import * as MaxDeliveries from "./MaxDeliveries.ts"
@@ -93,31 +93,11 @@ const withNextStep = (error: Source.SourceError, stream: string, consumer: strin
 // The longest a Node timer waits: a longer one fires at once (and settles, pulls or polls in a loop).
 const MAX_TIMER_MILLIS = 2 ** 31 - 1
 
-/** A duration option as it was given, for a message: strings quoted, NaN shown as NaN. */
-const shown = (input: unknown): string => {
-  if (typeof input === "string") return JSON.stringify(input)
-  if (Duration.isDuration(input)) return Duration.format(input)
-  if (Array.isArray(input)) return `[${input.map(String).join(", ")}]`
-  if (typeof input === "object" && input !== null) {
-    return `{ ${Object.entries(input).map(([key, value]) => `${key}: ${String(value)}`).join(", ")} }`
-  }
-  return String(input)
-}
 
-/**
- * `input` in milliseconds, or `undefined` when it is no duration: unparsable (`"5 secs"` from a
- * config cast to `Duration.Input`), or holding a NaN, which `Duration` reads as zero.
- */
+/** `input` in milliseconds, or `undefined` when it does not parse or holds a NaN (see `DurationInput`). */
 const millisOf = (input: Duration.Input): number | undefined => {
-  const parts: ReadonlyArray<unknown> = typeof input === "number"
-    ? [input]
-    : Array.isArray(input)
-    ? input
-    : typeof input === "object" && input !== null && !Duration.isDuration(input)
-    ? Object.values(input)
-    : []
-  if (parts.some((part) => typeof part === "number" && Number.isNaN(part))) return undefined
-  return Option.match(Duration.fromInput(input), { onNone: () => undefined, onSome: Duration.toMillis })
+  const duration = DurationInput.parse(input)
+  return duration === undefined ? undefined : Duration.toMillis(duration)
 }
 
 /** The options' durations in milliseconds, checked. */
@@ -136,7 +116,7 @@ const settingsOf = (options: Options): Settings | ReadonlyArray<string> => {
   const check = (name: string, input: Duration.Input | undefined, fallback: number, min: number, minText: string) => {
     const millis = input === undefined ? fallback : millisOf(input)
     if (millis !== undefined && millis >= min && millis <= MAX_TIMER_MILLIS) return millis
-    problems.push(`${name} must be a duration from ${minText} to ${MAX_TIMER_MILLIS} ms, got ${shown(input)}`)
+    problems.push(`${name} must be a duration from ${minText} to ${MAX_TIMER_MILLIS} ms, got ${DurationInput.show(input)}`)
     return fallback
   }
   // 0 would have every confirmation time out before its reply.

@@ -23,7 +23,7 @@ import {
   nkeys
 } from "@nats-io/transport-node"
 import { readFileSync } from "node:fs"
-import { Lifecycle } from "@jetworker/core"
+import { DurationInput, Lifecycle } from "@jetworker/core"
 import { Clock, Config, Context, Duration, Effect, Layer, Option, Redacted, Semaphore, Stream } from "effect"
 import * as Outgoing from "./internal/outgoing.ts"
 import * as Replies from "./internal/replies.ts"
@@ -146,31 +146,11 @@ export class NatsConnection extends Context.Service<NatsConnection, Shape>()("@j
 // timers, and a longer one fires at once (or, for its request timer, after 1 ms).
 const MAX_TIMER_MILLIS = 2 ** 31 - 1
 
-/** A setting as it was given, for a message: strings quoted, NaN shown as NaN. */
-const shown = (input: unknown): string => {
-  if (typeof input === "string") return JSON.stringify(input)
-  if (Duration.isDuration(input)) return Duration.format(input)
-  if (Array.isArray(input)) return `[${input.map((item) => typeof item === "string" ? JSON.stringify(item) : String(item)).join(", ")}]`
-  if (typeof input === "object" && input !== null) {
-    return `{ ${Object.entries(input).map(([key, value]) => `${key}: ${String(value)}`).join(", ")} }`
-  }
-  return String(input)
-}
 
-/**
- * `input` in milliseconds, or `undefined` when it is no duration: unparsable (`"5 secs"` from a
- * config cast to `Duration.Input`), or holding a NaN, which `Duration` reads as zero.
- */
+/** `input` in milliseconds, or `undefined` when it does not parse or holds a NaN (see `DurationInput`). */
 const millisOf = (input: Duration.Input): number | undefined => {
-  const parts: ReadonlyArray<unknown> = typeof input === "number"
-    ? [input]
-    : Array.isArray(input)
-    ? input
-    : typeof input === "object" && input !== null && !Duration.isDuration(input)
-    ? Object.values(input)
-    : []
-  if (parts.some((part) => typeof part === "number" && Number.isNaN(part))) return undefined
-  return Option.match(Duration.fromInput(input), { onNone: () => undefined, onSome: Duration.toMillis })
+  const duration = DurationInput.parse(input)
+  return duration === undefined ? undefined : Duration.toMillis(duration)
 }
 
 /** The server URLs given, trimmed, without empty entries (a trailing comma, an empty `NATS_URL`). */
@@ -277,7 +257,7 @@ const durationSetting = (
   return millis !== undefined && millis >= min && millis <= MAX_TIMER_MILLIS
     ? Effect.succeed(millis)
     : Effect.fail(settingError(
-      `${name} must be a duration from ${min === 0 ? "0" : "1 millisecond"} to ${MAX_TIMER_MILLIS} ms, got ${shown(input)}`
+      `${name} must be a duration from ${min === 0 ? "0" : "1 millisecond"} to ${MAX_TIMER_MILLIS} ms, got ${DurationInput.show(input)}`
     ))
 }
 
@@ -371,7 +351,7 @@ export const make = (options: Options) =>
     const servers = serverList(options.servers)
     if (servers.length === 0) {
       return yield* settingError(
-        `servers is empty (got ${shown(options.servers)}): set NATS_URL, or the servers option, to the server URLs, ` +
+        `servers is empty (got ${DurationInput.show(options.servers)}): set NATS_URL, or the servers option, to the server URLs, ` +
           `comma-separated (e.g. nats://127.0.0.1:4222)`
       )
     }
@@ -387,7 +367,7 @@ export const make = (options: Options) =>
     }
     const pingMillis = options.pingInterval === undefined ? 5_000 : millisOf(options.pingInterval)
     if (!(pingMillis !== undefined && pingMillis >= 1_000 && pingMillis <= 600_000)) {
-      return yield* settingError(`pingInterval must be from 1 second to 10 minutes, got ${shown(options.pingInterval)}`)
+      return yield* settingError(`pingInterval must be from 1 second to 10 minutes, got ${DurationInput.show(options.pingInterval)}`)
     }
     const maxPingsOut = yield* integerSetting("maxPingsOut", options.maxPingsOut ?? 2, 100)
     const authenticator = yield* authenticatorFor(options)

@@ -52,7 +52,6 @@ import {
   Scope
 } from "effect"
 import * as HealthServer from "./HealthServer.ts"
-import * as Credentials from "./internal/credentials.ts"
 import * as LifecycleEvents from "./internal/lifecycleEvents.ts"
 import { nextStep } from "./internal/nextStep.ts"
 import * as JsonLogger from "./JsonLogger.ts"
@@ -319,11 +318,12 @@ const runWith = <E, ROut, LE, TE>(
         // An endpoint's userinfo is a secret the SDK quotes when it throws on the endpoint: the
         // error is written without it, and a cause that quotes it is left out (its stack with it).
         const error = Exit.isFailure(built)
-          ? Credentials.withoutCredentials(ErrorSummary.describe(ErrorSummary.fromCause(built.cause)))
+          ? ErrorSummary.withoutCredentials(ErrorSummary.describe(ErrorSummary.fromCause(built.cause)))
           : "not built within the start-up timeout"
+        const pretty = Cause.pretty(cause)
         yield* Effect.logError(
           "telemetry.unavailable",
-          Credentials.hasCredentials(Cause.pretty(cause)) ? Cause.empty : cause
+          ErrorSummary.withoutCredentials(pretty) !== pretty ? Cause.empty : cause
         ).pipe(Effect.annotateLogs({ error }))
         // Release what the layer built before it failed (its flushes unregister with it), without
         // waiting on it: a half-built exporter must not hold up the start.

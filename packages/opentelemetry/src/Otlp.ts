@@ -28,7 +28,7 @@
  * @since 0.2.0
  */
 import { OtelLogger, OtelMetrics, OtelTracer, Resource } from "@effect/opentelemetry"
-import { Lifecycle } from "@jetworker/core"
+import { ErrorSummary, Lifecycle } from "@jetworker/core"
 import { diag, type DiagLogger, DiagLogLevel } from "@opentelemetry/api"
 import { OTLPLogExporter } from "@opentelemetry/exporter-logs-otlp-http"
 import { OTLPMetricExporter } from "@opentelemetry/exporter-metrics-otlp-http"
@@ -77,14 +77,6 @@ const endpoint = (base: string | undefined, own: string | undefined, exporter: s
 }
 
 /**
- * `text` with the credentials of every URL in it removed: `http://user:password@host` becomes
- * `http://host`. Node sends a URL's userinfo as basic auth, so it is a secret. Everything from `//`
- * to the last `@` before a blank or a quote goes, so a password holding `@` or `/` goes whole too
- * (at worst, more than the userinfo: this is for messages, never for requests).
- */
-const withoutCredentials = (text: string): string => text.replace(/\/\/[^\s"'<>`]*@/g, "//")
-
-/**
  * Why the endpoint in `variable` cannot be exported to (not an `http:` or `https:` URL), naming the
  * variable and the endpoint without its credentials; `undefined` when it can.
  */
@@ -93,7 +85,7 @@ const endpointProblem = (variable: string, value: string | undefined): string | 
   const url = URL.canParse(value) ? new URL(value) : undefined
   return url !== undefined && (url.protocol === "http:" || url.protocol === "https:")
     ? undefined
-    : `${variable} must be an http:// or https:// URL, got ${withoutCredentials(value)}`
+    : `${variable} must be an http:// or https:// URL, got ${ErrorSummary.withoutCredentials(value)}`
 }
 
 /**
@@ -176,7 +168,7 @@ const boundedDiagLogger = (context: Context.Context<never>): DiagLogger => {
     }
     written++
     const detail = args.map((a) => (a instanceof Error ? a.message : typeof a === "string" ? a : safeJson(a))).join(" ")
-    const error = withoutCredentials(`${message} ${detail}`.trim()).slice(0, 1_000)
+    const error = ErrorSummary.withoutCredentials(`${message} ${detail}`.trim()).slice(0, 1_000)
     log((level === "Error" ? Effect.logError : Effect.logWarning)("telemetry.error").pipe(Effect.annotateLogs({ error })))
   }
   const ignore = () => undefined

@@ -15,7 +15,8 @@ import type { Key } from "@jetworker/core/IdempotencyStore"
 import { Duration, Effect, Layer } from "effect"
 import { SqlClient } from "effect/sql"
 import type { SqlError } from "effect/sql/SqlError"
-import * as DurationInput from "./internal/durationInput.ts"
+import * as DurationInput from "@jetworker/core/DurationInput"
+import * as PurgeLimit from "./internal/purgeLimit.ts"
 import * as Table from "./internal/table.ts"
 
 /** Options of the store. */
@@ -61,9 +62,6 @@ RETURNING failures`
 export const layer = (options?: Options): Layer.Layer<AttemptStore, AttemptStoreError, SqlClient.SqlClient> =>
   Layer.effect(AttemptStore, Effect.map(make(options), (shape) => AttemptStore.of(shape)))
 
-/** The largest `limit` of {@link purge}: PostgreSQL's largest `integer`. */
-const maxPurgeLimit = 2_147_483_647
-
 /**
  * Deletes at most `limit` rows not updated for `olderThan` (messages that stopped failing
  * without reaching a final outcome the engine saw, e.g. purged from the stream) and returns how
@@ -88,10 +86,8 @@ export const purge = (options: {
         message: `purge: olderThan must be a finite duration of at least 0, got ${DurationInput.show(options.olderThan)}`
       })
     }
-    // Checked here: past PostgreSQL's integer (the LIMIT's type) the statement would fail.
-    if (!Number.isInteger(options.limit) || options.limit < 1 || options.limit > maxPurgeLimit) {
-      return yield* new AttemptStoreError({ message: `purge: limit must be an integer from 1 to ${maxPurgeLimit}, got ${options.limit}` })
-    }
+    const limitProblem = PurgeLimit.problem(options.limit)
+    if (limitProblem !== undefined) return yield* new AttemptStoreError({ message: limitProblem })
     const sql = yield* SqlClient.SqlClient
     const rows = yield* sql.unsafe<{ readonly deleted: number }>(
       `WITH doomed AS (

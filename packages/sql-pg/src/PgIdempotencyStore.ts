@@ -45,8 +45,9 @@ import {
 import * as Probe from "@jetworker/core/Probe"
 import { Cause, Context, Duration, Effect, Exit, Layer, Option, Result, Tracer } from "effect"
 import { SqlClient, type SqlError, type Statement } from "effect/sql"
-import * as DurationInput from "./internal/durationInput.ts"
+import * as DurationInput from "@jetworker/core/DurationInput"
 import { box, classify, classifyPurge, unbox, UserFailure } from "./internal/errors.ts"
+import * as PurgeLimit from "./internal/purgeLimit.ts"
 import * as Table from "./internal/table.ts"
 
 /** Options of the store. */
@@ -352,9 +353,6 @@ SELECT EXISTS (SELECT 1 FROM jetworker_fresh) AS inserted`.pipe(Effect.mapError(
 /** Starts with `INSERT`, `UPDATE` or `DELETE`, after any whitespace and comments. */
 const dataModifying = /^(?:\s|--[^\n]*(?:\n|$)|\/\*[\s\S]*?\*\/)*(?:insert|update|delete)\b/i
 
-/** The largest `limit` of {@link purge}: PostgreSQL's largest `integer`, the type its `LIMIT` takes. */
-const maxPurgeLimit = 2_147_483_647
-
 /** Options of {@link purge}. */
 export interface PurgeOptions {
   /** Delete rows committed longer ago than this, measured by the database's clock; finite and not negative. */
@@ -386,13 +384,8 @@ export const purge = (options: PurgeOptions): Effect.Effect<number, IdempotencyE
         message: `purge: olderThan must be a finite, non-negative duration such as "30 days", got ${DurationInput.show(options.olderThan)}`
       })
     }
-    // Checked here: past PostgreSQL's integer the database would refuse it as bad data.
-    if (!Number.isInteger(options.limit) || options.limit < 1 || options.limit > maxPurgeLimit) {
-      return yield* new IdempotencyError({
-        reason: "Misconfigured",
-        message: `purge: limit must be an integer from 1 to ${maxPurgeLimit}, got ${options.limit}`
-      })
-    }
+    const limitProblem = PurgeLimit.problem(options.limit)
+    if (limitProblem !== undefined) return yield* new IdempotencyError({ reason: "Misconfigured", message: limitProblem })
     const sql = yield* SqlClient.SqlClient
     const rows = yield* sql.unsafe<{ readonly deleted: number }>(
       `WITH doomed AS (

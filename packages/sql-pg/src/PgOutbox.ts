@@ -33,11 +33,10 @@
  *
  * @since 0.4.0
  */
-import { ErrorSummary, Outbox, Telemetry } from "@jetworker/core"
+import { DurationInput, ErrorSummary, Outbox, Telemetry } from "@jetworker/core"
 import { Clock, Duration, Effect, Layer, Predicate, Result, Schedule } from "effect"
 import { SqlClient } from "effect/sql"
 import type { SqlError } from "effect/sql/SqlError"
-import * as DurationInput from "./internal/durationInput.ts"
 import { sqlState } from "./internal/errors.ts"
 import * as Table from "./internal/table.ts"
 

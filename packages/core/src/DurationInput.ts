@@ -1,7 +1,11 @@
 /**
- * A `Duration.Input` option checked as given, before effect parses it: effect turns a NaN (a
- * number, a tuple part, an object field) into a zero duration, and a zero age or retention would
- * make a clean-up delete every row at once. Also shows an input as it was given, for messages.
+ * A duration option read as it was given, before effect parses it: effect turns a NaN (a number,
+ * a tuple part, an object field) into a zero duration, so a `Number("oops")` read from config
+ * would pass as 0 once parsed, and `Duration.fromInputUnsafe` throws on a string that does not
+ * parse. jetworker's packages check their duration options with it, and show the value given in
+ * their messages.
+ *
+ * @since 0.5.0
  */
 import { Duration, Option } from "effect"
 
@@ -21,7 +25,7 @@ const hasNaN = (input: unknown): boolean => {
 export const parse = (input: Duration.Input): Duration.Duration | undefined =>
   hasNaN(input) ? undefined : Option.getOrUndefined(Duration.fromInput(input))
 
-/** `input` as it was given: `"5 secs"`, `NaN`, `[NaN, 0]`, `{ seconds: NaN }`, `1h`. */
+/** `input` as it was given: `"5 secs"`, `NaN`, `[NaN, 0]`, `{ seconds: NaN }`, `1 second`. */
 export const show = (input: unknown): string => {
   if (typeof input === "string") return JSON.stringify(input)
   if (typeof input === "bigint") return `${input}n`
