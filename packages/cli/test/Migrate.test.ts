@@ -25,7 +25,7 @@ const inventory = Effect.gen(function*() {
 
 const expected = {
   tables: ["jetworker_attempts", "jetworker_dedup", "jetworker_migrations", "jetworker_outbox"],
-  recorded: [[1, "jetworker_dedup"], [2, "jetworker_attempts"], [3, "jetworker_outbox"]] as ReadonlyArray<readonly [number, string]>
+  recorded: [[1, "jetworker_dedup"], [2, "jetworker_attempts"], [3, "jetworker_outbox"], [4, "jetworker_outbox_unique_id"]] as ReadonlyArray<readonly [number, string]>
 }
 
 interface Run {
@@ -60,7 +60,7 @@ describe("jetworker migrate", () => {
       // The URL's `options` parameter puts the command's session in the test schema.
       const url = `${Redacted.value(schema.url)}?options=${encodeURIComponent(`-csearch_path=${schema.name}`)}`
       const first = yield* runBin(url)
-      assert.deepStrictEqual(first, { code: 0, stdout: "jetworker migrations: applied 1_jetworker_dedup\njetworker migrations: applied 2_jetworker_attempts\njetworker migrations: applied 3_jetworker_outbox\n", stderr: "" })
+      assert.deepStrictEqual(first, { code: 0, stdout: "jetworker migrations: applied 1_jetworker_dedup\njetworker migrations: applied 2_jetworker_attempts\njetworker migrations: applied 3_jetworker_outbox\njetworker migrations: applied 4_jetworker_outbox_unique_id\n", stderr: "" })
       const second = yield* runBin(url)
       assert.deepStrictEqual(second, { code: 0, stdout: "jetworker migrations: up to date\n", stderr: "" })
       assert.deepStrictEqual(yield* inventory, expected)

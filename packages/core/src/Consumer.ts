@@ -406,6 +406,8 @@ export const makeBatch = <A, EE extends Tagged, EW extends Tagged, R, RS = never
             subject: current.subject,
             sequence: current.sequence,
             deliveryCount: current.deliveryCount,
+            expiresAt: current.expiresAt,
+            leaseDeadline: current.leaseDeadline,
             report: current.report
           }]
         })

@@ -53,6 +53,13 @@ export interface BatchElement {
   readonly sequence: number
   /** The broker's delivery count (1-based). */
   readonly deliveryCount: number
+  /**
+   * The event's deadline with the consumer's skew allowance, in epoch millis, if it has one (see
+   * `Expiry.ensure`). Optional so that a batch built by hand (a test's) needs none.
+   */
+  readonly expiresAt?: number | undefined
+  /** The element's local lease deadline now, in epoch millis, or undefined without a lease (see `Lease.ensure`). */
+  readonly leaseDeadline?: (() => number | undefined) | undefined
   /** Tells the engine what happened to this element's effect (see {@link Report}); for stores. */
   readonly report: (report: Report) => void
 }

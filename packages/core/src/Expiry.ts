@@ -8,17 +8,18 @@
  * `Duplicate`) instead, acked: only the steps after the check are skipped.
  * The engine itself checks before every run of the handler; this is for waits inside it.
  *
- * Not in a batch handler (`Consumer.makeBatch`): there `ensure` has no current delivery and
- * succeeds. The engine checks each element's deadline once, before the batch handler runs; a
- * batch handler that waits long should keep its batches short (`batch.maxWait`, `handlerTimeout`)
- * or handle such events one by one.
+ * In a batch handler (`Consumer.makeBatch`) it checks every element: when one is past its
+ * deadline it fails with that element's {@link WorkExpired}, which fails the batch as a whole. The
+ * engine then runs each element alone, as after any failure of the whole batch: the expired ones
+ * end `Expired` before their run, the others run and commit. So a batch handler calls it after a
+ * wait and before its commit, as a single-delivery handler does.
  *
  * It needs no classification entry: the engine recognises it before classifying errors.
  *
  * @since 0.2.0
  */
-import { Clock, Data, Effect, Option } from "effect"
-import { CurrentDelivery } from "./CurrentDelivery.ts"
+import { Clock, Context, Data, Effect } from "effect"
+import { CurrentBatch, CurrentDelivery } from "./CurrentDelivery.ts"
 
 /** The event is past its deadline; the engine ends the delivery `Expired`. */
 export class WorkExpired extends Data.TaggedError("WorkExpired")<{
@@ -34,8 +35,9 @@ export class WorkExpired extends Data.TaggedError("WorkExpired")<{
 }
 
 /**
- * Fails with {@link WorkExpired} when the current delivery's event is past its deadline; succeeds
- * otherwise, outside a delivery (a batch handler included) or for an event without a deadline.
+ * Fails with {@link WorkExpired} when the current delivery's event is past its deadline, or in a
+ * batch handler when an element's event is (the first such element, in the batch's order);
+ * succeeds otherwise, outside a delivery or batch, or for events without a deadline.
  *
  * ```ts
  * import { Expiry } from "@jetworker/core"
@@ -48,12 +50,20 @@ export class WorkExpired extends Data.TaggedError("WorkExpired")<{
  * const handle = Effect.andThen(waitForSlot, Effect.andThen(Expiry.ensure, sendOffer))
  * ```
  */
-export const ensure: Effect.Effect<void, WorkExpired> = Effect.flatMap(
-  Effect.serviceOption(CurrentDelivery),
-  (current) => {
-    if (Option.isNone(current) || current.value.expiresAt === undefined) return Effect.void
-    const { eventId, expiresAt } = current.value
+export const ensure: Effect.Effect<void, WorkExpired> = Effect.withFiber((fiber) => {
+  const current = Context.getOrUndefined(fiber.context, CurrentDelivery)
+  if (current !== undefined) {
+    const { eventId, expiresAt } = current
+    if (expiresAt === undefined) return Effect.void
     return Effect.flatMap(Clock.currentTimeMillis, (now) =>
       now > expiresAt ? Effect.fail(new WorkExpired({ eventId, deadline: expiresAt, detectedAt: now })) : Effect.void)
   }
-)
+  const batch = Context.getOrUndefined(fiber.context, CurrentBatch)
+  if (batch === undefined || batch.elements.every((element) => element.expiresAt === undefined)) return Effect.void
+  return Effect.flatMap(Clock.currentTimeMillis, (now) => {
+    const expired = batch.elements.find((element) => element.expiresAt !== undefined && now > element.expiresAt)
+    return expired === undefined
+      ? Effect.void
+      : Effect.fail(new WorkExpired({ eventId: expired.eventId, deadline: expired.expiresAt!, detectedAt: now }))
+  })
+})

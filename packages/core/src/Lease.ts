@@ -12,8 +12,8 @@
  *
  * @since 0.2.0
  */
-import { Clock, Data, Effect, Option } from "effect"
-import { CurrentDelivery } from "./CurrentDelivery.ts"
+import { Clock, Context, Data, Effect } from "effect"
+import { CurrentBatch, CurrentDelivery } from "./CurrentDelivery.ts"
 
 /** The local lease deadline has passed; another consumer may own the message. */
 export class LeaseExpired extends Data.TaggedError("LeaseExpired")<{
@@ -39,9 +39,11 @@ export interface FencingToken {
 }
 
 /**
- * Fails with {@link LeaseExpired} past the local lease deadline; succeeds otherwise (and outside a
- * delivery, a batch handler included: there the engine alone guards the lease, and never acks an
- * element past it). The engine ends the delivery `Released` (LeaseLost) without an ack.
+ * Fails with {@link LeaseExpired} past the local lease deadline; succeeds otherwise, and outside a
+ * delivery or batch. The engine ends the delivery `Released` (LeaseLost) without an ack. In a
+ * batch handler (`Consumer.makeBatch`) it checks every element: one past its lease fails the
+ * batch as a whole, and the engine runs each element alone, where the check ends that element
+ * `Released` (LeaseLost) and the others go on.
  *
  * The local deadline counts from the message's receipt, so time the message spent on the way
  * (a link that froze for a few seconds) is not on it: after such a delay another worker may
@@ -65,17 +67,25 @@ export interface FencingToken {
  *   })
  * ```
  */
-export const ensure: Effect.Effect<void, LeaseExpired> = Effect.flatMap(
-  Effect.serviceOption(CurrentDelivery),
-  (current) => {
-    if (Option.isNone(current)) return Effect.void
-    const deadline = current.value.leaseDeadline()
+export const ensure: Effect.Effect<void, LeaseExpired> = Effect.withFiber((fiber) => {
+  const current = Context.getOrUndefined(fiber.context, CurrentDelivery)
+  if (current !== undefined) {
+    const deadline = current.leaseDeadline()
     if (deadline === undefined) return Effect.void
-    const eventId = current.value.eventId
+    const eventId = current.eventId
     return Effect.flatMap(Clock.currentTimeMillis, (now) =>
       now >= deadline ? Effect.fail(new LeaseExpired({ eventId, deadline })) : Effect.void)
   }
-)
+  const batch = Context.getOrUndefined(fiber.context, CurrentBatch)
+  if (batch === undefined) return Effect.void
+  return Effect.flatMap(Clock.currentTimeMillis, (now) => {
+    for (const element of batch.elements) {
+      const deadline = element.leaseDeadline?.()
+      if (deadline !== undefined && now >= deadline) return Effect.fail(new LeaseExpired({ eventId: element.eventId, deadline }))
+    }
+    return Effect.void
+  })
+})
 
 /** The current delivery's fencing token. */
 export const fencingToken: Effect.Effect<FencingToken, never, CurrentDelivery> = CurrentDelivery.use((d) =>

@@ -19,7 +19,12 @@ import * as Envelope from "./Envelope.ts"
 export interface OutboxMessage {
   /** The subject to publish to; the stream that captures it must store it. */
   readonly subject: string
-  /** The stable id, sent as `Nats-Msg-Id` on every attempt: the event's id for an event. */
+  /**
+   * The stable id, sent as `Nats-Msg-Id` on every attempt: the event's id for an event. Unique per
+   * event (not an id that several events share, such as their aggregate's): the stream keeps one message
+   * per id within its duplicate window and drops a second as a duplicate, so an outbox refuses an
+   * id it still holds (`PgOutbox`: `OutboxError` naming it).
+   */
   readonly id: string
   readonly payload: Uint8Array
   /** Extra headers (not `Nats-Msg-Id`, which is the id). */
@@ -115,7 +120,8 @@ export class Outbox extends Context.Service<Outbox, {
 /**
  * Records `message` to be published once the current transaction commits (run it inside the
  * transaction: in a handler, inside `IdempotencyStore.commit`'s effect). A message that could
- * never be published ({@link problems}) fails with `OutboxError`, which rolls the transaction back.
+ * never be published ({@link problems}) fails with `OutboxError`, which rolls the transaction back,
+ * and so does one whose id the outbox still holds: ids must be unique per event.
  *
  * ```ts
  * import { IdempotencyStore, Outbox } from "@jetworker/core"

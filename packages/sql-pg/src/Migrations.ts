@@ -8,7 +8,9 @@
  *
  * It deliberately does not drop or rewrite anything, dump the schema (no `pg_dump`, so it needs
  * only a `SqlClient`), or create tables for a store configured with another table name: such a
- * table must have the same columns and primary key.
+ * table must have the same columns and primary key (an outbox also the unique index on `id`, named
+ * `<table>_id_key` as `UNIQUE (id)` names it). Nor does it delete anything to make a step fit: an
+ * outbox holding an id more than once fails migration 4, naming the ids, until a person fixes them.
  *
  * @since 0.1.0
  */
@@ -27,8 +29,38 @@ const attempts: ReadonlyArray<string> = Table.attemptsDdl(
 )
 const outbox: ReadonlyArray<string> = Table.outboxDdl(`"${Table.defaultOutboxTable}"`, Table.defaultOutboxTable)
 
+/**
+ * The unique index on the outbox's `id` (PostgreSQL's own name for `UNIQUE (id)`): the relay
+ * publishes a row with its id as `Nats-Msg-Id`, and the stream drops a second message with an id it
+ * still remembers as a duplicate, so a second event recorded under one id would be marked sent and
+ * lost. With the index, `Outbox.record` of an id still in the table fails its transaction instead.
+ */
+const outboxIdIndex = `${Table.defaultOutboxTable}_id_key`
+
+/**
+ * A table that already holds an id more than once (recorded before this migration) cannot take
+ * the index: the check before it fails the migration naming those ids and what to do, where the
+ * index build would only say that it could not be built. Nothing is deleted here: which of the
+ * rows is right is for a person to say. No statement ends a line with `;` (the script's separator).
+ */
+const outboxUniqueId: ReadonlyArray<string> = [
+  `DO $jetworker$ BEGIN
+  IF EXISTS (SELECT FROM "${Table.defaultOutboxTable}" GROUP BY id HAVING count(*) > 1) THEN
+    RAISE EXCEPTION USING ERRCODE = 'unique_violation', MESSAGE = (
+      SELECT format(
+        'the outbox table ${Table.defaultOutboxTable} holds %s id(s) recorded more than once (%s%s): outbox ids must be ' ||
+          'unique per event, since the stream drops a second message with an id it remembers as a duplicate. ' ||
+          'Delete the repeated rows (a sent one is history) or give a pending one an id of its own, then run the ' ||
+          'migrations again; SELECT seq, id, sent_at FROM ${Table.defaultOutboxTable} WHERE id IN (SELECT id FROM ' ||
+          '${Table.defaultOutboxTable} GROUP BY id HAVING count(*) > 1) ORDER BY id, seq lists them',
+        count(*), string_agg(quote_literal(id), ', ' ORDER BY id) FILTER (WHERE n <= 5), CASE WHEN count(*) > 5 THEN ', ...' ELSE '' END)
+      FROM (SELECT id, row_number() OVER (ORDER BY id) AS n FROM "${Table.defaultOutboxTable}" GROUP BY id HAVING count(*) > 1) AS repeated
+    ); END IF; END $jetworker$`,
+  `CREATE UNIQUE INDEX IF NOT EXISTS "${outboxIdIndex}" ON "${Table.defaultOutboxTable}" (id)`
+]
+
 /** Every statement of every migration, in order, as plain SQL (each idempotent). */
-export const statements: ReadonlyArray<string> = [...dedup, ...attempts, ...outbox]
+export const statements: ReadonlyArray<string> = [...dedup, ...attempts, ...outbox, ...outboxUniqueId]
 
 /** The same statements as one script, for `psql -f` (a user may run it ahead of time). */
 export const script: string = statements.map((statement) => `${statement};\n`).join("\n")
@@ -40,7 +72,9 @@ const runAll = (sqlTexts: ReadonlyArray<string>): Effect.Effect<void, SqlError, 
 export const migrations: Readonly<Record<string, Effect.Effect<void, SqlError, SqlClient.SqlClient>>> = {
   "1_jetworker_dedup": runAll(dedup),
   "2_jetworker_attempts": runAll(attempts),
-  "3_jetworker_outbox": runAll(outbox)
+  "3_jetworker_outbox": runAll(outbox),
+  // Its own step: migration 3 may already have run (without the index) in a deployed database.
+  "4_jetworker_outbox_unique_id": runAll(outboxUniqueId)
 }
 
 /** Applies the pending migrations and returns the ones it applied, as `[id, name]`. */

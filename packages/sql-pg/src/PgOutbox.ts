@@ -17,6 +17,13 @@
  * trace context (`traceparent`) of the transaction that wrote them, so the publish span continues
  * that trace. Sent rows are deleted after `retention` by a bounded clean-up.
  *
+ * Ids are unique per event: the stream keeps one message per `Nats-Msg-Id` within its duplicate
+ * window, so a second event under an id would be marked sent and dropped as a duplicate. The
+ * table's unique index on `id` (migration 4) makes `record` of an id still in the table fail its
+ * transaction with `OutboxError` naming the id instead. A row the clean-up deleted frees its id:
+ * keep `retention` longer than the stream's duplicate window, so that the index refuses any reuse
+ * the stream would drop.
+ *
  * A message that could never be published (`Outbox.problems`: its id, subject or headers) is
  * refused when it is recorded, and so is a record outside a transaction: a row that can never be
  * published would hold back every row after it. A publish that fails for good all the same (no
@@ -44,7 +51,8 @@ import * as Table from "./internal/table.ts"
 export interface Options {
   /**
    * The outbox table, a lowercase identifier optionally qualified by a schema. It must have the
-   * shape the migrations create. Default: `"jetworker_outbox"`.
+   * shape the migrations create, the unique index on `id` included, named `<table>_id_key` as
+   * `UNIQUE (id)` names it (a reused id is then reported as such). Default: `"jetworker_outbox"`.
    */
   readonly table?: string | undefined
 }
@@ -56,7 +64,13 @@ const quoted = (name: string): Effect.Effect<string, Outbox.OutboxError> => {
     : Effect.succeed(table)
 }
 
-/** The `Outbox` port on the current `SqlClient`: `record` inserts a row in the current transaction. */
+/**
+ * The `Outbox` port on the current `SqlClient`: `record` inserts a row in the current transaction.
+ * An id already in the table (a committed row not yet cleaned up, or one recorded earlier in the
+ * same transaction) fails with `OutboxError` naming it; one recorded by a transaction still open
+ * waits for it, and fails if it commits. A failed insert aborts the transaction in PostgreSQL, so
+ * the transaction cannot commit (the handler fails, and is retried or dead-lettered as usual).
+ */
 export const make = (options: Options = {}): Effect.Effect<Outbox.Outbox["Service"], Outbox.OutboxError, SqlClient.SqlClient> =>
   Effect.gen(function*() {
     const sql = yield* SqlClient.SqlClient
@@ -85,10 +99,34 @@ export const make = (options: Options = {}): Effect.Effect<Outbox.Outbox["Servic
           )
         }).pipe(
           Effect.catchTag("SqlError", (cause) =>
-            Effect.fail(new Outbox.OutboxError({ message: `could not record ${message.id} in the outbox: ${cause.message}`, cause })))
+            Effect.fail(new Outbox.OutboxError({
+              message: violatesIdIndex(cause, table)
+                ? `Outbox.record(${JSON.stringify(message.id)}): the outbox table ${table} already holds a row with this id ` +
+                  `(recorded by an earlier transaction or earlier in this one, and not yet deleted by the relay's clean-up): ` +
+                  `ids must be unique per event, since the stream would drop a second message with the same Nats-Msg-Id as a ` +
+                  `duplicate; give each event an id of its own (the event's id, not one that several events share, such as ` +
+                  `their aggregate's). This transaction cannot commit`
+                : `could not record ${message.id} in the outbox: ${cause.message}`,
+              cause
+            })))
         )
     }
   })
+
+/**
+ * Whether `error` is the unique index on the outbox's `id` refusing a row: SQLSTATE 23505 on
+ * `<table>_id_key` of `table` (validated and quoted, maybe schema-qualified), the name the
+ * migrations give it and `UNIQUE (id)` would. Another unique violation (a trigger's, say) keeps
+ * PostgreSQL's own words.
+ */
+const violatesIdIndex = (error: SqlError, table: string): boolean => {
+  const reported: unknown = error.reason.cause
+  if (sqlState(error) !== "23505" || !Predicate.hasProperty(reported, "constraint") || !Predicate.hasProperty(reported, "table")) {
+    return false
+  }
+  const name = table.replaceAll("\"", "").split(".").at(-1)
+  return reported.table === name && reported.constraint === `${name}_id_key`
+}
 
 /** Provides `Outbox` on the application's `SqlClient`. */
 export const layer = (options: Options = {}): Layer.Layer<Outbox.Outbox, Outbox.OutboxError, SqlClient.SqlClient> =>
@@ -106,7 +144,10 @@ export interface RelayOptions extends Options {
   readonly maxBackoff?: Duration.Input | undefined
   /**
    * How long sent rows are kept before the clean-up deletes them, at least zero (`Duration.infinity`:
-   * for ever); a negative or NaN one is refused. Default: 1 hour.
+   * for ever); a negative or NaN one is refused. Default: 1 hour. A deleted row frees its id for a
+   * new record: keep this longer than the stream's duplicate window (2 minutes by default), or an
+   * event recorded under the id of a deleted row still inside that window is dropped by the stream
+   * as a duplicate.
    */
   readonly retention?: Duration.Input | undefined
   /**

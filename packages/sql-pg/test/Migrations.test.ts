@@ -8,7 +8,12 @@ import { awaitLockWaiters, backendPid, observerLayer } from "./support.ts"
 // Every test gets its own empty schema: migrations are about the state before and after them.
 const Fresh = Layer.provideMerge(observerLayer, TestDatabase.layer({ maxConnections: 6 }))
 
-const applied: ReadonlyArray<readonly [number, string]> = [[1, "jetworker_dedup"], [2, "jetworker_attempts"], [3, "jetworker_outbox"]]
+const applied: ReadonlyArray<readonly [number, string]> = [
+  [1, "jetworker_dedup"],
+  [2, "jetworker_attempts"],
+  [3, "jetworker_outbox"],
+  [4, "jetworker_outbox_unique_id"]
+]
 
 /** What exists in the test schema: its tables and indexes, and the recorded migrations. */
 const inventory = Effect.gen(function*() {

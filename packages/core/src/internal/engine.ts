@@ -1310,6 +1310,9 @@ const makeProcess = <A, E extends Tagged, R>(
       subject: deliveries[index]!.subject,
       sequence: deliveries[index]!.sequence,
       deliveryCount: deliveries[index]!.deliveryCount,
+      // For `Expiry.ensure` and `Lease.ensure` in the batch handler, as a delivery's are.
+      expiresAt: prepared.metadata.expiresAt === undefined ? undefined : prepared.metadata.expiresAt.epochMilliseconds + definition.skewMillis,
+      leaseDeadline: leaseMillis > 0 ? leaseDeadlineOf(leases[index]!.hold, leaseMillis, env.clock) : noDeadline,
       report: reporter(reports, now)
     }))
     const run = Effect.suspend(() => {
