@@ -21,7 +21,14 @@ export type Reason =
   | "StreamNotFound"
   /** The consumer does not exist. */
   | "ConsumerNotFound"
-  /** The JetStream API refused the request (see `code`). */
+  /**
+   * JetStream answered that it cannot serve the request now, and the same request may succeed
+   * later (see `code`): 10008 "JetStream system temporarily unavailable" (the cluster electing a
+   * leader), 10167 "too many requests" (a stream's ingest queue full), 10163 (a new stream leader
+   * not ready, 2.11 pre-releases).
+   */
+  | "Unavailable"
+  /** The JetStream API refused the request (see `code`); retrying the same request cannot help. */
   | "ApiError"
   /** The server's reply was not what JetStream promises (e.g. a PubAck for another stream). */
   | "InvalidReply"
@@ -33,8 +40,16 @@ const RETRYABLE: ReadonlySet<Reason> = new Set([
   "Timeout",
   "NoResponders",
   "ConnectionClosed",
-  "ConnectionRefused"
+  "ConnectionRefused",
+  "Unavailable"
 ])
+
+/**
+ * The JetStream API codes (nats-server's `server/errors.json`) of a passing state. Other 503s are
+ * of a lasting one and stay final `ApiError`s: JetStream not enabled (10076), insufficient
+ * resources (10023), no such account (10035), another expected sequence (10063).
+ */
+const UNAVAILABLE_CODES: ReadonlySet<number> = new Set([10008, 10163, 10167])
 
 /** A failed NATS or JetStream operation. */
 export class NatsError extends Data.TaggedError("NatsError")<{
@@ -102,6 +117,7 @@ export const fromUnknown = (operation: string, error: unknown): NatsError => {
   }
   if (code === 10059) return make("StreamNotFound", code)
   if (code === 10014) return make("ConsumerNotFound", code)
+  if (code !== undefined && UNAVAILABLE_CODES.has(code)) return make("Unavailable", code)
   if (name === "JetStreamApiError" || code !== undefined) return make("ApiError", code)
   return make("Unknown")
 }

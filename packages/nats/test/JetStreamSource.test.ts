@@ -42,6 +42,29 @@ const openThroughProxy = (stream: TestStream.TestStream, prefetch: number) =>
     return { proxy, intake, logged, flushed }
   })
 
+/**
+ * The pulls sent to `stream`'s consumer (their reply subjects, in the order the server read them),
+ * as the server passes them on to any subscriber of the consumer's next-message subject. The server
+ * serves a client's pull as it reads it, before it passes it on: a pull seen here is on the server.
+ */
+const tapPulls = (stream: TestStream.TestStream) =>
+  Effect.gen(function*() {
+    const { connection } = yield* NatsConnection.NatsConnection
+    const replies: Array<string> = []
+    const tap = connection.subscribe(`$JS.API.CONSUMER.MSG.NEXT.${stream.stream}.${stream.consumer}`, {
+      callback: (_, msg) => {
+        if (msg.reply !== undefined) replies.push(msg.reply)
+      }
+    })
+    yield* Effect.addFinalizer(() => Effect.sync(() => tap.unsubscribe()))
+    // Known to the server before the intake's first pull.
+    yield* Effect.promise(() => connection.flush())
+    return replies
+  })
+
+/** The inbox of a pull's reply subject (each pull's reply is its inbox plus an id of its own). */
+const inboxOf = (reply: string) => reply.slice(0, reply.lastIndexOf("."))
+
 const envelope = (id: string, n: number) =>
   JSON.stringify({ id, type: "test.event", time: new Date().toISOString(), data: { n } })
 
@@ -131,9 +154,12 @@ describe("JetStreamSource", () => {
       Effect.gen(function*() {
         const stream = yield* TestStream.make({ ackWait: "60 seconds" })
         const prefetch = 10
+        const pulls = yield* tapPulls(stream)
         // Pulls live 30 s, with heartbeats every 5 s: a pull is written off after 10.5 s of silence.
-        const { logged, proxy } = yield* openThroughProxy(stream, prefetch)
+        const { flushed, logged, proxy } = yield* openThroughProxy(stream, prefetch)
         yield* Eventually.holds("the first pull waits on the server", Effect.map(stream.info, (info) => info.num_waiting === 1))
+        yield* Eventually.holds("the first pull seen", Effect.sync(() => pulls.length > 0))
+        const firstInbox = inboxOf(pulls[0] ?? "")
         // TCP stays up, nothing passes: the server keeps the pull, the intake hears nothing until
         // it writes the pull off, and the operator reads that in the log.
         yield* proxy.pause
@@ -143,16 +169,26 @@ describe("JetStreamSource", () => {
           "20 seconds"
         )
         yield* proxy.resume
-        // The intake wrote the pull off during the freeze and checks the consumer (after its pause,
-        // at most 5 s) before it pulls the room again.
-        yield* Effect.sleep("6 seconds")
+        // The intake wrote the pull off during the freeze (its inbox with it) and checks the
+        // consumer (after its pause, at most 5 s) before it pulls the room again, on a new inbox.
+        yield* Eventually.holds(
+          "the room pulled again after the freeze",
+          Effect.sync(() => pulls.some((reply) => inboxOf(reply) !== firstInbox)),
+          "20 seconds"
+        )
         for (let n = 0; n < 4 * prefetch; n++) yield* stream.publish("a", envelope(`f${n}`, n), `f${n}`)
         yield* Eventually.holds("the intake's room is filled", Effect.map(stream.info, (info) => info.num_ack_pending >= prefetch))
-        // A second pull would be filled in the same moment: give it half a second to show.
-        yield* Effect.sleep("500 millis")
-        const info = yield* stream.info
+        // A round trip through the intake's connection: a pull it sent with the first is on the
+        // server now. Once no pull waits there, every pull has been filled: a second one (the
+        // written-off pull still open, or another of the intake's) would have been handed its share.
+        yield* flushed.pipe(Effect.timeout("5 seconds"))
+        const info = yield* Eventually.poll(
+          "the intake's room filled and no pull waiting",
+          stream.info,
+          (info) => info.num_ack_pending >= prefetch && info.num_waiting === 0,
+          { timeout: "15 seconds" }
+        )
         assert.strictEqual(info.num_ack_pending, prefetch, `handed out ${info.num_ack_pending} with prefetch ${prefetch}`)
-        assert.isAtMost(info.num_waiting, 1, "one pull of the intake waits on the server")
       }).pipe(Effect.scoped), { timeout: 60_000 })
 
     it.effect("BE-JOB-004: after a reconnect the intake pulls its whole room again: a pull sent while disconnected is lost with the client's outbound buffer, and is not counted for ever", () =>
@@ -179,8 +215,16 @@ describe("JetStreamSource", () => {
           "6 seconds"
         )
         // And no more: a pull that survived the reconnect was dropped before the room was pulled.
-        yield* Effect.sleep("500 millis")
-        assert.strictEqual((yield* stream.info).num_ack_pending, 5 + prefetch)
+        // After a round trip through the intake's connection (a pull it sent with the room's is on
+        // the server), once no pull waits there, every pull has been filled, that one included.
+        yield* flushed.pipe(Effect.timeout("5 seconds"))
+        const info = yield* Eventually.poll(
+          "no pull waiting",
+          stream.info,
+          (info) => info.num_ack_pending >= 5 + prefetch && info.num_waiting === 0,
+          { timeout: "15 seconds" }
+        )
+        assert.strictEqual(info.num_ack_pending, 5 + prefetch)
         assert.isTrue(logged.lines.some((line) => /reconnected; .* written off/.test(line)), logged.lines.join("\n"))
       }).pipe(Effect.scoped), { timeout: 60_000 })
 
