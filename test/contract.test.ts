@@ -8,7 +8,7 @@ import { assert, describe, it, layer } from "@effect/vitest"
 import { Contract, NatsConnection, Publisher, Topology } from "@jetworker/nats"
 import { Migrations, PgIdempotencyStore, PgOutbox } from "@jetworker/sql-pg"
 import { Eventually, NatsServer, OutcomeLog, TestDatabase } from "@jetworker/testing"
-import { ConfigProvider, Duration, Effect, Fiber, Layer, Schedule } from "effect"
+import { ConfigProvider, Duration, Effect, Fiber, Layer, Result, Schedule } from "effect"
 import { readFileSync } from "node:fs"
 import * as LedgerMigrations from "../examples/ledger/src/LedgerMigrations.ts"
 import * as LedgerWorker from "../examples/ledger/src/LedgerWorker.ts"
@@ -46,7 +46,7 @@ describe("the ledger's contract", () => {
       assert.deepStrictEqual(reviewed.stream.subjects, ["ledger.transfer.>"])
       // The expectations agree with the deployment and the publisher.
       assert.match(readFileSync(manifest, "utf8"), new RegExp(`replicas: ${reviewed.consumers[0]!.expect.instances}\\b`))
-      assert.isAtLeast(millis(reviewed.publishHorizon)!, Duration.toMillis(Publisher.republishHorizon()))
+      assert.isAtLeast(millis(reviewed.publishHorizon)!, Duration.toMillis(Result.getOrThrow(Publisher.republishHorizon())))
       assert.deepStrictEqual(Contract.validate(reviewed), [])
     }))
 

@@ -10,7 +10,7 @@ import { assert, describe, layer } from "@effect/vitest"
 import { Consumer, Outbox } from "@jetworker/core"
 import { NatsConnection, Publisher, Topology } from "@jetworker/nats"
 import { Eventually, FaultProxy, NatsServer, OutcomeLog, TestStream } from "@jetworker/testing"
-import { Context, Duration, Effect, Fiber, Layer } from "effect"
+import { Context, Duration, Effect, Fiber, Layer, Result } from "effect"
 import * as LedgerWorker from "../examples/ledger/src/LedgerWorker.ts"
 import { balances, ledgerStream, transfer, transferCounts, twoAccounts } from "./support/ledger.ts"
 import { LedgerTestLive, natsUrl } from "./support/services.ts"
@@ -136,7 +136,7 @@ describe("publishing (INT-NATS-007)", () => {
       Effect.gen(function*() {
         const stream = yield* TestStream.make()
         // Five attempts of 5 s plus their jittered delays.
-        assert.strictEqual(Duration.toMillis(Publisher.republishHorizon({ attempts: 5, timeout: "5 seconds" })), 25_000 + 1_800)
+        assert.strictEqual(Duration.toMillis(Result.getOrThrow(Publisher.republishHorizon({ attempts: 5, timeout: "5 seconds" }))), 25_000 + 1_800)
         const covered = yield* Publisher.checkHorizon(stream.stream, { attempts: 5, timeout: "5 seconds" })
         assert.deepInclude(covered, { covered: true })
         assert.strictEqual(Duration.toMillis(covered.duplicateWindow), 120_000)

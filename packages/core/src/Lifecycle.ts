@@ -25,6 +25,7 @@
  * @since 0.2.0
  */
 import { Cause, Clock, Context, Data, Deferred, Duration, Effect, Exit, Fiber, Layer, Option, Result, Schedule, Scope } from "effect"
+import * as DurationInput from "./DurationInput.ts"
 import * as ErrorSummary from "./ErrorSummary.ts"
 
 // ---------------------------------------------------------------------------------------------
@@ -69,12 +70,13 @@ const toMillis = (
   fallback: number
 ): number => {
   if (input === undefined) return fallback
-  const duration = Duration.fromInput(input)
-  if (duration._tag === "None" || !Duration.isFinite(duration.value) || Duration.toMillis(duration.value) < 0) {
+  // `DurationInput.parse`: a NaN (a `Number(...)` of a bad variable) is refused, not read as 0.
+  const duration = DurationInput.parse(input)
+  if (duration === undefined || !Duration.isFinite(duration) || Duration.toMillis(duration) < 0) {
     problems.push(`${name} must be a finite duration, got ${String(input)}`)
     return fallback
   }
-  return Duration.toMillis(duration.value)
+  return Duration.toMillis(duration)
 }
 
 /** Checks `options` and derives the drain share. */
@@ -240,7 +242,11 @@ export interface Managed extends LifecycleShape {
 /** Options of a managed lifecycle. */
 export interface ManagedOptions {
   readonly budget: Budget
-  /** Bound on start-up: from now until the process is first ready (resources built, consumers reserving). */
+  /**
+   * Bound on start-up: from now until the process is first ready (resources built, consumers
+   * reserving). Above zero; `Duration.infinity` is no bound (dependencies are waited for as long
+   * as their failures may pass).
+   */
   readonly startupTimeout: Duration.Input
   /**
    * When the process counts as ready: `"consumers"` (default) once at least one consumer has
@@ -279,12 +285,26 @@ const logStage = (
     })
   )
 
-/** A lifecycle for a worker to drive; its start-up deadline counts from now. */
-export const makeManaged = (options: ManagedOptions): Effect.Effect<Managed> =>
+/** A `startupTimeout` that is not a duration above zero; the message names the value given. */
+export class InvalidStartupTimeout extends Data.TaggedError("InvalidStartupTimeout")<{ readonly message: string }> {}
+
+/**
+ * A lifecycle for a worker to drive; its start-up deadline counts from now. Fails with
+ * {@link InvalidStartupTimeout} when `startupTimeout` is not a duration above zero (a string that
+ * does not parse, a NaN, zero or less): a deadline already past would end start-up at once.
+ */
+export const makeManaged = (options: ManagedOptions): Effect.Effect<Managed, InvalidStartupTimeout> =>
   Effect.gen(function*() {
     const budget = options.budget
+    const startupTimeout = DurationInput.parse(options.startupTimeout)
+    if (startupTimeout === undefined || !(Duration.toMillis(startupTimeout) > 0)) {
+      return yield* new InvalidStartupTimeout({
+        message: `startupTimeout must be a duration above zero such as "60 seconds" (infinity: no bound), ` +
+          `got ${DurationInput.show(options.startupTimeout)}`
+      })
+    }
     const createdAt = yield* Clock.currentTimeMillis
-    const startupDeadline = createdAt + Duration.toMillis(Duration.fromInputUnsafe(options.startupTimeout))
+    const startupDeadline = createdAt + Duration.toMillis(startupTimeout)
     const readyWhen = options.readyWhen ?? "consumers"
     const components = new Set<ComponentState>()
     let phase: Phase = "starting"

@@ -18,6 +18,7 @@
  * @since 0.1.0
  */
 import { AckPolicy, type ConsumerConfig, type StreamConfig } from "@nats-io/jetstream"
+import { DurationInput } from "@jetworker/core"
 import { Data, Duration, Effect } from "effect"
 import * as ContractFile from "./internal/contractFile.ts"
 import { NatsConnection } from "./NatsConnection.ts"
@@ -38,7 +39,8 @@ export interface Expectations {
   readonly ordering?: "Unordered" | "PerKey" | "Sequential" | undefined
   /**
    * The longest one attempt may run (`Consumer.make`'s `handlerTimeout`). AckWait below it means
-   * an attempt outlives its lease unless the engine's extensions keep arriving. Default: 30 seconds.
+   * an attempt outlives its lease unless the engine's extensions keep arriving. A finite duration,
+   * 0 or more (anything else is an error finding). Default: 30 seconds.
    */
   readonly maxProcessingTime?: Duration.Input | undefined
   /**
@@ -64,7 +66,8 @@ export interface Contract {
   readonly consumers: ReadonlyArray<ConsumerContract>
   /**
    * How long a producer may republish an event after its first attempt (retries, a relay's
-   * restart); the stream's duplicate window must cover it. Default: not checked.
+   * restart); the stream's duplicate window must cover it. A finite duration, 0 or more (anything
+   * else is an error finding). Default: not checked.
    */
   readonly publishHorizon?: Duration.Input | undefined
 }
@@ -107,11 +110,24 @@ const nanosToMillis = (nanos: number | undefined): number => Math.floor((nanos ?
 const formatMillis = (ms: number): string => Duration.format(Duration.millis(ms))
 
 /**
+ * The milliseconds of a contract's own duration (`option`, e.g. `maxProcessingTime`), or why it
+ * is not a finite duration of 0 or more: a string that does not parse, a NaN (which effect would
+ * read as 0), a negative or an infinite one, as the file form refuses them.
+ */
+const contractMillis = (option: string, input: Duration.Input, example: string): number | string => {
+  const parsed = DurationInput.parse(input)
+  const millis = parsed === undefined || !Duration.isFinite(parsed) ? Number.NaN : Duration.toMillis(parsed)
+  return millis >= 0 ? millis : `${option} must be a finite duration such as "${example}", 0 or more, got ${DurationInput.show(input)}`
+}
+
+/**
  * The checks of a live consumer's config against what the application expects: explicit acks,
  * MaxDeliver above the planned attempts (so the last attempt dead-letters the message itself),
  * no server BackOff (on NATS 2.9 it replaces the engine's nak delays), full deliveries (not
  * headers only), a durable the server never deletes when idle, MaxAckPending 1 for sequential
- * ordering and at least `instances x (concurrency + prefetch)` otherwise.
+ * ordering and at least `instances x (concurrency + prefetch)` otherwise. A `maxProcessingTime`
+ * that is not a finite duration of 0 or more is an error finding naming it (and nothing is
+ * compared with it).
  */
 export const consumerFindings = (
   target: string,
@@ -180,8 +196,10 @@ export const consumerFindings = (
     }
   }
   const ackWait = nanosToMillis(live.ack_wait ?? 30_000_000_000)
-  const processing = Duration.toMillis(Duration.fromInputUnsafe(expect.maxProcessingTime ?? "30 seconds"))
-  if (ackWait < processing) {
+  const processing = contractMillis("maxProcessingTime", expect.maxProcessingTime ?? "30 seconds", "30 seconds")
+  if (typeof processing === "string") {
+    add("error", "processing_time", `${target}: ${processing}`)
+  } else if (ackWait < processing) {
     const idempotent = expect.idempotent ?? true
     add(
       idempotent ? "warning" : "error",
@@ -253,7 +271,8 @@ const declaredConsumerFindings = (
  * maximum age, the declared limits (bytes, messages, discard policy; only when declared, as
  * `Topology` applies them), the declared duplicate window, and a duplicate window that covers the producers'
  * republish horizon (outside it a republish is stored twice, which the consumer's dedup row then
- * turns into a `Duplicate`).
+ * turns into a `Duplicate`). A `publishHorizon` that is not a finite duration of 0 or more is an
+ * error finding naming it.
  */
 export const streamFindings = (
   declared: Topology.StreamOptions,
@@ -289,18 +308,18 @@ export const streamFindings = (
   if (live.duplicate_window !== wanted.duplicate_window) {
     add("duplicate_window", `${target} has a duplicate window of ${formatMillis(liveWindow)}, the contract ${formatMillis(nanosToMillis(wanted.duplicate_window))}: apply the contract or change it`)
   }
-  if (publishHorizon !== undefined) {
-    const horizon = Duration.toMillis(Duration.fromInputUnsafe(publishHorizon))
-    if (horizon > liveWindow) {
-      findings.push({
-        severity: "warning",
-        target,
-        check: "duplicate_window",
-        message: `${target} deduplicates republishes for ${formatMillis(liveWindow)}, but producers may republish for ` +
-          `${formatMillis(horizon)}: a later republish is stored a second time (the consumer's dedup row makes it a ` +
-          `Duplicate); widen the duplicate window or shorten the producers' retries`
-      })
-    }
+  const horizon = publishHorizon === undefined ? undefined : contractMillis("publishHorizon", publishHorizon, "1 minute")
+  if (typeof horizon === "string") {
+    add("duplicate_window", `${target}: ${horizon}`)
+  } else if (horizon !== undefined && horizon > liveWindow) {
+    findings.push({
+      severity: "warning",
+      target,
+      check: "duplicate_window",
+      message: `${target} deduplicates republishes for ${formatMillis(liveWindow)}, but producers may republish for ` +
+        `${formatMillis(horizon)}: a later republish is stored a second time (the consumer's dedup row makes it a ` +
+        `Duplicate); widen the duplicate window or shorten the producers' retries`
+    })
   }
   if ((live.max_age ?? 0) !== wanted.max_age) {
     const keeps = (nanos: number | undefined) => (nanos ?? 0) === 0 ? "for ever" : `for ${formatMillis(nanosToMillis(nanos))}`
@@ -323,13 +342,40 @@ export const streamFindings = (
   return findings
 }
 
+/** A declared value the server would not keep, as an error finding of `target`. */
+const problemFinding = (target: string, problem: Topology.Problem): Finding => ({
+  severity: "error",
+  target,
+  check: problem.setting === "num_replicas" ? "replicas" : problem.setting as Check,
+  message: `${target}: ${problem.message}`
+})
+
+/**
+ * The values of the contract's stream and consumers that `Topology` would refuse as declared
+ * ({@link Topology.streamProblems}, {@link Topology.consumerProblems}: a duration that is not one,
+ * a 0 the server replaces by its default), as error findings.
+ */
+const declarationFindings = (contract: Contract): ReadonlyArray<Finding> => [
+  ...Topology.streamProblems(contract.stream).map((problem) => problemFinding(`stream ${contract.stream.name}`, problem)),
+  ...contract.consumers.flatMap((consumer) =>
+    Topology.consumerProblems({ ...consumer, stream: contract.stream.name }).map((problem) =>
+      problemFinding(`consumer ${contract.stream.name}/${consumer.name}`, problem)
+    )
+  )
+]
+
 /**
  * Every check of `contract` against the live server: the stream, then each consumer (its
  * declared settings and the application's expectations). A missing stream or consumer is a
- * finding, not a failure; the effect fails only when the server cannot be asked.
+ * finding, not a failure; the effect fails only when the server cannot be asked. A declaration
+ * `Topology` would refuse (a duration that is not one, a 0 the server replaces by its default) is
+ * not compared with the server: its error findings, naming each value, are the answer.
  */
 export const check = (contract: Contract): Effect.Effect<ReadonlyArray<Finding>, NatsError.NatsError, NatsConnection> =>
   Effect.gen(function*() {
+    // Compared with the server, such a value would stand as 0 and be reported as drift.
+    const invalid = declarationFindings(contract)
+    if (invalid.length > 0) return invalid
     const { connection, manager } = yield* NatsConnection
     const name = contract.stream.name
     const serverVersion = connection.info?.version
@@ -386,15 +432,11 @@ export const validate = (contract: Contract): ReadonlyArray<Finding> => {
   if (!Topology.isValidName(stream.name)) error(streamTarget, "exists", `${streamTarget}: a name is letters, digits, _ and -`)
   if (stream.subjects.length === 0) error(streamTarget, "subjects", `${streamTarget} lists no subjects`)
   // Values the server would replace by its default: apply would never converge.
-  for (const problem of Topology.streamProblems(stream)) {
-    error(streamTarget, problem.setting === "num_replicas" ? "replicas" : problem.setting as Check, `${streamTarget}: ${problem.message}`)
-  }
+  for (const problem of Topology.streamProblems(stream)) findings.push(problemFinding(streamTarget, problem))
   const wanted = Topology.streamConfig(stream)
   for (const consumer of contract.consumers) {
     const target = `consumer ${stream.name}/${consumer.name}`
-    for (const problem of Topology.consumerProblems({ ...consumer, stream: stream.name })) {
-      error(target, problem.setting as Check, `${target}: ${problem.message}`)
-    }
+    for (const problem of Topology.consumerProblems({ ...consumer, stream: stream.name })) findings.push(problemFinding(target, problem))
     // Topology.ensureConsumer refuses it on every server (NATS 2.9 does), after the stream was
     // written: an error here keeps apply from stopping half way. A MaxDeliver at or below the
     // number of delays is consumerFindings' error.
@@ -433,12 +475,22 @@ export const validate = (contract: Contract): ReadonlyArray<Finding> => {
 
 /**
  * What {@link apply} would change on the server, in order: the stream, then each consumer. An
- * empty list: the server already matches the contract.
+ * empty list: the server already matches the contract. A declaration `Topology` would refuse (a
+ * duration that is not one, a 0 the server replaces by its default) has no plan: it fails with a
+ * `NatsError` (reason `ApiError`) naming each value, as `Topology.ensureStream` would.
  */
 export const plan = (contract: Contract): Effect.Effect<ReadonlyArray<Topology.Change>, NatsError.NatsError, NatsConnection> =>
   Effect.gen(function*() {
-    const { connection, manager } = yield* NatsConnection
     const name = contract.stream.name
+    const invalid = declarationFindings(contract)
+    if (invalid.length > 0) {
+      return yield* new NatsError.NatsError({
+        reason: "ApiError",
+        operation: `plan contract ${name}`,
+        message: invalid.map((finding) => finding.message).join("; ")
+      })
+    }
+    const { connection, manager } = yield* NatsConnection
     const stream = yield* NatsError.tryPromise(`stream info ${name}`, () => manager.streams.info(name)).pipe(
       Effect.catchIf((error) => error.reason === "StreamNotFound", () => Effect.succeed(undefined))
     )

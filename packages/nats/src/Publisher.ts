@@ -29,8 +29,8 @@
  * @since 0.1.0
  */
 import type { PubAck } from "@nats-io/jetstream"
-import { Envelope, Outbox, Telemetry } from "@jetworker/core"
-import { Duration, Effect, Layer, Schedule, Semaphore } from "effect"
+import { DurationInput, Envelope, Outbox, Telemetry } from "@jetworker/core"
+import { Duration, Effect, Layer, Result, Schedule, Semaphore } from "effect"
 import * as ControlHeaders from "./internal/controlHeaders.ts"
 import { NatsConnection } from "./NatsConnection.ts"
 import * as NatsError from "./NatsError.ts"
@@ -59,42 +59,43 @@ export interface PublishOptions {
  */
 export const maxTimeoutMillis = 2 ** 31 - 1
 
-/** A value as an error message shows it (a bigint or a `Duration` does not go through JSON). */
-const shown = (value: unknown): string =>
-  typeof value === "bigint"
-    ? `${value}n`
-    : Duration.isDuration(value)
-    ? Duration.format(value)
-    : JSON.stringify(value) ?? String(value)
-
 const optionError = (operation: string, message: string) =>
   new NatsError.NatsError({ reason: "ApiError", operation, message })
+
+/** The retry options of a publish, as {@link publish} and {@link republishHorizon} take them. */
+interface RetryOptions {
+  readonly attempts?: number | undefined
+  readonly timeout?: Duration.Input | undefined
+}
 
 /**
  * `attempts` and `timeout` checked (a wrong one fails naming it, not retryable): the attempts, and
  * the timeout in milliseconds (`undefined`: the connection's API timeout).
  */
-const checkOptions = (
+const optionsResult = (
   operation: string,
-  options: { readonly attempts?: number | undefined; readonly timeout?: Duration.Input | undefined }
-): Effect.Effect<{ readonly attempts: number; readonly timeoutMillis: number | undefined }, NatsError.NatsError> => {
+  options: RetryOptions
+): Result.Result<{ readonly attempts: number; readonly timeoutMillis: number | undefined }, NatsError.NatsError> => {
   const attempts = options.attempts ?? 5
   if (!Number.isInteger(attempts) || attempts < 1 || attempts > 100) {
-    return Effect.fail(optionError(operation, `attempts must be an integer from 1 to 100, got ${shown(attempts)}`))
+    return Result.fail(optionError(operation, `attempts must be an integer from 1 to 100, got ${DurationInput.show(attempts)}`))
   }
-  if (options.timeout === undefined) return Effect.succeed({ attempts, timeoutMillis: undefined })
-  const parsed = Duration.fromInput(options.timeout)
-  const millis = parsed._tag === "Some" ? Duration.toMillis(parsed.value) : Number.NaN
+  if (options.timeout === undefined) return Result.succeed({ attempts, timeoutMillis: undefined })
+  // `DurationInput.parse`: a NaN inside an object or tuple is refused, not read as 0.
+  const parsed = DurationInput.parse(options.timeout)
+  const millis = parsed === undefined ? Number.NaN : Duration.toMillis(parsed)
   // Written so that NaN (an unparsable timeout) fails too.
   if (!(millis >= 1 && millis <= maxTimeoutMillis)) {
-    return Effect.fail(optionError(
+    return Result.fail(optionError(
       operation,
       `timeout must be a duration from 1 millis to ${maxTimeoutMillis} millis (about 24.8 days), such as "5 seconds", ` +
-        `got ${shown(options.timeout)}`
+        `got ${DurationInput.show(options.timeout)}`
     ))
   }
-  return Effect.succeed({ attempts, timeoutMillis: millis })
+  return Result.succeed({ attempts, timeoutMillis: millis })
 }
+
+const checkOptions = (operation: string, options: RetryOptions) => Effect.fromResult(optionsResult(operation, options))
 
 /**
  * Accepts a PubAck only from `stream` with a positive sequence: nats.js itself rejects only an
@@ -124,20 +125,26 @@ const retrySchedule = (attempts: number) =>
 
 /**
  * How long after its first attempt a publish may still be sent again: every attempt running to
- * its timeout, plus the longest delays between them (jitter included). A stream's duplicate
- * window shorter than this may store a late retry twice.
+ * its timeout (`apiTimeoutMillis` when `options` gives none), plus the longest delays between them
+ * (jitter included). A stream's duplicate window shorter than this may store a late retry twice.
+ *
+ * Options that {@link publish} would refuse (an `attempts` that is not an integer from 1 to 100, a
+ * `timeout` that is not a duration from 1 ms to {@link maxTimeoutMillis}: a string that does not
+ * parse, NaN, negative, infinite) have no horizon: the result is then a failure, the `NatsError`
+ * (reason `ApiError`, operation `republish horizon`) publish would fail with. It never throws
+ * (it returned the `Duration` itself before, and threw on a timeout string that did not parse).
  */
 export const republishHorizon = (
-  options: { readonly attempts?: number | undefined; readonly timeout?: Duration.Input | undefined } = {},
+  options: RetryOptions = {},
   apiTimeoutMillis = 5_000
-): Duration.Duration => {
-  const attempts = options.attempts ?? 5
-  const timeout = options.timeout === undefined ? apiTimeoutMillis : Duration.toMillis(Duration.fromInputUnsafe(options.timeout))
-  let delays = 0
-  // `Schedule.jittered` scales a delay by up to 1.2; the cap applies after it.
-  for (let retry = 0; retry < attempts - 1; retry++) delays += Math.min(retryCapMillis, retryBaseMillis * 2 ** retry * 1.2)
-  return Duration.millis(attempts * timeout + delays)
-}
+): Result.Result<Duration.Duration, NatsError.NatsError> =>
+  Result.map(optionsResult("republish horizon", options), ({ attempts, timeoutMillis }) => {
+    const timeout = timeoutMillis ?? apiTimeoutMillis
+    let delays = 0
+    // `Schedule.jittered` scales a delay by up to 1.2; the cap applies after it.
+    for (let retry = 0; retry < attempts - 1; retry++) delays += Math.min(retryCapMillis, retryBaseMillis * 2 ** retry * 1.2)
+    return Duration.millis(attempts * timeout + delays)
+  })
 
 /** A stream's duplicate window against a publisher's republish horizon. */
 export interface HorizonCheck {
@@ -152,16 +159,17 @@ export interface HorizonCheck {
 /**
  * Compares `stream`'s duplicate window with the republish horizon of `options` (as passed to
  * {@link publish}), and logs a warning saying what happens when the window is shorter: a retry
- * after it stores a second copy, which the consumer's dedup row turns into a `Duplicate`.
+ * after it stores a second copy, which the consumer's dedup row turns into a `Duplicate`. Options
+ * that publish would refuse fail as {@link republishHorizon} says, before the server is asked.
  */
 export const checkHorizon = (
   stream: string,
-  options: { readonly attempts?: number | undefined; readonly timeout?: Duration.Input | undefined } = {}
+  options: RetryOptions = {}
 ): Effect.Effect<HorizonCheck, NatsError.NatsError, NatsConnection> =>
   Effect.gen(function*() {
     const { manager, apiTimeoutMillis } = yield* NatsConnection
+    const horizon = yield* Effect.fromResult(republishHorizon(options, apiTimeoutMillis))
     const info = yield* NatsError.tryPromise(`stream info ${stream}`, () => manager.streams.info(stream))
-    const horizon = republishHorizon(options, apiTimeoutMillis)
     const duplicateWindow = Duration.millis(Math.floor((info.config.duplicate_window ?? 0) / 1_000_000))
     const covered = Duration.isGreaterThanOrEqualTo(duplicateWindow, horizon)
     if (!covered) {

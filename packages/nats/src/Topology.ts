@@ -21,7 +21,8 @@ import {
   StorageType
 } from "@nats-io/jetstream"
 import { nanos } from "@nats-io/transport-node"
-import { Duration, Effect, Option } from "effect"
+import { DurationInput } from "@jetworker/core"
+import { Duration, Effect } from "effect"
 import { NatsConnection } from "./NatsConnection.ts"
 import * as NatsError from "./NatsError.ts"
 
@@ -122,9 +123,12 @@ export interface Problem {
   readonly message: string
 }
 
-/** The milliseconds of `input`, or `undefined` when it is not a finite duration. */
+/**
+ * The milliseconds of `input`, or `undefined` when it is not a finite duration (a string that does
+ * not parse, a NaN anywhere in it, which effect would read as 0, or an infinite one).
+ */
 const finiteMillis = (input: Duration.Input): number | undefined => {
-  const parsed = Option.getOrUndefined(Duration.fromInput(input))
+  const parsed = DurationInput.parse(input)
   return parsed === undefined || !Duration.isFinite(parsed) ? undefined : Duration.toMillis(parsed)
 }
 
@@ -144,11 +148,11 @@ export const streamProblems = (options: StreamOptions): ReadonlyArray<Problem> =
     add(
       "duplicate_window",
       `duplicateWindow must be a positive duration (the server replaces 0 by 2 minutes; deduplication cannot be ` +
-        `turned off), got ${JSON.stringify(options.duplicateWindow)}`
+        `turned off), got ${DurationInput.show(options.duplicateWindow)}`
     )
   }
   if (options.maxAge !== undefined && !((finiteMillis(options.maxAge) ?? -1) >= 0)) {
-    add("max_age", `maxAge must be a finite duration, 0 for no age limit, got ${JSON.stringify(options.maxAge)}`)
+    add("max_age", `maxAge must be a finite duration, 0 for no age limit, got ${DurationInput.show(options.maxAge)}`)
   }
   if (options.maxBytes !== undefined && !isLimit(options.maxBytes)) {
     add("max_bytes", `maxBytes must be a positive integer, or -1 for none (the server stores -1 for 0), got ${options.maxBytes}`)
@@ -172,7 +176,7 @@ export const consumerProblems = (options: ConsumerOptions): ReadonlyArray<Proble
   const problems: Array<Problem> = []
   const add = (setting: string, message: string) => problems.push({ setting, message })
   if (options.ackWait !== undefined && !((finiteMillis(options.ackWait) ?? 0) > 0)) {
-    add("ack_wait", `ackWait must be a positive duration (the server replaces 0 by 30 seconds), got ${JSON.stringify(options.ackWait)}`)
+    add("ack_wait", `ackWait must be a positive duration (the server replaces 0 by 30 seconds), got ${DurationInput.show(options.ackWait)}`)
   }
   if (options.maxDeliver !== undefined && !isLimit(options.maxDeliver)) {
     add("max_deliver", `maxDeliver must be a positive integer, or -1 for none (the server stores -1 for 0), got ${options.maxDeliver}`)
@@ -185,13 +189,20 @@ export const consumerProblems = (options: ConsumerOptions): ReadonlyArray<Proble
   }
   if ((options.backoff ?? []).some((delay) => !((finiteMillis(delay) ?? 0) > 0))) {
     // The first delay becomes AckWait, which the server does not keep at 0.
-    add("backoff", `every backoff delay must be a positive duration, got ${JSON.stringify(options.backoff)}`)
+    add("backoff", `every backoff delay must be a positive duration, got ${DurationInput.show(options.backoff)}`)
   }
   return problems
 }
 
-const ns = (input: Duration.Input | undefined, fallback: Duration.Input): number =>
-  nanos(Duration.toMillis(Duration.fromInputUnsafe(input ?? fallback)))
+/**
+ * `input` (or `fallback`) in nanoseconds. Never throws: a value that is not a finite duration of 0
+ * or more stands as 0, the server's "default"; the problem functions report it, and every effect
+ * here refuses such a declaration before it builds a config.
+ */
+const ns = (input: Duration.Input | undefined, fallback: Duration.Input): number => {
+  const millis = finiteMillis(input ?? fallback)
+  return millis === undefined || !(millis >= 0) ? 0 : nanos(millis)
+}
 
 /** The server's duplicate window when none is declared: 2 minutes. */
 const defaultWindowMillis = 120_000
@@ -234,7 +245,11 @@ const sameList = (a: ReadonlyArray<unknown> | undefined, b: ReadonlyArray<unknow
 
 const call = NatsError.tryPromise
 
-/** The server config a stream declaration stands for. */
+/**
+ * The server config a stream declaration stands for. Check it with {@link streamProblems} first
+ * (`ensureStream` does): a duration that is not a finite one of 0 or more (a string that does not
+ * parse, NaN, negative, infinite) stands as 0 here, which the server would replace by its default.
+ */
 export const streamConfig = (options: StreamOptions): Partial<StreamConfig> & { name: string } => ({
   name: options.name,
   subjects: [...options.subjects],
@@ -274,7 +289,9 @@ const wantedSubjects = (options: StreamOptions, live: ReadonlyArray<string>): Ar
 
 /**
  * What {@link ensureStream} would do to the live stream (`undefined`: none exists): nothing (an
- * empty list), create it, update the settings listed, or refuse a change of storage.
+ * empty list), create it, update the settings listed, or refuse a change of storage. It compares
+ * {@link streamConfig}: a declaration with {@link streamProblems} is refused by `ensureStream`
+ * whatever this says.
  */
 export const streamChanges = (options: StreamOptions, live: StreamConfig | undefined): ReadonlyArray<Change> => {
   const target = `stream ${options.name}`
@@ -349,7 +366,9 @@ export const ensureStream = (options: StreamOptions): Effect.Effect<StreamInfo, 
 
 /**
  * The server config a consumer declaration stands for, as the server stores it: with a backoff,
- * AckWait is `backoff[0]` (NATS 2.9 replaces the declared AckWait by it).
+ * AckWait is `backoff[0]` (NATS 2.9 replaces the declared AckWait by it). Check it with
+ * {@link consumerProblems} first (`ensureConsumer` does): a duration that is not a finite one of
+ * 0 or more stands as 0 here, as in {@link streamConfig}.
  */
 export const consumerConfig = (options: ConsumerOptions): Partial<ConsumerConfig> => {
   const backoff = (options.backoff ?? []).map((delay) => ns(delay, 0))
@@ -436,7 +455,9 @@ const formatBackoff = (backoff: ReadonlyArray<number> | undefined): string =>
 
 /**
  * What {@link ensureConsumer} would do to the live consumer (`undefined`: none exists): nothing
- * (an empty list), create it, update the settings listed, or refuse a change of ack policy.
+ * (an empty list), create it, update the settings listed, or refuse a change of ack policy. It
+ * compares {@link consumerConfig}: a declaration with {@link consumerProblems} is refused by
+ * `ensureConsumer` whatever this says.
  */
 export const consumerChanges = (options: ConsumerOptions, live: ConsumerConfig | undefined): ReadonlyArray<Change> => {
   const target = `consumer ${options.stream}/${options.name}`

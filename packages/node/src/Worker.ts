@@ -267,11 +267,19 @@ const runWith = <E, ROut, LE, TE>(
       )
       return exitCodes.failure
     }
-    const lifecycle = yield* Lifecycle.makeManaged({
+    const managed = yield* Effect.result(Lifecycle.makeManaged({
       budget: budget.success,
       startupTimeout: s.startupTimeout,
       readyWhen: options.readyWhen
-    })
+    }))
+    // STARTUP_TIMEOUT was checked with the settings; kept for a caller's own value all the same.
+    if (Result.isFailure(managed)) {
+      yield* Effect.logError("worker.invalid_settings").pipe(
+        Effect.annotateLogs({ error: `${managed.failure.message} (STARTUP_TIMEOUT)` })
+      )
+      return exitCodes.failure
+    }
+    const lifecycle = managed.success
 
     // Signals: the first one starts the procedure; any later one (or one that arrives after the
     // procedure started for another reason) is logged and ignored.

@@ -12,6 +12,7 @@
  *
  * @since 0.1.0
  */
+import { DurationInput } from "@jetworker/core"
 import { Data, Deferred, Duration, Effect, Exit } from "effect"
 import type { Scope } from "effect"
 import * as ChildProcess from "node:child_process"
@@ -49,7 +50,10 @@ export interface ExitStatus {
 export interface ChildWorker {
   /** The child's process id. */
   readonly pid: number
-  /** The first stdout line, already printed or still to come, that satisfies `predicate`. */
+  /**
+   * The first stdout line, already printed or still to come, that satisfies `predicate`, waiting
+   * at most `timeout` (a finite duration, 0 or more).
+   */
   readonly waitForLine: (
     predicate: (line: string) => boolean,
     timeout: Duration.Input
@@ -62,7 +66,7 @@ export interface ChildWorker {
   readonly kill: (signal: Signal) => Effect.Effect<void>
   /** Waits, without bound, until the child has exited and its output is read. */
   readonly exit: Effect.Effect<ExitStatus>
-  /** Waits at most `timeout` for the child to exit. */
+  /** Waits at most `timeout` (a finite duration, 0 or more) for the child to exit. */
   readonly waitForExit: (timeout: Duration.Input) => Effect.Effect<ExitStatus, ChildWorkerError>
 }
 
@@ -71,9 +75,11 @@ export class ChildWorkerError extends Data.TaggedError("ChildWorkerError")<{
   /**
    * `ScriptNotFound`: no file at `script`. `SpawnFailed`: the process did not start in time.
    * `LineTimeout`: no matching line within the timeout. `OutputEnded`: stdout closed before a
-   * matching line. `ExitTimeout`: the child did not exit within the timeout.
+   * matching line. `ExitTimeout`: the child did not exit within the timeout. `InvalidTimeout`: the
+   * timeout of a wait is not a finite duration of 0 or more (a string that does not parse, NaN,
+   * negative, infinite); nothing was awaited.
    */
-  readonly reason: "ScriptNotFound" | "SpawnFailed" | "LineTimeout" | "OutputEnded" | "ExitTimeout"
+  readonly reason: "ScriptNotFound" | "SpawnFailed" | "LineTimeout" | "OutputEnded" | "ExitTimeout" | "InvalidTimeout"
   readonly message: string
   /** The last lines of stdout when the error was raised (up to 20). */
   readonly recentStdout: ReadonlyArray<string>
@@ -258,18 +264,28 @@ export const spawn: (options: SpawnOptions) => Effect.Effect<ChildWorker, ChildW
   )
   child.on("error", () => {})
 
-  const waitForExit = (timeout: Duration.Input) =>
-    Deferred.await(exited).pipe(
-      Effect.timeoutOrElse({
-        duration: timeout,
-        orElse: () =>
-          Effect.suspend(() =>
-            Effect.fail(fail("ExitTimeout", `${script} did not exit within ${Duration.format(Duration.fromInputUnsafe(timeout))}`))
-          )
-      })
-    )
+  /** `timeout` parsed, or the `InvalidTimeout` error when it is not a finite duration of 0 or more. */
+  const bound = (timeout: Duration.Input): Effect.Effect<Duration.Duration, ChildWorkerError> =>
+    Effect.suspend(() => {
+      const parsed = DurationInput.parse(timeout)
+      return parsed !== undefined && Duration.isFinite(parsed) && Duration.toMillis(parsed) >= 0
+        ? Effect.succeed(parsed)
+        : Effect.fail(fail(
+          "InvalidTimeout",
+          `timeout must be a finite duration such as "10 seconds", 0 or more, got ${DurationInput.show(timeout)}`
+        ))
+    })
 
-  const waitForLine = (predicate: (line: string) => boolean, timeout: Duration.Input) =>
+  const waitForExit = (timeout: Duration.Input) =>
+    Effect.flatMap(bound(timeout), (duration) =>
+      Deferred.await(exited).pipe(
+        Effect.timeoutOrElse({
+          duration,
+          orElse: () => Effect.suspend(() => Effect.fail(fail("ExitTimeout", `${script} did not exit within ${Duration.format(duration)}`)))
+        })
+      ))
+
+  const waitForLineWithin = (predicate: (line: string) => boolean, timeout: Duration.Duration) =>
     Effect.callback<string, ChildWorkerError>((resume) => {
       const seen = stdout.ring.find(predicate)
       if (seen !== undefined) return resume(Effect.succeed(seen))
@@ -282,12 +298,13 @@ export const spawn: (options: SpawnOptions) => Effect.Effect<ChildWorker, ChildW
         duration: timeout,
         orElse: () =>
           Effect.suspend(() =>
-            Effect.fail(
-              fail("LineTimeout", `no matching line from ${script} within ${Duration.format(Duration.fromInputUnsafe(timeout))}`)
-            )
+            Effect.fail(fail("LineTimeout", `no matching line from ${script} within ${Duration.format(timeout)}`))
           )
       })
     )
+
+  const waitForLine = (predicate: (line: string) => boolean, timeout: Duration.Input) =>
+    Effect.flatMap(bound(timeout), (duration) => waitForLineWithin(predicate, duration))
 
   const worker: ChildWorker = {
     pid,

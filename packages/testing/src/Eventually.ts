@@ -7,12 +7,20 @@
  * wait on real services must end in real time, and under the test clock its bound would never
  * run out (the test would hang until the runner's own timeout).
  *
+ * A bound must be a finite duration, 0 or more: one that is not (a string that does not parse, a
+ * NaN, which effect would read as 0, a negative or an infinite one) fails the wait at once with a
+ * {@link WaitTimeout} naming it, before anything is awaited.
+ *
  * @since 0.1.0
  */
+import { DurationInput } from "@jetworker/core"
 import { Clock, Data, Deferred, Duration, Effect, Schedule } from "effect"
 import type { TestClock } from "effect/testing"
 
-/** A bounded wait that ran out; the message says what was awaited and for how long. */
+/**
+ * A bounded wait that ran out; the message says what was awaited and for how long. Also the
+ * failure of a wait whose bound is not a finite duration (the message then names the bound).
+ */
 export class WaitTimeout extends Data.TaggedError("WaitTimeout")<{ readonly message: string }> {}
 
 /** Runs `effect` on the real clock, also under `TestClock` (its `withLive`). */
@@ -22,12 +30,23 @@ export const inRealTime = <A, E, R>(effect: Effect.Effect<A, E, R>): Effect.Effe
     return typeof test.withLive === "function" ? test.withLive(effect) : effect
   })
 
-const ranOut = (what: string, timeout: Duration.Input) =>
-  new WaitTimeout({ message: `waited ${Duration.format(Duration.fromInputUnsafe(timeout))} for ${what}` })
+/** `timeout` parsed, or the {@link WaitTimeout} refusing it when it is not a finite duration of 0 or more. */
+const checkTimeout = (what: string, timeout: Duration.Input): Duration.Duration | WaitTimeout => {
+  const parsed = DurationInput.parse(timeout)
+  return parsed !== undefined && Duration.isFinite(parsed) && Duration.toMillis(parsed) >= 0
+    ? parsed
+    : new WaitTimeout({
+      message: `cannot wait for ${what}: timeout must be a finite duration such as "15 seconds", 0 or more, ` +
+        `got ${DurationInput.show(timeout)}`
+    })
+}
+
+const ranOut = (what: string, timeout: Duration.Duration) =>
+  new WaitTimeout({ message: `waited ${Duration.format(timeout)} for ${what}` })
 
 /**
- * Re-runs `probe` every `interval` (default 20 millis) until `done` holds for its value, at most
- * `timeout` (default 15 seconds); returns that value.
+ * Re-runs `probe` every `interval` (default 20 millis; finite, above zero) until `done` holds for
+ * its value, at most `timeout` (default 15 seconds); returns that value.
  */
 export const poll = <A, E, R>(
   what: string,
@@ -35,9 +54,20 @@ export const poll = <A, E, R>(
   done: (value: A) => boolean,
   options: { readonly timeout?: Duration.Input | undefined; readonly interval?: Duration.Input | undefined } = {}
 ): Effect.Effect<A, E | WaitTimeout, R> => {
-  const timeout = options.timeout ?? "15 seconds"
+  const timeout = checkTimeout(what, options.timeout ?? "15 seconds")
+  if (timeout instanceof WaitTimeout) return Effect.fail(timeout)
+  const interval = DurationInput.parse(options.interval ?? "20 millis")
+  // 0 would re-run the probe in a hot loop.
+  if (interval === undefined || !Duration.isFinite(interval) || !(Duration.toMillis(interval) > 0)) {
+    return Effect.fail(
+      new WaitTimeout({
+        message: `cannot wait for ${what}: interval must be a finite duration above zero such as "20 millis", ` +
+          `got ${DurationInput.show(options.interval)}`
+      })
+    )
+  }
   return inRealTime(probe.pipe(
-    Effect.repeat({ schedule: Schedule.spaced(options.interval ?? "20 millis"), until: done }),
+    Effect.repeat({ schedule: Schedule.spaced(interval), until: done }),
     Effect.timeoutOrElse({ duration: timeout, orElse: () => Effect.fail(ranOut(what, timeout)) })
   ))
 }
@@ -54,7 +84,10 @@ export const deferred = <A>(
   what: string,
   deferred: Deferred.Deferred<A>,
   timeout: Duration.Input = "15 seconds"
-): Effect.Effect<A, WaitTimeout> =>
-  inRealTime(
-    Deferred.await(deferred).pipe(Effect.timeoutOrElse({ duration: timeout, orElse: () => Effect.fail(ranOut(what, timeout)) }))
+): Effect.Effect<A, WaitTimeout> => {
+  const bound = checkTimeout(what, timeout)
+  if (bound instanceof WaitTimeout) return Effect.fail(bound)
+  return inRealTime(
+    Deferred.await(deferred).pipe(Effect.timeoutOrElse({ duration: bound, orElse: () => Effect.fail(ranOut(what, bound)) }))
   )
+}

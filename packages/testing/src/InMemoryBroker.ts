@@ -16,7 +16,7 @@
  *
  * @since 0.2.0
  */
-import { Delivery, type Outcome, type Source } from "@jetworker/core"
+import { Delivery, DurationInput, type Outcome, Source } from "@jetworker/core"
 import { Clock, Deferred, Duration, Effect } from "effect"
 
 /** Probabilities of injected faults, each from 0 (never) to 1. */
@@ -60,7 +60,10 @@ export interface Message {
 
 /** How the broker behaves. */
 export interface Options {
-  /** The lease of each delivery (AckWait). */
+  /**
+   * The lease of each delivery (AckWait): a finite duration above zero (anything else makes the
+   * source fail to open with a `SourceError` naming it).
+   */
   readonly lease: Duration.Input
   /** Deliveries after which an unsettled message is dropped (MaxDeliver). Default: no limit. */
   readonly maxDeliver?: number | undefined
@@ -93,9 +96,19 @@ export interface InMemoryBroker {
 
 const encoder = new TextEncoder()
 
-/** Creates a broker. */
+/**
+ * Creates a broker. It never throws: a `lease` that is not a finite duration above zero (a string
+ * that does not parse, a NaN, which effect would read as 0, zero, which would redeliver at once,
+ * negative or infinite) makes its source fail to open, as a JetStream source with a wrong option
+ * does, with a `SourceError` (reason `ContractMismatch`) naming the value.
+ */
 export const make = (options: Options): InMemoryBroker => {
-  const leaseMillis = Duration.toMillis(Duration.fromInputUnsafe(options.lease))
+  const lease = DurationInput.parse(options.lease)
+  const leaseProblem = lease !== undefined && Duration.isFinite(lease) && Duration.toMillis(lease) > 0
+    ? undefined
+    : `lease must be a finite duration above zero such as "30 seconds", got ${DurationInput.show(options.lease)}`
+  // Read only by deliveries, which an intake opened with a valid lease hands out.
+  const leaseMillis = lease === undefined ? 0 : Duration.toMillis(lease)
   const random = options.random ?? Math.random
   const faults = options.faults ?? {}
   const chance = (p: number | undefined) => p !== undefined && p > 0 && random() < p
@@ -216,14 +229,16 @@ export const make = (options: Options): InMemoryBroker => {
   const source: Source.Source = {
     name: "memory",
     open: () =>
-      Effect.succeed({
-        lease: Duration.millis(leaseMillis),
-        maxDeliver: options.maxDeliver,
-        take,
-        // A batch's acks, each with its own faults, as the JetStream source's `ackAll` settles them.
-        ackAll: Delivery.ackEach,
-        close: Effect.void
-      })
+      leaseProblem !== undefined
+        ? Effect.fail(new Source.SourceError({ reason: "ContractMismatch", message: leaseProblem }))
+        : Effect.succeed({
+          lease: Duration.millis(leaseMillis),
+          maxDeliver: options.maxDeliver,
+          take,
+          // A batch's acks, each with its own faults, as the JetStream source's `ackAll` settles them.
+          ackAll: Delivery.ackEach,
+          close: Effect.void
+        })
   }
 
   return {

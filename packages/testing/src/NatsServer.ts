@@ -10,6 +10,7 @@
  *
  * @since 0.4.0
  */
+import { DurationInput } from "@jetworker/core"
 import { Data, Duration, Effect, type Scope } from "effect"
 import { type ChildProcess, spawn } from "node:child_process"
 import { mkdtempSync, rmSync, writeFileSync } from "node:fs"
@@ -17,7 +18,10 @@ import * as Net from "node:net"
 import { tmpdir } from "node:os"
 import { join } from "node:path"
 
-/** The server did not start (no binary, a port in use, no "ready" line in time). */
+/**
+ * The server did not start (no binary, a port in use, no "ready" line in time), or its options are
+ * wrong (a `readyTimeout` or `stopTimeout` that is not a finite duration).
+ */
 export class NatsServerError extends Data.TaggedError("NatsServerError")<{ readonly message: string }> {}
 
 /** A running (or stopped) private server. */
@@ -44,11 +48,14 @@ export interface NatsServer {
 export interface Options {
   /** The executable. Default: `nats-server` on `PATH`. */
   readonly binary?: string | undefined
-  /** How long a start may take until the server logs that it is ready. Default: 15 seconds. */
+  /**
+   * How long a start may take until the server logs that it is ready: a finite duration above
+   * zero. Default: 15 seconds.
+   */
   readonly readyTimeout?: Duration.Input | undefined
   /**
-   * How long `stop("SIGTERM")` waits for the exit before it kills the process with `SIGKILL`.
-   * Default: 10 seconds.
+   * How long `stop("SIGTERM")` waits for the exit before it kills the process with `SIGKILL`: a
+   * finite duration, 0 or more (0 kills at once). Default: 10 seconds.
    */
   readonly stopTimeout?: Duration.Input | undefined
 }
@@ -149,16 +156,51 @@ const signalAndWait = (
 /** Kills `process` with `SIGKILL` and waits for its exit, at most {@link killTimeout}. */
 const kill = (process: ChildProcess) => signalAndWait(process, "SIGKILL", killTimeout, Effect.void)
 
+/** The bounds of `options`, checked: finite durations, `readyTimeout` above zero. */
+interface Timeouts {
+  readonly readyTimeout: Duration.Duration
+  readonly stopTimeout: Duration.Duration
+}
+
+/**
+ * `options`' bounds, or a `NatsServerError` naming one that is not a finite duration (a string
+ * that does not parse, a NaN, which effect would read as 0, a negative or an infinite one; a
+ * `readyTimeout` of 0 could never be met). Checked before any port, store or process is taken.
+ */
+const checkTimeouts = (options: Options): Effect.Effect<Timeouts, NatsServerError> =>
+  Effect.suspend(() => {
+    const finite = (input: Duration.Input) => {
+      const parsed = DurationInput.parse(input)
+      return parsed !== undefined && Duration.isFinite(parsed) ? parsed : undefined
+    }
+    const readyTimeout = finite(options.readyTimeout ?? "15 seconds")
+    if (readyTimeout === undefined || !(Duration.toMillis(readyTimeout) > 0)) {
+      return Effect.fail(
+        new NatsServerError({
+          message: `readyTimeout must be a finite duration above zero such as "15 seconds", got ${DurationInput.show(options.readyTimeout)}`
+        })
+      )
+    }
+    const stopTimeout = finite(options.stopTimeout ?? "10 seconds")
+    if (stopTimeout === undefined || !(Duration.toMillis(stopTimeout) >= 0)) {
+      return Effect.fail(
+        new NatsServerError({
+          message: `stopTimeout must be a finite duration such as "10 seconds", 0 or more, got ${DurationInput.show(options.stopTimeout)}`
+        })
+      )
+    }
+    return Effect.succeed({ readyTimeout, stopTimeout })
+  })
+
 /** One server process: its arguments, started, stopped and restarted on the same port and store. */
 const serve = (
   options: Options,
+  { readyTimeout, stopTimeout }: Timeouts,
   port: number,
   store: string,
   args: ReadonlyArray<string>
 ): Effect.Effect<NatsServer, NatsServerError, Scope.Scope> =>
   Effect.gen(function*() {
-    const readyTimeout = Duration.fromInputUnsafe(options.readyTimeout ?? "15 seconds")
-    const stopTimeout = Duration.fromInputUnsafe(options.stopTimeout ?? "10 seconds")
     // The last process spawned, kept until it has exited (also when a stop's wait ran out), so the
     // scope's SIGKILL always finds it; it runs while `isRunning(child)`.
     let child: ChildProcess | undefined
@@ -225,14 +267,15 @@ const serve = (
 /** Starts a private server in the current scope; the scope's end kills it and removes its store. */
 export const make = (options: ServerOptions = {}): Effect.Effect<NatsServer, NatsServerError, Scope.Scope> =>
   Effect.gen(function*() {
+    const timeouts = yield* checkTimeouts(options)
     const port = yield* freePort
     const store = mkdtempSync(join(tmpdir(), "jw-nats-"))
     if (options.config === undefined) {
-      return yield* serve(options, port, store, ["-js", "-a", "127.0.0.1", "-p", String(port), "-sd", store])
+      return yield* serve(options, timeouts, port, store, ["-js", "-a", "127.0.0.1", "-p", String(port), "-sd", store])
     }
     const config = join(store, "server.conf")
     writeFileSync(config, [`listen: 127.0.0.1:${port}`, `jetstream { store_dir: "${join(store, "js")}" }`, options.config].join("\n"))
-    return yield* serve(options, port, store, ["-c", config])
+    return yield* serve(options, timeouts, port, store, ["-c", config])
   })
 
 /** A node of a {@link NatsCluster}: a server with its `server_name`. */
@@ -264,6 +307,7 @@ export const cluster = (
     if (!Number.isInteger(size) || size < 1 || size > 9) {
       return yield* new NatsServerError({ message: `a cluster has 1 to 9 nodes, not ${size}` })
     }
+    const timeouts = yield* checkTimeouts(options)
     const free = yield* freePorts(2 * size)
     const ports = Array.from({ length: size }, (_, i) => ({ client: free[2 * i]!, route: free[2 * i + 1]! }))
     const routes = ports.map((p) => `nats-route://127.0.0.1:${p.route}`).join(", ")
@@ -286,7 +330,7 @@ export const cluster = (
             `}`
           ].join("\n")
         )
-        const server = yield* serve(options, p.client, store, ["-c", config])
+        const server = yield* serve(options, timeouts, p.client, store, ["-c", config])
         return { ...server, name } satisfies ClusterNode
       }), { concurrency: "unbounded" })
     return { nodes, urls: nodes.map((n) => n.url), node: (name) => nodes.find((n) => n.name === name) }

@@ -5,7 +5,7 @@
  *
  * @since 0.1.0
  */
-import type { Outcome } from "@jetworker/core"
+import { DurationInput, type Outcome } from "@jetworker/core"
 import { Deferred, Duration, Effect } from "effect"
 import { inRealTime, WaitTimeout } from "./Eventually.ts"
 
@@ -17,7 +17,10 @@ export interface OutcomeLog {
   readonly record: (outcome: Outcome.Outcome) => Effect.Effect<void>
   /** Everything recorded so far, in order. */
   readonly all: Effect.Effect<ReadonlyArray<Outcome.Outcome>>
-  /** Waits until `condition` holds for the log, at most `timeout`. */
+  /**
+   * Waits until `condition` holds for the log, at most `timeout`: a finite duration, 0 or more
+   * (anything else fails at once with a `WaitTimeout` naming it, as `Eventually`'s waits do).
+   */
   readonly waitUntil: (
     condition: (outcomes: ReadonlyArray<Outcome.Outcome>) => boolean,
     timeout: Duration.Input,
@@ -63,6 +66,13 @@ export const make: Effect.Effect<OutcomeLog> = Effect.sync(() => {
     all: Effect.sync(() => [...outcomes]),
     waitUntil: (condition, timeout, what = "the expected outcomes") =>
       Effect.gen(function*() {
+        const bound = DurationInput.parse(timeout)
+        if (bound === undefined || !Duration.isFinite(bound) || !(Duration.toMillis(bound) >= 0)) {
+          return yield* new WaitTimeout({
+            message: `cannot wait for ${what}: timeout must be a finite duration such as "15 seconds", 0 or more, ` +
+              `got ${DurationInput.show(timeout)}`
+          })
+        }
         const done = yield* Deferred.make<void>()
         const waiter = { condition, done }
         waiters.add(waiter)
@@ -70,11 +80,11 @@ export const make: Effect.Effect<OutcomeLog> = Effect.sync(() => {
         // Bounded in real time, also under `TestClock` (see `Eventually`).
         yield* inRealTime(Deferred.await(done).pipe(
           Effect.timeoutOrElse({
-            duration: timeout,
+            duration: bound,
             orElse: () =>
               Effect.fail(
                 new WaitTimeout({
-                  message: `waited ${Duration.format(Duration.fromInputUnsafe(timeout))} for ${what}; saw ${
+                  message: `waited ${Duration.format(bound)} for ${what}; saw ${
                     JSON.stringify(countByTag(outcomes))
                   }`
                 })
