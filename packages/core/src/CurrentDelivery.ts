@@ -76,6 +76,13 @@ export interface BatchInfo {
 export class CurrentBatch extends Context.Service<CurrentBatch, BatchInfo>()("@jetworker/core/CurrentBatch") {}
 
 /**
+ * The element whose own effect is running inside a batch handler: `IdempotencyStore.commitBatch`
+ * provides it to each element's effect, so that `Expiry.ensure` and `Lease.ensure` there judge
+ * that element alone (the batch, `CurrentBatch`, stays whole).
+ */
+export class CurrentElement extends Context.Service<CurrentElement, BatchElement>()("@jetworker/core/CurrentElement") {}
+
+/**
  * Reports `report` for the delivery being handled, when `key` is its own (the consumer's scope and
  * the event's id), or for the element of the batch being handled whose key it is; a commit of
  * another key, or no delivery at all, reports nothing.

@@ -12,14 +12,16 @@
  * deadline it fails with that element's {@link WorkExpired}, which fails the batch as a whole. The
  * engine then runs each element alone, as after any failure of the whole batch: the expired ones
  * end `Expired` before their run, the others run and commit. So a batch handler calls it after a
- * wait and before its commit, as a single-delivery handler does.
+ * wait and before its commit, as a single-delivery handler does. Inside one element's effect of
+ * `IdempotencyStore.commitBatch` it checks that element alone: an expired element fails alone
+ * (`Expired`), and the others commit in the same batch.
  *
  * It needs no classification entry: the engine recognises it before classifying errors.
  *
  * @since 0.2.0
  */
 import { Clock, Context, Data, Effect } from "effect"
-import { CurrentBatch, CurrentDelivery } from "./CurrentDelivery.ts"
+import { CurrentBatch, CurrentDelivery, CurrentElement } from "./CurrentDelivery.ts"
 
 /** The event is past its deadline; the engine ends the delivery `Expired`. */
 export class WorkExpired extends Data.TaggedError("WorkExpired")<{
@@ -58,7 +60,9 @@ export const ensure: Effect.Effect<void, WorkExpired> = Effect.withFiber((fiber)
     return Effect.flatMap(Clock.currentTimeMillis, (now) =>
       now > expiresAt ? Effect.fail(new WorkExpired({ eventId, deadline: expiresAt, detectedAt: now })) : Effect.void)
   }
-  const batch = Context.getOrUndefined(fiber.context, CurrentBatch)
+  // One element's own effect (`IdempotencyStore.commitBatch`) judges that element alone.
+  const element = Context.getOrUndefined(fiber.context, CurrentElement)
+  const batch = element === undefined ? Context.getOrUndefined(fiber.context, CurrentBatch) : { elements: [element] }
   if (batch === undefined || batch.elements.every((element) => element.expiresAt === undefined)) return Effect.void
   return Effect.flatMap(Clock.currentTimeMillis, (now) => {
     const expired = batch.elements.find((element) => element.expiresAt !== undefined && now > element.expiresAt)

@@ -10,7 +10,7 @@
  * @since 0.1.0
  */
 import { Context, Data, Effect, Option, Result } from "effect"
-import { CurrentBatch, CurrentDelivery, reportAllFor, reportFor } from "./CurrentDelivery.ts"
+import { type BatchInfo, CurrentBatch, CurrentDelivery, CurrentElement, reportAllFor, reportFor } from "./CurrentDelivery.ts"
 
 /** The deduplication key: a scope (the consumer name) and the event's stable id. */
 export interface Key {
@@ -186,20 +186,42 @@ export const commit = <A, E, R>(
  * already committed. Returns one result per item, in order — the effect's value,
  * {@link AlreadyCommitted}, or the effect's own failure (that element alone is undone) — which is
  * what a batch handler (`Consumer.makeBatch`) returns to the engine. The scope is the current
- * batch's consumer name unless `scope` is given.
+ * batch's consumer name unless `scope` is given. Each `effect` runs as its own element's
+ * (`CurrentElement`), so `Expiry.ensure` in it fails only when its own event has expired (that
+ * element ends `Expired`, the others commit).
  */
 export const commitBatch = <A, E, R>(
   items: ReadonlyArray<{ readonly id: string; readonly effect: Effect.Effect<A, E, R> }>,
   options?: { readonly scope?: string | undefined }
 ): Effect.Effect<ReadonlyArray<Result.Result<A | AlreadyCommitted, E>>, IdempotencyError, R | IdempotencyStore> =>
   withStore(options?.scope, "commitBatch", (store, scope) =>
-    Effect.flatMap(store.commitBatch(items.map((item) => ({ key: { scope, id: item.id }, effect: item.effect }))), (results) => {
-      const already: Array<Key> = []
-      for (const [i, result] of results.entries()) {
-        if (Result.isSuccess(result) && isAlreadyCommitted(result.success)) already.push({ scope, id: items[i]!.id })
-      }
-      return reportingAlreadyCommitted(already, results)
+    Effect.withFiber((fiber) => {
+      const batch = Context.getOrUndefined(fiber.context, CurrentBatch)
+      const keyed = items.map((item) => ({ key: { scope, id: item.id }, effect: asElement(batch, scope, item.id, item.effect) }))
+      return Effect.flatMap(store.commitBatch(keyed), (results) => {
+        const already: Array<Key> = []
+        for (const [i, result] of results.entries()) {
+          if (Result.isSuccess(result) && isAlreadyCommitted(result.success)) already.push({ scope, id: items[i]!.id })
+        }
+        return reportingAlreadyCommitted(already, results)
+      })
     }))
+
+/**
+ * `effect` run as its own element's: with `CurrentElement` the element of `id`, so that
+ * `Expiry.ensure` and `Lease.ensure` in one element's effect judge that element alone (a sibling's
+ * deadline must not fail it). Unchanged outside a batch, or for a key of another scope.
+ */
+const asElement = <A, E, R>(
+  batch: BatchInfo | undefined,
+  scope: string,
+  id: string,
+  effect: Effect.Effect<A, E, R>
+): Effect.Effect<A, E, R> => {
+  if (batch === undefined || batch.consumer !== scope) return effect
+  const element = batch.elements.find((candidate) => candidate.eventId === id)
+  return element === undefined ? effect : Effect.provideService(effect, CurrentElement, element)
+}
 
 /**
  * Commits a batch of events as one set, all or nothing (see the store's `commitAll`): the events

@@ -13,7 +13,7 @@
  * @since 0.2.0
  */
 import { Clock, Context, Data, Effect } from "effect"
-import { CurrentBatch, CurrentDelivery } from "./CurrentDelivery.ts"
+import { CurrentBatch, CurrentDelivery, CurrentElement } from "./CurrentDelivery.ts"
 
 /** The local lease deadline has passed; another consumer may own the message. */
 export class LeaseExpired extends Data.TaggedError("LeaseExpired")<{
@@ -76,7 +76,9 @@ export const ensure: Effect.Effect<void, LeaseExpired> = Effect.withFiber((fiber
     return Effect.flatMap(Clock.currentTimeMillis, (now) =>
       now >= deadline ? Effect.fail(new LeaseExpired({ eventId, deadline })) : Effect.void)
   }
-  const batch = Context.getOrUndefined(fiber.context, CurrentBatch)
+  // One element's own effect (`IdempotencyStore.commitBatch`) judges that element alone.
+  const element = Context.getOrUndefined(fiber.context, CurrentElement)
+  const batch = element === undefined ? Context.getOrUndefined(fiber.context, CurrentBatch) : { elements: [element] }
   if (batch === undefined) return Effect.void
   return Effect.flatMap(Clock.currentTimeMillis, (now) => {
     for (const element of batch.elements) {
