@@ -87,7 +87,7 @@ export const layerHttp = (url: string, timeout: Duration.Input): Layer.Layer<nev
  * From `LEDGER_RISK_URL` (unset: allow all) and `LEDGER_RISK_TIMEOUT` (default `2 seconds`),
  * with its own HTTP client as a worker resource named `http-client`.
  */
-export const layerConfig: Layer.Layer<never, Config.ConfigError> = Layer.unwrap(
+export const layerConfig: Layer.Layer<never, Config.ConfigError | Lifecycle.InvalidCheckInterval> = Layer.unwrap(
   Effect.gen(function*() {
     const url = yield* Config.String("LEDGER_RISK_URL").pipe(Config.option)
     const timeout = yield* Config.Duration("LEDGER_RISK_TIMEOUT").pipe(Config.withDefault(Duration.seconds(2)))

@@ -24,7 +24,7 @@
  *
  * @since 0.2.0
  */
-import { Cause, Clock, Context, Data, Deferred, Duration, Effect, Exit, Fiber, Layer, Option, Result, Schedule, Scope } from "effect"
+import { Cause, Clock, Context, Data, Deferred, Duration, Effect, Exit, Fiber, Layer, Result, Schedule, Scope } from "effect"
 import * as DurationInput from "./DurationInput.ts"
 import * as ErrorSummary from "./ErrorSummary.ts"
 
@@ -434,12 +434,22 @@ export const makeManaged = (options: ManagedOptions): Effect.Effect<Managed, Inv
 // ---------------------------------------------------------------------------------------------
 
 /**
+ * A {@link resource}'s `checkInterval` that is not a positive, finite duration; the message names
+ * the resource and the value given.
+ */
+export class InvalidCheckInterval extends Data.TaggedError("InvalidCheckInterval")<{ readonly message: string }> {}
+
+/**
  * Wraps a resource's Layer so that the worker's shutdown closes it as one `close` stage named
  * `name`, bounded by the close share (abandoned past it). With `check`, readiness reflects it too:
  * a dependency component, up once built, probed every `checkInterval` (default 5 seconds; each
  * probe bounded by the same) and down while the check fails, dies or is interrupted; each change
  * is logged once (`dependency.down`, a warning with the reason, and `dependency.up`). Probing goes
  * on until the resource is closed, whatever a check did.
+ *
+ * A `checkInterval` that is not a positive, finite duration (a string that does not parse, a NaN,
+ * zero or less, infinite) fails the layer with {@link InvalidCheckInterval} before `layer` is
+ * built, under a worker or not.
  */
 export const resource = <ROut, E, RIn, X = unknown, CE = unknown>(
   name: string,
@@ -448,9 +458,19 @@ export const resource = <ROut, E, RIn, X = unknown, CE = unknown>(
     readonly check?: Effect.Effect<X, CE, ROut> | undefined
     readonly checkInterval?: Duration.Input | undefined
   } = {}
-): Layer.Layer<ROut, E, RIn> =>
+): Layer.Layer<ROut, E | InvalidCheckInterval, RIn> =>
   Layer.effectContext(
     Effect.gen(function*() {
+      // Checked first and whether or not the lifecycle is managed, so that a bad value fails in
+      // tests too, not only under a worker; 0 would probe in a hot loop. `DurationInput.parse`: a
+      // NaN (a `Number(...)` of a bad variable) is refused, not read as 0.
+      const interval = DurationInput.parse(options.checkInterval ?? "5 seconds")
+      if (interval === undefined || !(Duration.toMillis(interval) > 0) || !Duration.isFinite(interval)) {
+        return yield* new InvalidCheckInterval({
+          message: `Lifecycle.resource(${name}): checkInterval must be a positive, finite duration such as "5 seconds", ` +
+            `got ${DurationInput.show(options.checkInterval)}`
+        })
+      }
       const lifecycle = yield* Lifecycle
       const inner = yield* Scope.make()
       yield* Effect.addFinalizer((exit) => lifecycle.stage("close", name, "close", Scope.close(inner, exit)))
@@ -458,16 +478,11 @@ export const resource = <ROut, E, RIn, X = unknown, CE = unknown>(
       if (options.check !== undefined && lifecycle.managed) {
         const component = yield* lifecycle.component(name, "dependency")
         yield* component.up
-        const interval = Duration.fromInput(options.checkInterval ?? "5 seconds")
-        if (Option.isNone(interval) || !(Duration.toMillis(interval.value) > 0) || !Duration.isFinite(interval.value)) {
-          // A programming error, as a defect with the setting's name (0 would probe in a hot loop).
-          return yield* Effect.die(new Error(`Lifecycle.resource(${name}): checkInterval must be a positive, finite duration, got ${String(options.checkInterval)}`))
-        }
         // Each change is logged once (readiness alone would tell only who asks): a warning when
         // the check starts failing, with why, and a line when it passes again.
         let up = true
         const probe = options.check.pipe(
-          Effect.timeout(interval.value),
+          Effect.timeout(interval),
           Effect.provideContext(context),
           // On the cause, not only the typed error: a check that throws or whose promise rejects
           // (a defect) is the dependency down too, and must not end the loop, which would leave
@@ -494,7 +509,7 @@ export const resource = <ROut, E, RIn, X = unknown, CE = unknown>(
             }
           })
         )
-        yield* Effect.forkScoped(Effect.forever(Effect.andThen(Effect.sleep(interval.value), probe)))
+        yield* Effect.forkScoped(Effect.forever(Effect.andThen(Effect.sleep(interval), probe)))
       }
       return context
     })

@@ -275,6 +275,9 @@ export const make = (options: Options): Source.Source<NatsConnection> => {
         if (/consumer deleted/i.test(text)) {
           return new Source.SourceError({ reason: "ConsumerDeleted", message: `${name}: ${text}` })
         }
+        // A pull the server refuses for good: a `409 Exceeded MaxRequest…` or `409 Consumer is push
+        // based` status, or a `400 Bad Request - …` one (a request it cannot read), which come as
+        // text from `onStatus`; also JetStream's API error 10025 "bad request" of the check.
         if (/exceeded maxrequest|push based|bad request/i.test(text)) return mismatch(`${name}: the server refuses its pulls: ${text}`)
         const mapped = NatsError.fromUnknown(`pull ${name}`, error)
         // The consumer existed when the intake opened: missing now, it was deleted (found by the
@@ -282,8 +285,7 @@ export const make = (options: Options): Source.Source<NatsConnection> => {
         if (mapped.reason === "ConsumerNotFound") {
           return new Source.SourceError({ reason: "ConsumerDeleted", message: `${name}: consumer deleted (${mapped.message})` })
         }
-        return mapped.reason === "ConnectionClosed" || mapped.reason === "StreamNotFound" ||
-            mapped.reason === "NotAuthorized" || mapped.code === 400
+        return mapped.reason === "ConnectionClosed" || mapped.reason === "StreamNotFound" || mapped.reason === "NotAuthorized"
           ? sourceError(mapped)
           : undefined
       }

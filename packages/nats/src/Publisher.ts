@@ -10,9 +10,11 @@
  *
  * Without a `stream` in its options, a publish expects the stream that captures its subject, which
  * it asks the server for once per subject and connection ("no stream captures subject …" when
- * none does). A publish nobody answers asks the server once whether any stream captures its
- * subject: none is a final `StreamNotFound`, anything else (JetStream down or electing a leader)
- * stays a retryable `NoResponders`.
+ * none does). The look-up is part of an attempt and within its timeout: one nobody answers in time,
+ * or answered "not now" (`Unavailable`), is asked again by the next attempt, with the same id. A
+ * publish nobody answers asks the server once whether any stream captures its subject: none is a
+ * final `StreamNotFound`, anything else (JetStream down or electing a leader) stays a retryable
+ * `NoResponders`.
  *
  * Options are checked before anything is sent (and by {@link outboxPublisher} when its layer is
  * built): `attempts` an integer from 1 to 100, `timeout` from 1 ms to {@link maxTimeoutMillis}, the
@@ -30,7 +32,7 @@
  */
 import type { PubAck } from "@nats-io/jetstream"
 import { DurationInput, Envelope, Outbox, Telemetry } from "@jetworker/core"
-import { Duration, Effect, Layer, Result, Schedule, Semaphore } from "effect"
+import { Clock, Duration, Effect, Layer, Result, Schedule, Semaphore } from "effect"
 import * as ControlHeaders from "./internal/controlHeaders.ts"
 import { NatsConnection } from "./NatsConnection.ts"
 import * as NatsError from "./NatsError.ts"
@@ -48,7 +50,10 @@ export interface PublishOptions {
   readonly headers?: ReadonlyArray<readonly [string, string]> | undefined
   /** Attempts in all, an integer from 1 to 100. Default: 5. */
   readonly attempts?: number | undefined
-  /** Bound on each attempt, from 1 ms to {@link maxTimeoutMillis}. Default: the connection's API timeout. */
+  /**
+   * Bound on each attempt as a whole (the look-up of the stream included, when it is asked), from
+   * 1 ms to {@link maxTimeoutMillis}. Default: the connection's API timeout.
+   */
   readonly timeout?: Duration.Input | undefined
 }
 
@@ -124,9 +129,10 @@ const retrySchedule = (attempts: number) =>
   )
 
 /**
- * How long after its first attempt a publish may still be sent again: every attempt running to
- * its timeout (`apiTimeoutMillis` when `options` gives none), plus the longest delays between them
- * (jitter included). A stream's duplicate window shorter than this may store a late retry twice.
+ * How long after its first attempt a publish may still be sent again: every attempt (the look-up
+ * of the stream included) running to its timeout (`apiTimeoutMillis` when `options` gives none),
+ * plus the longest delays between them (jitter included). A stream's duplicate window shorter than
+ * this may store a late retry twice.
  *
  * Options that {@link publish} would refuse (an `attempts` that is not an integer from 1 to 100, a
  * `timeout` that is not a duration from 1 ms to {@link maxTimeoutMillis}: a string that does not
@@ -185,8 +191,12 @@ export const checkHorizon = (
 /** The stream capturing each subject, per connection: asked of the server once. */
 const streamsBySubject = new WeakMap<object, Map<string, string>>()
 
-/** The stream whose subjects capture `subject`. */
-const streamFor = (subject: string): Effect.Effect<string, NatsError.NatsError, NatsConnection> =>
+/**
+ * The stream whose subjects capture `subject`, from the cache or asked of the server within
+ * `boundMillis` (a part of a publish's attempt). Nobody answering in time is a retryable `Timeout`
+ * and "not now" (`Unavailable`) stays retryable: the attempt asks again. No stream is final.
+ */
+const streamFor = (subject: string, boundMillis: number): Effect.Effect<string, NatsError.NatsError, NatsConnection> =>
   Effect.gen(function*() {
     const connection = yield* NatsConnection
     let known = streamsBySubject.get(connection)
@@ -196,18 +206,28 @@ const streamFor = (subject: string): Effect.Effect<string, NatsError.NatsError, 
     }
     const cached = known.get(subject)
     if (cached !== undefined) return cached
-    const stream = yield* NatsError.tryPromise(`find the stream of ${subject}`, () => connection.manager.streams.find(subject)).pipe(
+    const operation = `find the stream of ${subject}`
+    const found = yield* NatsError.tryPromise(operation, () => connection.manager.streams.find(subject)).pipe(
       // The server answers "no stream matches subject" with an API error (not retryable).
       Effect.mapError((error) =>
         error.reason === "ApiError" || error.reason === "Unknown" || error.reason === "StreamNotFound"
           ? new NatsError.NatsError({ ...error, reason: "StreamNotFound", message: `no stream captures subject ${subject}` })
           : error
-      )
+      ),
+      // The API timeout bounds the request too; what is left of the attempt may bound it more.
+      Effect.timeoutOption(Duration.millis(Math.min(boundMillis, connection.apiTimeoutMillis)))
     )
+    if (found._tag === "None") {
+      return yield* new NatsError.NatsError({
+        reason: "Timeout",
+        operation,
+        message: `no answer within ${Math.min(boundMillis, connection.apiTimeoutMillis)} ms to the look-up of the stream of ${subject}`
+      })
+    }
     // A bounded cache: subjects are usually few; a flood of distinct ones starts it afresh.
     if (known.size >= 10_000) known.clear()
-    known.set(subject, stream)
-    return stream
+    known.set(subject, found.value)
+    return found.value
   })
 
 /**
@@ -279,27 +299,45 @@ export const publish = (
           `containing "Nats-Msg-Id" would make NATS 2.9 skip deduplication)`
       })
     }
-    const stream = options.stream ?? (yield* streamFor(subject))
     const { jetstream, apiTimeoutMillis, publishPermits } = yield* NatsConnection
     const timeout = timeoutMillis ?? apiTimeoutMillis
     // The publish's own span is the parent the consumer's span continues (W3C `traceparent`).
     const span = yield* Effect.currentSpan.pipe(Effect.option)
     const traceparent = span._tag === "Some" ? Telemetry.formatTraceparent(span.value) : undefined
-    const once = Effect.tryPromise({
-      try: () => {
-        const h = ControlHeaders.make(options.msgId, stream)
-        for (const [name, value] of options.headers ?? []) {
-          if (traceparent === undefined || name.toLowerCase() !== Telemetry.traceparentHeader) h.append(name, value)
-        }
-        if (traceparent !== undefined) h.set(Telemetry.traceparentHeader, traceparent)
-        // The id and the expected stream are in `h`, first (see `ControlHeaders`).
-        return jetstream.publish(subject, payload, { headers: h, timeout })
-      },
-      catch: (error) => NatsError.fromUnknown(operation, error)
-    }).pipe(
-      Effect.catchIf((error) => error.reason === "NoResponders", (error) => explainNoResponders(error, subject, stream, timeout)),
-      Effect.flatMap((ack) => checkPubAck(operation, stream, ack))
-    )
+    // One attempt, as a whole within `timeout` (what `republishHorizon` counts on): the stream
+    // look-up when the stream is not known yet, the publish, and the look-up telling apart a
+    // publish nobody answered each get what is left of it.
+    const once = Effect.gen(function*() {
+      const deadline = (yield* Clock.currentTimeMillis) + timeout
+      const left = Effect.map(Clock.currentTimeMillis, (now) => deadline - now)
+      const stream = options.stream ?? (yield* streamFor(subject, timeout))
+      const remaining = yield* left
+      if (remaining < 1) {
+        return yield* new NatsError.NatsError({
+          reason: "Timeout",
+          operation,
+          message: `the look-up of the stream of ${subject} took the attempt's ${timeout} ms`
+        })
+      }
+      return yield* Effect.tryPromise({
+        try: () => {
+          const h = ControlHeaders.make(options.msgId, stream)
+          for (const [name, value] of options.headers ?? []) {
+            if (traceparent === undefined || name.toLowerCase() !== Telemetry.traceparentHeader) h.append(name, value)
+          }
+          if (traceparent !== undefined) h.set(Telemetry.traceparentHeader, traceparent)
+          // The id and the expected stream are in `h`, first (see `ControlHeaders`).
+          return jetstream.publish(subject, payload, { headers: h, timeout: remaining })
+        },
+        catch: (error) => NatsError.fromUnknown(operation, error)
+      }).pipe(
+        Effect.catchIf(
+          (error) => error.reason === "NoResponders",
+          (error) => Effect.flatMap(left, (rest) => explainNoResponders(error, subject, stream, Math.max(1, rest)))
+        ),
+        Effect.flatMap((ack) => checkPubAck(operation, stream, ack))
+      )
+    })
     const connection = yield* NatsConnection
     return yield* once.pipe(
       Effect.retry({ schedule: retrySchedule(attempts), while: (error) => error.isRetryable }),
