@@ -67,9 +67,11 @@ export const maxTimeoutMillis = 2 ** 31 - 1
 const optionError = (operation: string, message: string) =>
   new NatsError.NatsError({ reason: "ApiError", operation, message })
 
-/** The retry options of a publish, as {@link publish} and {@link republishHorizon} take them. */
-interface RetryOptions {
+/** The retry options of a publish, as {@link publish}, {@link republishHorizon} and {@link checkHorizon} take them. */
+export interface RetryOptions {
+  /** Attempts in all, an integer from 1 to 100. Default: 5. */
   readonly attempts?: number | undefined
+  /** Bound on each attempt as a whole, from 1 ms to {@link maxTimeoutMillis}. Default: the connection's API timeout. */
   readonly timeout?: Duration.Input | undefined
 }
 

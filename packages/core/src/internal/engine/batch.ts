@@ -1,0 +1,309 @@
+/**
+ * The batch path (BE-JOB-007): `many` gives a batch its span and runs `processBatch`, which
+ * prepares each element on its own, runs the batch handler once for the rest, judges each element
+ * from its own result (or, when the run fails as a whole, runs each alone), and settles them
+ * together (`settleAll`); `batchDefect` is its safety net.
+ */
+import { Cause, Duration, Effect, Exit, Result } from "effect"
+import type { Tagged } from "../../Classification.ts"
+import { CurrentBatch } from "../../CurrentDelivery.ts"
+import type { Delivery } from "../../Delivery.ts"
+import * as ErrorSummary from "../../ErrorSummary.ts"
+import { isAlreadyCommitted } from "../../IdempotencyStore.ts"
+import * as Outcome from "../../Outcome.ts"
+import * as Telemetry from "../../Telemetry.ts"
+import type * as LeaseKeeper from "../leaseKeeper.ts"
+import type { BoundedRuns } from "./bounded.ts"
+import type { ConcludeStage } from "./conclude.ts"
+import { leaseDeadlineOf, leaseStart, noDeadline, reporter } from "./helpers.ts"
+import type { PrepareStage } from "./prepare.ts"
+import type { RunStage } from "./runHandler.ts"
+import type { SettleStage } from "./settle.ts"
+import type { Shared } from "./shared.ts"
+import { type BatchDefinition, noReportsYet, type Prepared, type PreparedBatch, type Reports, type Runnable, type Verdict } from "./types.ts"
+
+/** Builds the batch path of one consumer run. */
+export const makeBatchPath = <A, E extends Tagged, R>(
+  shared: Shared<A, E, R>,
+  { messageRef, defect, defectVerdict, prepare, checkNow }: PrepareStage<A, E, R>,
+  { supervised }: BoundedRuns<A, E, R>,
+  { attempt }: RunStage<A, E, R>,
+  { conclude }: ConcludeStage<A, E, R>,
+  { settleAll }: SettleStage<A, E, R>
+) => {
+  const { definition, keeper, attemptStore, env, now, record, probe, hit, leaseMillis, handlerDuration, inFlightGauge, redeliveries, progress } =
+    shared
+
+  // The batch's safety net, as `judgeSafely` is the single delivery's: a defect while judging an
+  // element still ends it in an outcome.
+  const concludeSafely = (
+    prepared: Prepared<A>,
+    delivery: Delivery,
+    exit: Exit.Exit<unknown, unknown>,
+    reports: Reports,
+    lease: LeaseKeeper.Lease
+  ): Effect.Effect<Verdict, never, R> =>
+    conclude(prepared, delivery, exit, reports, lease).pipe(Effect.catchCause(defectVerdict(prepared.message)))
+
+  /**
+   * A batch (BE-JOB-007): every delivery is prepared on its own (a rejected or expired one ends
+   * there), the rest go to the batch handler in one run, and each element is judged from its own
+   * result and the store's reports, and settled with its own command. A run that fails as a whole
+   * (its transaction, a defect, an interruption of its own, a result that is not one `Result` per
+   * element) is not charged to every element: each element then runs alone, as a batch of one
+   * with the consumer's in-process retries, so a poison element fails by itself and the others
+   * commit. Whatever dies on the way, every element still ends in an outcome and its lease is
+   * given back.
+   */
+  const processBatch = (deliveries: ReadonlyArray<Delivery>, batch: BatchDefinition<A, E, R>): Effect.Effect<void, never, R> =>
+    Effect.uninterruptibleMask((restore) =>
+      Effect.withFiber((fiber) => {
+        const receivedAt = now()
+        shared.running += deliveries.length
+        const last = deliveries[deliveries.length - 1]!
+        if (last.pending !== undefined) progress.pending = last.pending
+        record(inFlightGauge, shared.running)
+        const leases = deliveries.map((delivery) => keeper.register(delivery, leaseStart(delivery, receivedAt), fiber))
+        const unregister = () => {
+          for (const lease of leases) keeper.unregister(lease)
+        }
+        // What the safety net keeps: the verdicts reached before a defect, and the elements' refs.
+        let prepared: PreparedBatch<A> | undefined
+        return prepareBatch(deliveries).pipe(
+          Effect.flatMap((batchPrepared) => {
+            prepared = batchPrepared
+            const { verdicts, runnable } = batchPrepared
+            return runnable.length === 0 ? Effect.succeed(verdicts) : runBatch(deliveries, batch, leases, verdicts, runnable, restore)
+          }),
+          Effect.catchCause((cause) => Effect.sync(() => batchDefect(deliveries, prepared, cause))),
+          Effect.flatMap((verdicts) => {
+            unregister()
+            // Each element its own command, sent at once: individual acks, naks and dead letters.
+            return settleAll(deliveries, verdicts as ReadonlyArray<Verdict>, receivedAt, leases)
+          }),
+          // Never left to the keeper: it would extend these leases for as long as the process lives.
+          Effect.ensuring(Effect.sync(unregister))
+        )
+      })
+    )
+
+  /**
+   * The batch's safety net, as `judgeSafely` is the single delivery's: after a defect anywhere on
+   * the batch's path (user code the engine reads, such as a result array, or the engine's own), an
+   * element keeps the verdict it had reached, and every other one is dead-lettered with the cause
+   * (`Defect`), so none is left without an outcome.
+   */
+  const batchDefect = (
+    deliveries: ReadonlyArray<Delivery>,
+    prepared: PreparedBatch<A> | undefined,
+    cause: Cause.Cause<unknown>
+  ): ReadonlyArray<Verdict> => {
+    const messages = deliveries.map(messageRef)
+    for (const { index, prepared: element } of prepared?.runnable ?? []) messages[index] = element.message
+    // Masked throughout, so an interruption here is not expected; if one is, it releases.
+    const interrupted = Cause.hasInterruptsOnly(cause)
+    const error = ErrorSummary.fromCause(cause)
+    return deliveries.map((_, index) =>
+      prepared?.verdicts[index] ??
+        (interrupted
+          ? Outcome.verdict("Released", { message: messages[index]!, reason: "Interrupted", error: undefined, retryIn: Duration.zero })
+          : defect(messages[index]!, error))
+    )
+  }
+
+  /**
+   * A batch's elements, prepared each on its own: a verdict for those that end here, the rest
+   * runnable. Without I/O (no count to read from the attempt store) as most elements are; a
+   * defect in the checks dead-letters the element alone.
+   */
+  const prepareBatch = (deliveries: ReadonlyArray<Delivery>): Effect.Effect<PreparedBatch<A>, never, R> => {
+    const verdicts: Array<Verdict | undefined> = []
+    const runnable: Array<Runnable<A>> = []
+    const add = (index: number, prepared: Result.Result<Prepared<A>, Verdict>) => {
+      if (Result.isFailure(prepared)) verdicts.push(prepared.failure)
+      else {
+        verdicts.push(undefined)
+        runnable.push({ index, prepared: prepared.success, reports: noReportsYet() })
+      }
+    }
+    const readsStore = (delivery: Delivery) => attemptStore !== undefined && delivery.deliveryCount > 1
+    for (const delivery of deliveries) {
+      if (delivery.deliveryCount > 1) record(redeliveries, 1)
+    }
+    if (!deliveries.some(readsStore)) {
+      for (const [index, delivery] of deliveries.entries()) add(index, checkNow(delivery))
+      return Effect.succeed({ verdicts, runnable })
+    }
+    return Effect.as(
+      Effect.forEach(deliveries, (delivery, index) =>
+        readsStore(delivery)
+          ? prepare(delivery).pipe(
+            Effect.catchCause((cause) => Effect.map(defectVerdict(messageRef(delivery))(cause), Result.fail)),
+            Effect.map((prepared) => add(index, prepared))
+          )
+          : Effect.sync(() => add(index, checkNow(delivery))), { discard: true }),
+      { verdicts, runnable }
+    )
+  }
+
+  /**
+   * What is wrong with a batch handler's value, or `undefined` when it is one `Result` per element.
+   * Every entry is read (a hole is not skipped, as `every` would): the judging reads them all.
+   */
+  const resultsProblem = (value: unknown, elements: number): string | undefined => {
+    if (!Array.isArray(value)) return `the batch handler gave ${value === null ? "null" : typeof value}, not an array of results`
+    if (value.length !== elements) return `the batch handler gave ${value.length} results for ${elements} elements`
+    for (let i = 0; i < elements; i++) {
+      const entry: unknown = value[i]
+      if (!Result.isResult(entry)) {
+        return `the batch handler's result ${i} (of ${elements}) is ${entry === undefined ? "missing" : entry === null ? "null" : typeof entry}, not a Result`
+      }
+    }
+    return undefined
+  }
+
+  /**
+   * The verdict on a batch element whose result succeeded: as `succeeded` for a single delivery,
+   * the store's reports decide with the value (a handler may map `commitBatch`'s values away). But
+   * a store reports per event id, to every element of that id: of two copies of one event in the
+   * batch (the store ran its effect once), only the first that succeeded is the commit, the other a
+   * duplicate; `committedIds` holds the ids already judged committed in this batch.
+   */
+  const elementSucceeded = (prepared: Prepared<A>, value: unknown, reports: Reports, committedIds: Set<string>): Verdict => {
+    const id = prepared.key.id
+    const duplicate = isAlreadyCommitted(value) || (reports.committed ? committedIds.has(id) : reports.alreadyCommitted)
+    if (duplicate) return Outcome.verdict("Duplicate", { message: prepared.message })
+    if (reports.committed) committedIds.add(id)
+    return Outcome.verdict("Committed", { message: prepared.message })
+  }
+
+  /** The batch handler's run over the runnable elements, then each element's verdict. */
+  const runBatch = (
+    deliveries: ReadonlyArray<Delivery>,
+    batch: BatchDefinition<A, E, R>,
+    leases: ReadonlyArray<LeaseKeeper.Lease>,
+    verdicts: Array<Verdict | undefined>,
+    runnable: ReadonlyArray<Runnable<A>>,
+    restore: <X, Y, Z>(effect: Effect.Effect<X, Y, Z>) => Effect.Effect<X, Y, Z>
+  ): Effect.Effect<Array<Verdict | undefined>, never, R> => {
+    // A probe's defect must not cost the batch its outcomes.
+    const hits = probe === undefined ? Effect.void : Effect.forEach(runnable, ({ index, prepared }) =>
+      hit({ point: "received", consumer: definition.name, sequence: deliveries[index]!.sequence, eventId: prepared.metadata.id })
+        .pipe(Effect.catchCause((cause) => Effect.logWarning("probe failed", ErrorSummary.fromCause(cause)))), { discard: true })
+    const elements = runnable.map(({ index, prepared, reports }) => ({
+      eventId: prepared.metadata.id,
+      subject: deliveries[index]!.subject,
+      sequence: deliveries[index]!.sequence,
+      deliveryCount: deliveries[index]!.deliveryCount,
+      // For `Expiry.ensure` and `Lease.ensure` in the batch handler, as a delivery's are.
+      expiresAt: prepared.metadata.expiresAt === undefined ? undefined : prepared.metadata.expiresAt.epochMilliseconds + definition.skewMillis,
+      leaseDeadline: leaseMillis > 0 ? leaseDeadlineOf(leases[index]!.hold, leaseMillis, env.clock) : noDeadline,
+      report: reporter(reports, now)
+    }))
+    const run = Effect.suspend(() => {
+      const startedAt = now()
+      return Effect.map(
+        Effect.exit(restore(
+          supervised(Effect.suspend(() => batch.handle(runnable.map((r) => r.prepared.event))), batchTimeoutMessage)
+            .pipe(Effect.provideService(CurrentBatch, { consumer: definition.name, elements }))
+        )),
+        (exit) => {
+          record(handlerDuration, now() - startedAt)
+          return exit
+        }
+      )
+    })
+    // Each of `elements` judged in turn, its verdict put in its place.
+    const judgeEach = <T extends { readonly index: number }>(
+      elements: ReadonlyArray<T>,
+      judge: (element: T) => Effect.Effect<Verdict, never, R>
+    ) =>
+      Effect.as(Effect.forEach(elements, (element) => Effect.map(judge(element), (verdict) => {
+        verdicts[element.index] = verdict
+      }), { discard: true }), verdicts)
+    // One result per element: each element's own decides. A success is judged at once, without an
+    // effect of its own, unless a probe watches its commit.
+    const judgeResults = (results: ReadonlyArray<Result.Result<unknown, unknown>>) => {
+      const failed: Array<{ readonly index: number; readonly prepared: Prepared<A>; readonly failure: unknown }> = []
+      const watched: Array<{ readonly index: number; readonly prepared: Prepared<A>; readonly verdict: Verdict }> = []
+      const committedIds = new Set<string>()
+      for (const [i, { index, prepared, reports }] of runnable.entries()) {
+        const result = results[i]!
+        if (Result.isFailure(result)) {
+          failed.push({ index, prepared, failure: result.failure })
+          continue
+        }
+        const verdict = elementSucceeded(prepared, result.success, reports, committedIds)
+        verdicts[index] = verdict
+        if (probe !== undefined && verdict._tag === "Committed") watched.push({ index, prepared, verdict })
+      }
+      const afterCommits = watched.length === 0 ? Effect.succeed(verdicts) : judgeEach(watched, ({ index, prepared, verdict }) =>
+        hit({ point: "after-commit", consumer: definition.name, sequence: deliveries[index]!.sequence, eventId: prepared.metadata.id })
+          .pipe(Effect.as(verdict), Effect.catchCause(defectVerdict(prepared.message))))
+      if (failed.length === 0) return afterCommits
+      // A failed element is judged by its own failure (its effect was undone, whatever the store
+      // reported for another element of its id).
+      return Effect.andThen(afterCommits, judgeEach(failed, ({ index, prepared, failure }) =>
+        concludeSafely(prepared, deliveries[index]!, Exit.fail(failure), noReportsYet(), leases[index]!)))
+    }
+    // Whether the engine itself cut the run: a lease the keeper found lost, or this fiber
+    // interrupted (a shutdown past its drain). An interruption still pending on this masked fiber
+    // fails a `restore` of nothing at once. Any other interruption is the run's own (an element's
+    // effect that interrupted itself, say): a failure of the whole run, not a cut.
+    const cutByEngine: Effect.Effect<boolean> = leases.some((lease) => lease.lost)
+      ? Effect.succeed(true)
+      : Effect.map(Effect.exit(restore(Effect.void)), Exit.isFailure)
+    const failedAsWhole = (exit: Exit.Exit<unknown, unknown>, problem: string | undefined) => {
+      if (runnable.length === 1) {
+        const failed = Exit.isFailure(exit) ? exit : Exit.die(new Error(problem))
+        return judgeEach(runnable, ({ index, prepared, reports }) => concludeSafely(prepared, deliveries[index]!, failed, reports, leases[index]!))
+      }
+      return Effect.andThen(
+        Effect.logWarning(
+          `batch of ${runnable.length} failed as a whole; running its elements one by one`,
+          Exit.isFailure(exit) ? ErrorSummary.fromCause(exit.cause) : ErrorSummary.make("BatchResultInvalid", problem ?? "")
+        ),
+        judgeEach(runnable, ({ index, prepared }) => {
+          const delivery = deliveries[index]!
+          const reports = noReportsYet()
+          return Effect.flatMap(
+            Effect.exit(restore(attempt(prepared.event, delivery, prepared.metadata, prepared.failedBefore + 1, reports, leases[index]!))),
+            (single) => concludeSafely(prepared, delivery, single, reports, leases[index]!)
+          )
+        })
+      )
+    }
+    return Effect.andThen(hits, Effect.flatMap(run, (exit): Effect.Effect<Array<Verdict | undefined>, never, R> => {
+      if (Exit.isSuccess(exit)) {
+        const problem = resultsProblem(exit.value, runnable.length)
+        return problem === undefined ? judgeResults(exit.value) : failedAsWhole(exit, problem)
+      }
+      if (!Cause.hasInterrupts(exit.cause)) return failedAsWhole(exit, undefined)
+      return Effect.flatMap(cutByEngine, (cut) =>
+        cut
+          // Cut (shutdown past its drain, a lease lost): released, or committed with the ack withheld.
+          ? judgeEach(runnable, ({ index, prepared, reports }) => concludeSafely(prepared, deliveries[index]!, exit, reports, leases[index]!))
+          : failedAsWhole(exit, undefined))
+    }))
+  }
+  const batchTimeoutMessage = `batch handler ran longer than ${Duration.format(definition.handlerTimeout)}`
+
+  // One span per batch; its elements' outcomes are in their own log lines and metrics.
+  const many = (deliveries: ReadonlyArray<Delivery>, batch: BatchDefinition<A, E, R>): Effect.Effect<void, never, R> =>
+    processBatch(deliveries, batch).pipe(
+      Effect.withSpan(Telemetry.processSpanName(deliveries[0]!.subject), {
+        kind: "consumer",
+        root: true,
+        attributes: {
+          [Telemetry.Attribute.messagingSystem]: Telemetry.messagingSystem,
+          [Telemetry.Attribute.operationType]: "process",
+          [Telemetry.Attribute.operationName]: "process",
+          [Telemetry.Attribute.destinationName]: deliveries[0]!.subject,
+          [Telemetry.Attribute.consumerGroup]: definition.name,
+          [Telemetry.Attribute.batchSize]: deliveries.length
+        }
+      }, { captureStackTrace: false })
+    )
+
+  return { many }
+}

@@ -1,0 +1,176 @@
+/**
+ * Prepare: the checks before any wait or handler run (decode, metadata, ordering key, expiry, the
+ * delivery and attempt bounds), `checkNow` when they need no I/O, `prepare` when a redelivery's
+ * failed attempts are read from the attempt store; and the safety nets' verdict (`defect`) for a
+ * delivery whose judging died. Both paths, a single delivery's and a batch's, prepare through it.
+ */
+import { type Cause, DateTime, Effect, Result } from "effect"
+import type { Tagged } from "../../Classification.ts"
+import type { Delivery } from "../../Delivery.ts"
+import { isExpired, type Metadata } from "../../Envelope.ts"
+import * as ErrorSummary from "../../ErrorSummary.ts"
+import * as Outcome from "../../Outcome.ts"
+import type { Shared } from "./shared.ts"
+import type { Prepared, Verdict } from "./types.ts"
+
+/** The ordering key of every delivery of a consumer without per-key ordering (built once). */
+const noKey: Result.Result<string, ErrorSummary.ErrorSummary> = Result.succeed("")
+
+/** The prepare stage of one consumer run (`makePrepare`). */
+export type PrepareStage<A, E extends Tagged, R> = ReturnType<typeof makePrepare<A, E, R>>
+
+/** Builds the prepare stage of one consumer run. */
+export const makePrepare = <A, E extends Tagged, R>(shared: Shared<A, E, R>) => {
+  const { definition, attemptStore, deliveryBound, record, clockSkew, wallNow } = shared
+
+  // User code: it may throw, or give no usable id; either rejects the message with the cause.
+  const readMetadata = (event: A): Result.Result<Metadata, ErrorSummary.ErrorSummary> => {
+    let metadata: Metadata
+    try {
+      metadata = definition.metadata(event)
+    } catch (error) {
+      return Result.fail(ErrorSummary.fromError(error, "Defect"))
+    }
+    if (typeof metadata !== "object" || metadata === null || typeof metadata.id !== "string" || metadata.id === "") {
+      return Result.fail(
+        ErrorSummary.make("MetadataInvalid", "the consumer's metadata gave no event id (a non-empty string)")
+      )
+    }
+    return Result.succeed(metadata)
+  }
+
+  // User code too: the ordering key of an event (per-key ordering only).
+  const readKey = (event: A): Result.Result<string, ErrorSummary.ErrorSummary> => {
+    if (definition.ordering._tag !== "PerKey") return noKey
+    let key: unknown
+    try {
+      key = definition.ordering.key(event)
+    } catch (error) {
+      return Result.fail(ErrorSummary.fromError(error, "Defect"))
+    }
+    return typeof key === "string"
+      ? Result.succeed(key)
+      : Result.fail(ErrorSummary.make("MetadataInvalid", `the consumer's ordering key gave ${typeof key}, not a string`))
+  }
+
+  // The delivery as outcomes name it, before its event id is known.
+  const messageRef = (delivery: Delivery): Outcome.MessageRef => ({
+    consumer: definition.name,
+    subject: delivery.subject,
+    sequence: delivery.sequence,
+    deliveryCount: delivery.deliveryCount,
+    eventId: undefined
+  })
+
+  // Without a working attempt store the failed attempts are counted from deliveries instead.
+  const orCountDeliveries = (fallback: number) =>
+    Effect.catch((error: { readonly message: string }) =>
+      Effect.as(Effect.logWarning(`attempt store unavailable; counting deliveries: ${error.message}`), fallback)
+    )
+
+  // The verdict of a delivery whose judging died: dead-lettered with the cause.
+  const defect = (message: Outcome.MessageRef, error: ErrorSummary.ErrorSummary): Verdict =>
+    Outcome.verdict("DeadLettered", { message, reason: "Defect", error })
+  const defectVerdict = (message: Outcome.MessageRef) => (cause: Cause.Cause<unknown>): Effect.Effect<Verdict> =>
+    Effect.succeed(defect(message, ErrorSummary.fromCause(cause)))
+
+  /**
+   * Decode: the checks before any wait or handler run. Fails with the verdict of a delivery that
+   * ends here (rejected, expired, out of deliveries or attempts); succeeds with what the run needs.
+   * Synchronous but for a redelivery's count of failed attempts, read from the attempt store.
+   */
+  // Suspended: whatever user code throws in `check` (a metadata function returning the wrong
+  // shape) is a defect of this effect, which the safety nets turn into a dead letter.
+  const prepare = (delivery: Delivery): Effect.Effect<Result.Result<Prepared<A>, Verdict>, never, R> =>
+    Effect.suspend(() => {
+      const checked = check(delivery)
+      if (Result.isFailure(checked)) return Effect.succeed(checked)
+      const prepared = checked.success
+      // Failed attempts so far: the store's count (read only for a redelivery: a first delivery
+      // has none, unless NATS rewound its count, and then the failure's own count catches it),
+      // or without a store the deliveries before this one.
+      if (attemptStore === undefined || delivery.deliveryCount === 1) return Effect.succeed(withinAttempts(prepared))
+      return attemptStore.failures(prepared.key).pipe(
+        orCountDeliveries(delivery.deliveryCount - 1),
+        Effect.map((failedBefore) => withinAttempts({ ...prepared, failedBefore }))
+      )
+    })
+
+  /**
+   * The checks of `prepare` that need no I/O; `failedBefore` counts the deliveries before this
+   * one (without an attempt store) or is 0, and `prepare` reads it from the store for a redelivery.
+   */
+  const check = (delivery: Delivery): Result.Result<Prepared<A>, Verdict> => {
+    const decoded = definition.decode(delivery.payload)
+    const ref = messageRef(delivery)
+    if (Result.isFailure(decoded)) {
+      return Result.fail(Outcome.verdict("Rejected", { message: ref, reason: decoded.failure.reason, error: decoded.failure.error }))
+    }
+    const event = decoded.success
+    const read = readMetadata(event)
+    if (Result.isFailure(read)) {
+      return Result.fail(Outcome.verdict("Rejected", { message: ref, reason: "MetadataInvalid", error: read.failure }))
+    }
+    const metadata = read.success
+    const message = { ...ref, eventId: metadata.id }
+    const orderKey = readKey(event)
+    if (Result.isFailure(orderKey)) {
+      return Result.fail(Outcome.verdict("Rejected", { message, reason: "MetadataInvalid", error: orderKey.failure }))
+    }
+    if (delivery.publishedAt !== undefined) {
+      record(clockSkew, delivery.publishedAt - metadata.time.epochMilliseconds)
+    }
+    // Compared in epoch milliseconds: a DateTime is built only for an expired event.
+    if (metadata.expiresAt !== undefined) {
+      const nowMillis = wallNow()
+      if (isExpired(metadata, nowMillis, definition.skewMillis)) {
+        return Result.fail(Outcome.verdict("Expired", {
+          message,
+          expiresAt: metadata.expiresAt,
+          detectedAt: DateTime.makeUnsafe(nowMillis),
+          stage: "BeforeHandler"
+        }))
+      }
+    }
+    if (delivery.deliveryCount > deliveryBound) {
+      // Earlier deliveries ended without settling (a crash loop): stop while the broker still
+      // delivers, so the message is dead-lettered rather than dropped at its MaxDeliver.
+      return Result.fail(Outcome.verdict("DeadLettered", {
+        message,
+        reason: "DeliveriesExhausted",
+        error: ErrorSummary.make(
+          "DeliveriesExhausted",
+          `delivered ${delivery.deliveryCount} times without settling; the bound is ${deliveryBound} deliveries`
+        )
+      }))
+    }
+    const key = { scope: definition.name, id: metadata.id }
+    const failedBefore = attemptStore === undefined ? delivery.deliveryCount - 1 : 0
+    return Result.succeed({ event, metadata, message, orderKey: orderKey.success, key, failedBefore })
+  }
+
+  /** The last attempt failed but was not dead-lettered (a crash, a failed dead-letter write). */
+  const withinAttempts = (prepared: Prepared<A>): Result.Result<Prepared<A>, Verdict> =>
+    prepared.failedBefore < definition.retry.attempts
+      ? Result.succeed(prepared)
+      : Result.fail(Outcome.verdict("DeadLettered", {
+        message: prepared.message,
+        reason: "AttemptsExhausted",
+        error: ErrorSummary.make(
+          "AttemptsExhausted",
+          `${prepared.failedBefore} failed attempts; the retry policy allows ${definition.retry.attempts}`
+        )
+      }))
+
+  /** `prepare` for a delivery that needs no I/O (no attempt store, or a first delivery), at once. */
+  const checkNow = (delivery: Delivery): Result.Result<Prepared<A>, Verdict> => {
+    try {
+      const checked = check(delivery)
+      return Result.isFailure(checked) ? checked : withinAttempts(checked.success)
+    } catch (error) {
+      return Result.fail(defect(messageRef(delivery), ErrorSummary.fromError(error, "Defect")))
+    }
+  }
+
+  return { messageRef, orCountDeliveries, defect, defectVerdict, prepare, checkNow }
+}

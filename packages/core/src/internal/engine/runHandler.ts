@@ -1,0 +1,120 @@
+/**
+ * Run: the handler under the lease (`runHandler`), each run a fiber of its own bounded by
+ * `handlerTimeout` and skipped once the event has expired, with the in-process retries built only
+ * after a transient failure (`attempt`), then the verdict (`conclude`). The batch path runs an
+ * element alone through `attempt` too.
+ */
+import { Effect, Exit } from "effect"
+import type { Tagged } from "../../Classification.ts"
+import { CurrentDelivery } from "../../CurrentDelivery.ts"
+import type { Delivery } from "../../Delivery.ts"
+import { isExpired, type Metadata } from "../../Envelope.ts"
+import type * as LeaseKeeper from "../leaseKeeper.ts"
+import type { BoundedRuns } from "./bounded.ts"
+import type { ConcludeStage } from "./conclude.ts"
+import { leaseDeadlineOf, noDeadline, reporter } from "./helpers.ts"
+import type { Shared } from "./shared.ts"
+import { ExpiredBeforeRun, type HandlerTimeout, noReportsYet, type Prepared, type Reports, type Verdict } from "./types.ts"
+
+/** The run stage of one consumer run (`makeRunHandler`). */
+export type RunStage<A, E extends Tagged, R> = ReturnType<typeof makeRunHandler<A, E, R>>
+
+/** Builds the run stage of one consumer run. */
+export const makeRunHandler = <A, E extends Tagged, R>(
+  shared: Shared<A, E, R>,
+  { supervised }: BoundedRuns<A, E, R>,
+  { conclude }: ConcludeStage<A, E, R>
+) => {
+  const { definition, env, now, wallNow, record, probe, hit, keeper, leaseMillis, handlerDuration, inProcess, timeoutMessage, isTransient } =
+    shared
+
+  /** One run of the handler: skipped once the event has expired, bounded by `handlerTimeout`. */
+  const runOnce = (event: A, metadata: Metadata): Effect.Effect<unknown, E | ExpiredBeforeRun | HandlerTimeout, R | CurrentDelivery> =>
+    Effect.suspend((): Effect.Effect<unknown, E | ExpiredBeforeRun | HandlerTimeout, R | CurrentDelivery> => {
+      if (metadata.expiresAt !== undefined) {
+        const at = wallNow()
+        if (isExpired(metadata, at, definition.skewMillis)) return Effect.fail(new ExpiredBeforeRun({ detectedAt: at }))
+      }
+      return supervised(definition.handle(event), timeoutMessage)
+    })
+
+  /**
+   * The in-process retries after a first transient failure: the same schedule and filter as a
+   * retry around the first run, which the first step replays by failing with `error`.
+   */
+  const retryAfter = (event: A, metadata: Metadata, error: E | ExpiredBeforeRun | HandlerTimeout) => {
+    let replayed = false
+    return Effect.suspend(() => {
+      if (replayed) return runOnce(event, metadata)
+      replayed = true
+      return Effect.fail(error)
+    }).pipe(Effect.retry({ schedule: inProcess, while: isTransient }))
+  }
+
+  const attempt = (
+    event: A,
+    delivery: Delivery,
+    metadata: Metadata,
+    attemptNumber: number,
+    reports: Reports,
+    lease: LeaseKeeper.Lease
+  ) =>
+    // Every run, the first and each in-process retry after its delay, starts only if the event
+    // has not expired meanwhile (found by the simulation: a retry used to run past the expiry).
+    // Suspended: a handler that throws instead of returning an Effect fails its attempt as a
+    // defect (transient) rather than killing the delivery's fiber. The retry machinery is built
+    // only after a transient failure: a run that succeeds pays for none of it.
+    Effect.catch(runOnce(event, metadata), (error) => isTransient(error) ? retryAfter(event, metadata, error) : Effect.fail(error)).pipe(
+      Effect.provideService(CurrentDelivery, {
+        consumer: definition.name,
+        eventId: metadata.id,
+        attempt: attemptNumber,
+        attempts: definition.retry.attempts,
+        subject: delivery.subject,
+        sequence: delivery.sequence,
+        deliveryCount: delivery.deliveryCount,
+        expiresAt: metadata.expiresAt === undefined ? undefined : metadata.expiresAt.epochMilliseconds + definition.skewMillis,
+        leaseDeadline: leaseMillis > 0 ? leaseDeadlineOf(lease.hold, leaseMillis, env.clock) : noDeadline,
+        report: reporter(reports, now)
+      })
+    )
+
+  /** Run: the handler (with its in-process retries) under the lease, then the verdict. */
+  const runHandler = (
+    prepared: Prepared<A>,
+    delivery: Delivery,
+    restore: <X, Y, Z>(effect: Effect.Effect<X, Y, Z>) => Effect.Effect<X, Y, Z>,
+    lease: LeaseKeeper.Lease
+  ): Effect.Effect<Verdict, never, R> =>
+    // Called as the delivery's effect runs (see `judge`): the run starts now, unless a probe
+    // watches, whose point comes first.
+    probe === undefined
+      ? runHandlerNow(prepared, delivery, restore, lease)
+      : Effect.andThen(
+        hit({ point: "received", consumer: definition.name, sequence: delivery.sequence, eventId: prepared.metadata.id }),
+        Effect.suspend(() => runHandlerNow(prepared, delivery, restore, lease))
+      )
+
+  const runHandlerNow = (
+    prepared: Prepared<A>,
+    delivery: Delivery,
+    restore: <X, Y, Z>(effect: Effect.Effect<X, Y, Z>) => Effect.Effect<X, Y, Z>,
+    lease: LeaseKeeper.Lease
+  ): Effect.Effect<Verdict, never, R> => {
+    const startedAt = now()
+    // What the store reports about this delivery's effect, whatever the handler returns.
+    const reports = noReportsYet()
+    const concluded = (exit: Exit.Exit<unknown, unknown>) => {
+      keeper.unregister(lease)
+      record(handlerDuration, now() - startedAt)
+      return conclude(prepared, delivery, exit, reports, lease)
+    }
+    // One step for the run's end, where `Effect.exit` and a `flatMap` take three.
+    return Effect.matchCauseEffect(restore(attempt(prepared.event, delivery, prepared.metadata, prepared.failedBefore + 1, reports, lease)), {
+      onSuccess: (value) => concluded(Exit.succeed(value)),
+      onFailure: (cause) => concluded(Exit.failCause(cause))
+    })
+  }
+
+  return { attempt, runHandler }
+}

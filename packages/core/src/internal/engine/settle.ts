@@ -1,0 +1,263 @@
+/**
+ * Settle: a verdict's broker command, decided as it is sent (never an ack past the lease), and its
+ * outcome once the broker has answered, handed to the record stage; a batch's elements settled
+ * together (`settleAll`, the acks through the intake's `ackAll`); a dead letter that was not stored.
+ */
+import { Cause, DateTime, Effect, Option } from "effect"
+import type { Tagged } from "../../Classification.ts"
+import type { Delivery } from "../../Delivery.ts"
+import * as ErrorSummary from "../../ErrorSummary.ts"
+import * as Outcome from "../../Outcome.ts"
+import * as Retry from "../../Retry.ts"
+import type * as LeaseKeeper from "../leaseKeeper.ts"
+import type { RecordStage } from "./record.ts"
+import type { Shared } from "./shared.ts"
+import type { Decided, Verdict } from "./types.ts"
+
+/** Whether `verdict` settles with an ack. */
+const acks = (verdict: Verdict): boolean =>
+  (verdict._tag === "Committed" && verdict.ackWithheld === undefined) || verdict._tag === "Duplicate" ||
+  verdict._tag === "Expired"
+
+/** The verdict for the same work once its lease is lost: no ack (a committed effect stays committed). */
+const withholdAck = (verdict: Verdict): Verdict =>
+  verdict._tag === "Committed"
+    ? { ...verdict, ackWithheld: "LeaseLost" }
+    : Outcome.verdict("Released", {
+      message: verdict.message,
+      reason: "LeaseLost",
+      error: ErrorSummary.make("LeaseLost", "the lease ran out before the ack; another consumer may own the message"),
+      retryIn: undefined
+    })
+
+const finish = Outcome.settled
+
+const EPOCH = DateTime.makeUnsafe(0)
+
+/** The settle stage of one consumer run (`makeSettle`). */
+export type SettleStage<A, E extends Tagged, R> = ReturnType<typeof makeSettle<A, E, R>>
+
+/** Builds the settle stage of one consumer run. */
+export const makeSettle = <A, E extends Tagged, R>(shared: Shared<A, E, R>, { recordOutcome, reportAll }: RecordStage<A, E, R>) => {
+  const { definition, ackAll, maxDeliver, now, wallNow, record, probe, hit, leaseMillis, settleLatency, stranded } = shared
+
+  // Every Delivery command is bounded by its implementation (the Delivery contract), so no
+  // second timer here: a failure or timeout just means "not confirmed".
+  const succeededCommand = Effect.succeed("confirmed" as const)
+  const commandFailed = (cause: Cause.Cause<unknown>): Effect.Effect<"failed"> =>
+    Effect.as(Effect.logWarning("broker command failed", ErrorSummary.fromCause(cause)), "failed" as const)
+  const confirmed = <X, Y>(effect: Effect.Effect<X, Y>): Effect.Effect<"confirmed" | "failed"> =>
+    Effect.matchCauseEffect(effect, { onSuccess: () => succeededCommand, onFailure: commandFailed })
+
+  /**
+   * Sends `command`: `confirmed`, `failed`, or for a dead letter `stored` — written and confirmed,
+   * but the term of the original was not (found by the simulation: the outcome must not then
+   * claim the message was released).
+   */
+  const execute = (delivery: Delivery, command: Outcome.Command): Effect.Effect<"confirmed" | "stored" | "failed"> => {
+    switch (command._tag) {
+      case "Ack":
+        return confirmed(delivery.ack)
+      case "Nak":
+        return confirmed(delivery.nak(command.delay))
+      case "DeadLetter":
+        return delivery.deadLetter(command.record).pipe(
+          Effect.as("confirmed" as const),
+          Effect.catchCause((cause) => {
+            const error = Cause.findErrorOption(cause)
+            const stored = Option.isSome(error) && error.value.command === "Term"
+            return Effect.as(
+              Effect.logWarning(
+                stored ? "dead letter stored; the term of the original was not confirmed" : "broker command failed",
+                ErrorSummary.fromCause(cause)
+              ),
+              stored ? ("stored" as const) : ("failed" as const)
+            )
+          })
+        )
+      case "Leave":
+        return Effect.succeed("confirmed")
+    }
+  }
+
+  /**
+   * Settle and record: sends the verdict's broker command (never an ack past the lease), then
+   * counts, logs and reports the outcome. Never fails. Called as the delivery's effect runs (the
+   * continuation of its judging), so the command's time is read as it is sent. An ack, the
+   * common command, goes straight to its outcome (no steps of `execute` and no value passed on:
+   * each step of the fiber is CPU on every message, see docs/performance.md).
+   */
+  const settle = (delivery: Delivery, judged: Verdict, receivedAt: number, lease: LeaseKeeper.Lease): Effect.Effect<void> => {
+    const decided = decide(judged, lease)
+    if (decided.command._tag === "Ack") {
+      return Effect.matchCauseEffect(delivery.ack, {
+        onSuccess: () => settledAlone(delivery, decided, "confirmed", receivedAt),
+        onFailure: (cause) => Effect.flatMap(commandFailed(cause), (result) => settledAlone(delivery, decided, result, receivedAt))
+      })
+    }
+    return Effect.flatMap(execute(delivery, decided.command), (result) => settledAlone(delivery, decided, result, receivedAt))
+  }
+
+  /** `settled` for a delivery settled alone: nothing reads its outcome back. */
+  const settledAlone = (
+    delivery: Delivery,
+    decided: Decided,
+    result: "confirmed" | "stored" | "failed",
+    receivedAt: number
+  ): Effect.Effect<void> =>
+    probe !== undefined || (decided.command._tag === "DeadLetter" && result === "failed")
+      ? Effect.asVoid(settled(delivery, decided, result, receivedAt, true, true))
+      : recordOutcome(delivery, outcomeOf(decided, result, receivedAt, settledAt(decided)), true)
+
+  /** The verdict to act on and its broker command, decided when the command is sent. */
+  const decide = (judged: Verdict, lease: LeaseKeeper.Lease): Decided => {
+    // Never ack or nak past the local lease deadline (with the keeper's 10% margin): the server
+    // may have handed the message to another consumer, and it applies either to whoever holds it
+    // (a nak would hand it to a third while the second runs it). What was found stays said.
+    const commandStart = now()
+    const pastLease = leaseMillis > 0 && commandStart >= lease.hold.since + leaseMillis * 0.9
+    const verdict = !pastLease
+      ? judged
+      : acks(judged)
+      ? withholdAck(judged)
+      : judged._tag === "Released" && judged.retryIn !== undefined
+      ? { ...judged, reason: "LeaseLost" as const, retryIn: undefined }
+      : judged
+    // The time only stamps dead-letter records; skip building a DateTime for the other outcomes.
+    const stamp = verdict._tag === "Committed" || verdict._tag === "Duplicate" || verdict._tag === "Released"
+      ? EPOCH
+      : DateTime.makeUnsafe(wallNow())
+    return { verdict, command: Outcome.toCommand(verdict, { expiredTo: definition.expiredTo, now: stamp }), commandStart }
+  }
+
+  /**
+   * Once the command has its answer: the outcome, recorded, and reported to `onOutcome` when
+   * `report` (a batch reports its elements' outcomes together, see `reportAll`).
+   */
+  const settled = (
+    delivery: Delivery,
+    decided: Decided,
+    result: "confirmed" | "stored" | "failed",
+    receivedAt: number,
+    ownSpan: boolean,
+    report: boolean
+  ): Effect.Effect<Outcome.Outcome> => {
+    const { command, verdict } = decided
+    const at = settledAt(decided)
+    if (command._tag === "DeadLetter" && result === "failed") {
+      return Effect.flatMap(deadLetterFailed(delivery, verdict, receivedAt), (outcome) => Effect.as(recordOutcome(delivery, outcome, ownSpan, report), outcome))
+    }
+    const outcome = outcomeOf(decided, result, receivedAt, at)
+    const recorded = Effect.as(recordOutcome(delivery, outcome, ownSpan, report), outcome)
+    return result === "confirmed" && command._tag === "Ack" && probe !== undefined
+      ? Effect.andThen(
+        hit({ point: "after-ack", consumer: definition.name, sequence: delivery.sequence, eventId: verdict.message.eventId }),
+        recorded
+      )
+      : recorded
+  }
+
+  /** The time the command's answer came, with the command's latency recorded. */
+  const settledAt = ({ command, commandStart }: Decided): number => {
+    const at = now()
+    if (command._tag !== "Leave") record(settleLatency[command._tag], at - commandStart)
+    return at
+  }
+
+  /** The outcome of a verdict whose command had `result` at `at` (not a dead letter that failed). */
+  const outcomeOf = ({ verdict }: Decided, result: "confirmed" | "stored" | "failed", receivedAt: number, at: number): Outcome.Outcome =>
+    // A withheld ack is not a confirmed one, although saying nothing always "succeeds". A
+    // dead letter `stored` but whose term was lost stays dead-lettered for good (a redelivery
+    // writes the same dead letter again, stored once), unconfirmed, and nothing is naked.
+    finish(verdict, result === "confirmed" && !(verdict._tag === "Committed" && verdict.ackWithheld !== undefined), at - receivedAt)
+
+  /** An ack `ackAll` could not confirm: as `execute` reports a failed command. */
+  const unconfirmedAck = (error: unknown) => Effect.as(Effect.logWarning("broker command failed", ErrorSummary.fromError(error)), "failed" as const)
+
+  /**
+   * Settles a batch's elements, each with its own command and outcome. The acks go through the
+   * intake's `ackAll` when it has one (sent at once, confirmations awaited together, no fiber per
+   * element); the other commands, and every ack without `ackAll`, run side by side. The
+   * outcomes are reported to `onOutcome` once all are recorded, side by side too.
+   */
+  const settleAll = (
+    deliveries: ReadonlyArray<Delivery>,
+    verdicts: ReadonlyArray<Verdict>,
+    receivedAt: number,
+    leases: ReadonlyArray<LeaseKeeper.Lease>
+  ): Effect.Effect<void> =>
+    Effect.suspend(() => {
+      const acked: Array<number> = []
+      const others: Array<number> = []
+      const decided = deliveries.map((_, index) => {
+        const decision = decide(verdicts[index]!, leases[index]!)
+        if (ackAll !== undefined && decision.command._tag === "Ack") acked.push(index)
+        else others.push(index)
+        return decision
+      })
+      const outcomes: Array<Outcome.Outcome> = []
+      const settleOne = (index: number, result: "confirmed" | "stored" | "failed") =>
+        Effect.map(settled(deliveries[index]!, decided[index]!, result, receivedAt, false, false), (outcome) => {
+          outcomes.push(outcome)
+        })
+      const rest = Effect.forEach(
+        others,
+        (index) => Effect.flatMap(execute(deliveries[index]!, decided[index]!.command), (result) => settleOne(index, result)),
+        { concurrency: "unbounded", discard: true }
+      )
+      const all = ackAll === undefined || acked.length === 0 ? rest : Effect.all([
+        Effect.flatMap(
+          // A source's defect, or a result of the wrong length, leaves every ack unconfirmed.
+          ackAll(acked.map((index) => deliveries[index]!)).pipe(
+            Effect.filterOrFail(
+              (errors) => errors.length === acked.length,
+              (errors) => new Error(`ackAll gave ${errors.length} results for ${acked.length} deliveries`)
+            ),
+            Effect.catchCause((cause) => {
+              const failure = Cause.squash(cause) ?? new Error("ackAll failed")
+              return Effect.succeed(acked.map(() => failure))
+            })
+          ),
+          (errors) => Effect.forEach(acked, (index, i) => (errors[i] === undefined ? settleOne(index, "confirmed") : Effect.flatMap(unconfirmedAck(errors[i]), (result) => settleOne(index, result))), { discard: true })
+        ),
+        rest
+      ], { concurrency: 2, discard: true })
+      return definition.onOutcome === undefined ? all : Effect.andThen(all, Effect.suspend(() => reportAll(outcomes)))
+    })
+
+  /** The outcome of a dead letter that was not stored. */
+  const deadLetterFailed = (delivery: Delivery, verdict: Verdict, receivedAt: number): Effect.Effect<Outcome.Outcome> =>
+    Effect.gen(function*() {
+      if (maxDeliver !== undefined && delivery.deliveryCount >= maxDeliver) {
+        // The broker's last delivery: no redelivery can retry the dead letter. The outcome stays
+        // the dead-letter verdict, unconfirmed; the message stays in its stream, no longer
+        // delivered, and is recovered by its sequence once the dead-letter stream takes it.
+        record(stranded, 1)
+        yield* Effect.logError("dead-letter.stranded").pipe(
+          Effect.annotateLogs({
+            consumer: definition.name,
+            source: definition.source.name,
+            sequence: delivery.sequence,
+            deliveryCount: delivery.deliveryCount,
+            recover: `DeadLetter.recover({ stream, consumer, sequence: ${delivery.sequence} }) once the dead-letter stream has room`
+          })
+        )
+        return finish(verdict, false, now() - receivedAt)
+      }
+      // Not terminated, so not lost: ask for a later redelivery, which dead-letters it again.
+      const retryIn = yield* Retry.delayAfter(definition.retry, delivery.deliveryCount)
+      const naked = (yield* execute(delivery, Outcome.Command.Nak({ delay: retryIn }))) === "confirmed"
+      return finish(
+        Outcome.verdict("Released", {
+          message: verdict.message,
+          reason: "DeadLetterFailed",
+          error: ErrorSummary.make("DeadLetterFailed", "the dead-letter publish was not confirmed"),
+          retryIn
+        }),
+        naked,
+        now() - receivedAt
+      )
+    })
+
+  return { settle, settleAll }
+}

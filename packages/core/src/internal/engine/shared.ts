@@ -1,0 +1,158 @@
+/**
+ * The run environment the stages share: `makeShared` builds it once per consumer run, before the
+ * stages' factories (`engine.ts`, `makeProcess`), each of which takes what it uses out of it once,
+ * so that the per-delivery path reads its own closures. It holds the run's settings and services,
+ * the clock readers, the metric series, the progress counts, and `running`, the deliveries in
+ * flight: the one field the stages write.
+ */
+import { Context, Duration, Effect, LogLevel, Metric, Option, References, Schedule, Tracer } from "effect"
+import type { AttemptStoreShape } from "../../AttemptStore.ts"
+import { classify, type Tagged } from "../../Classification.ts"
+import { WorkExpired } from "../../Expiry.ts"
+import { LeaseExpired } from "../../Lease.ts"
+import * as Outcome from "../../Outcome.ts"
+import type * as Probe from "../../Probe.ts"
+import * as Retry from "../../Retry.ts"
+import type { Intake } from "../../Source.ts"
+import * as Telemetry from "../../Telemetry.ts"
+import type * as Deadlines from "../deadlines.ts"
+import type * as Lanes from "../lanes.ts"
+import type * as LeaseKeeper from "../leaseKeeper.ts"
+import * as Monotonic from "../monotonic.ts"
+import type * as Slots from "../slots.ts"
+import { type Definition, ExpiredBeforeRun, HandlerTimeout, type RunEnvironment, type Series } from "./types.ts"
+
+/** Counts outcomes by consumer and outcome tag (`Telemetry.outcomes`). */
+export const outcomesCounter = Telemetry.outcomes
+
+/** What the stages of one consumer run share (`makeShared`). */
+export type Shared<A, E extends Tagged, R> = ReturnType<typeof makeShared<A, E, R>>
+
+/** Builds the run environment the stages share, once per consumer run. */
+export const makeShared = <A, E extends Tagged, R>(
+  definition: Definition<A, E, R>,
+  lease: Duration.Duration,
+  keeper: LeaseKeeper.LeaseKeeper,
+  attemptStore: AttemptStoreShape | undefined,
+  deliveryBound: number,
+  maxDeliver: number | undefined,
+  slots: Slots.Slots,
+  lanes: Lanes.Lanes | undefined,
+  deadlines: Deadlines.Deadlines,
+  outcomeDeadlines: Deadlines.Deadlines,
+  ackAll: Intake["ackAll"],
+  env: RunEnvironment
+) => {
+  // Durations and deadlines (leases, handler timeouts, latencies) on the monotonic clock, as the
+  // broker's ack wait; the wall clock only for dates (expiry, the stamps of dead letters).
+  const now = () => Monotonic.millis(env.clock)
+  const wallNow = () => env.clock.currentTimeMillisUnsafe()
+  // One series of `metric`, with the consumer's attributes and `attributes`: its context (the
+  // run's, with the attributes merged in) is built once, not per update as `withAttributes` does.
+  const inherited = Context.get(env.context, Metric.CurrentMetricAttributes)
+  const series = (metric: Metric.Metric<number, unknown>, attributes: Record<string, string>): Series => {
+    const context = Context.add(env.context, Metric.CurrentMetricAttributes, { ...inherited, consumer: definition.name, ...attributes })
+    return (value) => metric.updateUnsafe(value, context)
+  }
+  const record = (update: Series, value: number): void => update(value)
+  const probe = env.probe
+  const hit = (at: Probe.Hit): Effect.Effect<void> => (probe === undefined ? Effect.void : probe.hit(at))
+  const leaseMillis = Duration.toMillis(lease)
+  // Each delivery gets `Effect.withSpan`'s span where a tracing backend sees it (any tracer but the
+  // native one, which exports nothing) or where tracing is off (its no-op span); else a local one.
+  const fullSpans = Context.get(env.context, Tracer.Tracer) !== Tracer.nativeTracer ||
+    !Context.get(env.context, References.TracerEnabled)
+  // As `Effect.withSpan` samples a span of the default level.
+  const sampledByLevel = !LogLevel.isGreaterThan(
+    Context.get(env.context, Tracer.MinimumTraceLevel),
+    Context.get(env.context, Tracer.CurrentTraceLevel)
+  )
+  const timed = Context.get(env.context, References.TracerTimingEnabled)
+  const noParent = Option.none<Tracer.AnySpan>()
+
+  const counters = new Map(Outcome.tags.map((tag) => [tag, series(outcomesCounter, { outcome: tag })]))
+  // Series with the consumer's attributes, built once; those keyed by a reason or stage on first use.
+  const handlerDuration = series(Telemetry.handlerDuration, {})
+  const inFlightGauge = series(Telemetry.inFlight, {})
+  const clockSkew = series(Telemetry.producerClockSkew, {})
+  const stranded = series(Telemetry.stranded, {})
+  const redeliveries = series(Telemetry.redeliveries, {})
+  const retries = series(Telemetry.retries, {})
+  const keyed = new Map<string, Series>()
+  const keyedMetric = (metric: Metric.Metric<number, unknown>, key: string, attributes: Record<string, string>): Series => {
+    const id = `${metric.id}|${key}`
+    let found = keyed.get(id)
+    if (found === undefined) {
+      found = series(metric, attributes)
+      keyed.set(id, found)
+    }
+    return found
+  }
+  const settleLatency = {
+    Ack: series(Telemetry.settleLatency, { command: "Ack" }),
+    Nak: series(Telemetry.settleLatency, { command: "Nak" }),
+    DeadLetter: series(Telemetry.settleLatency, { command: "DeadLetter" })
+  }
+  // Progress since the last summary line, and since the backlog was last drained.
+  const progress = {
+    counts: new Map<Outcome.Tag, number>(),
+    settled: new Map<Outcome.Tag, number>(),
+    pending: undefined as number | undefined,
+    // At most one "drained" line per interval (a trickle of messages drains after each one).
+    drainedLineAt: Number.NEGATIVE_INFINITY
+  }
+  const progressMillis = Duration.toMillis(definition.progressInterval)
+  const reportsProgress = progressMillis > 0
+  // In-process retries only while the next delay keeps the attempt well inside the lease.
+  const inProcess = Retry.inProcessSchedule(definition.retry).pipe(
+    Schedule.while(({ duration, elapsed }) => leaseMillis <= 0 || elapsed + Duration.toMillis(duration) < leaseMillis / 2)
+  )
+  const timeoutMessage = `handler ran longer than ${Duration.format(definition.handlerTimeout)}`
+  const isTransient = (error: E | HandlerTimeout | ExpiredBeforeRun): boolean =>
+    error instanceof ExpiredBeforeRun || error instanceof WorkExpired || error instanceof LeaseExpired
+      ? false
+      : error._tag === "HandlerTimeout" && error instanceof HandlerTimeout
+      ? true
+      : classify(definition.classify, error as E) === "transient"
+
+  return {
+    definition,
+    keeper,
+    attemptStore,
+    deliveryBound,
+    maxDeliver,
+    slots,
+    lanes,
+    deadlines,
+    outcomeDeadlines,
+    ackAll,
+    env,
+    now,
+    wallNow,
+    record,
+    probe,
+    hit,
+    leaseMillis,
+    fullSpans,
+    sampledByLevel,
+    timed,
+    noParent,
+    counters,
+    handlerDuration,
+    inFlightGauge,
+    clockSkew,
+    stranded,
+    redeliveries,
+    retries,
+    keyedMetric,
+    settleLatency,
+    // The deliveries in flight: counted up by `process` and `processBatch`, down by `recordOutcome`.
+    running: 0,
+    progress,
+    progressMillis,
+    reportsProgress,
+    inProcess,
+    timeoutMessage,
+    isTransient
+  }
+}
