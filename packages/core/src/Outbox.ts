@@ -172,7 +172,8 @@ export class PublishFailed extends Data.TaggedError("PublishFailed")<{
 
 /**
  * How the relay publishes one recorded event: it succeeds only once the broker has stored it
- * (or found it a duplicate of an earlier publish with the same id).
+ * (or found it a duplicate of an earlier publish of the same message; a duplicate of another
+ * message that holds its id is a failure, else the event would be marked sent and lost).
  */
 export class OutboxPublisher extends Context.Service<OutboxPublisher, {
   /** Publishes one recorded event, with the trace context of the transaction that recorded it. */

@@ -399,11 +399,50 @@ export const publishEnvelope = <Type extends string, A>(
   }).pipe(Effect.flatMap((payload) => publish(subject, payload, { ...options, msgId: envelope.id })))
 
 /**
+ * After a PubAck that says `duplicate`: whether the message the stream holds under the id is this
+ * one (the relay republishing a row it had sent before it could mark it, the usual case) or
+ * another that shares its id (an id another producer used too). The second would be marked sent
+ * and lost: it fails, retryable, naming both, until the stream's duplicate window has forgotten
+ * the id and the event is stored. A stored message since removed (limits, a purge) cannot be
+ * compared and passes.
+ */
+const sameAsStored = (message: Outbox.OutboxMessage, ack: PubAck): Effect.Effect<void, NatsError.NatsError, NatsConnection> =>
+  NatsConnection.use(({ manager }) =>
+    Effect.tryPromise({
+      try: () => manager.streams.getMessage(ack.stream, { seq: ack.seq }),
+      catch: (error) => NatsError.fromUnknown(`read ${ack.stream}#${ack.seq}`, error)
+    }).pipe(
+      Effect.catchIf((error) => error.code === 10037, () => Effect.succeed(null)),
+      Effect.flatMap((stored) =>
+        stored === null || (stored.subject === message.subject && sameBytes(stored.data, message.payload))
+          ? Effect.void
+          : Effect.fail(
+            new NatsError.NatsError({
+              reason: "Unavailable",
+              operation: `publish ${message.subject}`,
+              message: `Nats-Msg-Id ${JSON.stringify(message.id)} is taken: ${ack.stream} holds another message under it ` +
+                `(#${ack.seq}, subject ${stored.subject}), so it dropped this one as a duplicate; it is published once the ` +
+                `stream's duplicate window has forgotten the id. Give each event an id of its own`
+            })
+          )
+      )
+    ))
+
+const sameBytes = (a: Uint8Array, b: Uint8Array): boolean => {
+  if (a.byteLength !== b.byteLength) return false
+  for (let i = 0; i < a.byteLength; i++) if (a[i] !== b[i]) return false
+  return true
+}
+
+/**
  * Core's `OutboxPublisher` on this connection, for an outbox relay (`@jetworker/sql-pg`'s
  * `PgOutbox`): each recorded event is a confirmed {@link publish} with its id as `Nats-Msg-Id`,
  * whose span continues the trace of the transaction that recorded it. `options` apply to every
  * publish (the expected stream, attempts, timeout); the layer fails (`NatsError` naming the option)
- * when one is out of range, rather than every publish failing as a blocked row.
+ * when one is out of range, rather than every publish failing as a blocked row. A PubAck that says
+ * `duplicate` is checked against the message the stream holds under the id: the same message (a
+ * row republished after a relay was killed) passes; another fails, retryable, until the stream's
+ * duplicate window has forgotten the id.
  */
 export const outboxPublisher = (
   options: Omit<PublishOptions, "msgId" | "headers"> = {}
@@ -412,11 +451,13 @@ export const outboxPublisher = (
     Outbox.OutboxPublisher,
     Effect.andThen(checkOptions("Publisher.outboxPublisher", options), Effect.context<NatsConnection>()).pipe(Effect.map((context) => ({
       publish: (message: Outbox.OutboxMessage, traceparent: string | undefined) => {
-        const sent = publish(message.subject, message.payload, { ...options, msgId: message.id, headers: message.headers })
+        const sent = Effect.flatMap(
+          publish(message.subject, message.payload, { ...options, msgId: message.id, headers: message.headers }),
+          (ack) => ack.duplicate ? sameAsStored(message, ack) : Effect.void
+        )
         const parent = Telemetry.parseTraceparent(traceparent)
         return (parent === undefined ? sent : Effect.withParentSpan(sent, parent)).pipe(
           Effect.provideContext(context),
-          Effect.asVoid,
           Effect.mapError((error) => new Outbox.PublishFailed({ message: error.message, retryable: error.isRetryable }))
         )
       }
