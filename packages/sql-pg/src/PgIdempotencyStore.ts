@@ -15,13 +15,26 @@
  * store's own statements (the dedup insert, `BEGIN`, `COMMIT`) becomes core's `IdempotencyError`,
  * classified by the SQLSTATE PostgreSQL reported: `Unavailable` or `Conflict` (retryable),
  * `Misconfigured`, or `InvalidData` for data the database rejects (a key it cannot store, a
- * constraint violated at `COMMIT`), which no retry fixes.
+ * constraint violated at `COMMIT`, a data or program error such as a trigger's `RAISE EXCEPTION`),
+ * which no retry fixes. A key whose scope or id is not well-formed Unicode (a lone UTF-16
+ * surrogate, which UTF-8 would turn into U+FFFD so that distinct keys collide) is refused with
+ * `InvalidData` before anything is sent, by every operation taking keys.
+ *
+ * When the transaction's connection dies under the effect, its `ROLLBACK` fails too (`@effect/sql`
+ * makes that a defect); the store still ends with a typed failure, never a defect: the effect's own
+ * error when it failed (a dead connection commits nothing, so that error is the truth, as when the
+ * rollback succeeds), else `IdempotencyError` `Unavailable`. An interruption stays one.
  *
  * `commitBatch(items)` runs a batch in one transaction: one `INSERT ... SELECT ... FROM unnest(...)
  * ORDER BY scope, id ON CONFLICT DO NOTHING` records every key in key order (so two overlapping
  * batches lock their rows in the same order and wait for each other instead of deadlocking), then
  * each new key's effect runs inside its own savepoint; an effect that fails rolls back to its
- * savepoint and its row is deleted again, so the other elements commit without it.
+ * savepoint and its row is deleted again, so the other elements commit without it. The batch fails
+ * as a whole with `IdempotencyError` `Unavailable`, naming the element (and its own error), when an
+ * element's savepoint cannot be ended: its connection died, or its effect recovered from a failed
+ * SQL statement and succeeded, which leaves PostgreSQL's whole transaction aborted (`RELEASE
+ * SAVEPOINT` fails with 25P02; an element's own failure type cannot carry it, so the batch's does;
+ * nothing of the batch commits, as for `commit`'s aborted `COMMIT`).
  * `commitAll(keys, effect)` records the keys the same way and runs one `effect` for all the new
  * ones (no savepoints): all or nothing.
  *
@@ -46,8 +59,21 @@ import * as Probe from "@jetworker/core/Probe"
 import { Cause, Context, Duration, Effect, Exit, Layer, Option, Result, Tracer } from "effect"
 import { SqlClient, type SqlError, type Statement } from "effect/sql"
 import * as DurationInput from "@jetworker/core/DurationInput"
-import { box, classify, classifyPurge, unbox, UserFailure } from "./internal/errors.ts"
+import {
+  batchCleanupFailure,
+  box,
+  classify,
+  classifyPurge,
+  classifyStatement,
+  type DedupTableState,
+  failedCleanup,
+  malformedKey,
+  reasonOf,
+  settle,
+  UserFailure
+} from "./internal/errors.ts"
 import * as PurgeLimit from "./internal/purgeLimit.ts"
+import * as StatementGuard from "./internal/statementGuard.ts"
 import * as Table from "./internal/table.ts"
 
 /** Options of the store. */
@@ -118,7 +144,7 @@ export const make: (options?: Options) => Effect.Effect<
   const insertManyText = `INSERT INTO ${table} (scope, id) SELECT s, k FROM unnest($1::text[], $2::text[]) AS u(s, k) ` +
     `ORDER BY s, k ON CONFLICT (scope, id) DO NOTHING RETURNING scope, id`
   const deleteText = `DELETE FROM ${table} WHERE scope = $1 AND id = $2`
-  const toStoreError = unbox(table)
+  const settled = settle(table)
 
   const beforeCommit = (key: Key): Effect.Effect<void> =>
     Effect.flatMap(Effect.serviceOption(CurrentDelivery.CurrentDelivery), (delivery) =>
@@ -153,6 +179,8 @@ export const make: (options?: Options) => Effect.Effect<
     effect: Effect.Effect<A, E, R>
   ): Effect.Effect<A | AlreadyCommitted, E | IdempotencyError, R> =>
     Effect.withFiber((fiber) => {
+      const malformed = malformedKey(key, "commit")
+      if (malformed !== undefined) return Effect.fail(malformed)
       // The probe point only when a probe watches (tests, diagnostics): it is read per commit.
       const boxed = Effect.mapError(effect, box)
       const protectedEffect: Effect.Effect<A, UserFailure<E>, R> = fiber.getRef(Probe.Probe) === Probe.noop
@@ -172,7 +200,7 @@ export const make: (options?: Options) => Effect.Effect<
               protectedEffect
             )
       )
-      return Effect.mapError(sql.withTransaction(attempt), toStoreError)
+      return Effect.catchCause(sql.withTransaction(attempt), (cause) => Effect.failCause(settled(cause)))
     })
 
   /** Records every key not yet recorded, in one statement in key order; returns those it recorded (`keyOf`). */
@@ -186,6 +214,10 @@ export const make: (options?: Options) => Effect.Effect<
     items: ReadonlyArray<BatchItem<A, E, R>>
   ): Effect.Effect<ReadonlyArray<Result.Result<A | AlreadyCommitted, E>>, IdempotencyError, R> => {
     if (items.length === 0) return Effect.succeed([])
+    for (const item of items) {
+      const malformed = malformedKey(item.key, "commitBatch")
+      if (malformed !== undefined) return Effect.fail(malformed)
+    }
     const attempt = Effect.gen(function*() {
       const inserted = yield* insertKeys(items.map((item) => item.key))
       // A key given twice runs once: the later copy shares the first one's fate.
@@ -206,7 +238,14 @@ export const make: (options?: Options) => Effect.Effect<
           continue
         }
         // A savepoint per element (a nested transaction): its failure undoes its own writes only.
-        const exit = yield* Effect.exit(sql.withTransaction(Effect.mapError(item.effect, box)))
+        let succeeded = false
+        const exit = yield* Effect.exit(sql.withTransaction(Effect.mapError(
+          Effect.map(item.effect, (value) => {
+            succeeded = true
+            return value
+          }),
+          box
+        )))
         if (Exit.isSuccess(exit)) {
           committed.push(item.key)
           results.push(Result.succeed(exit.value))
@@ -220,6 +259,10 @@ export const make: (options?: Options) => Effect.Effect<
         }
         // The savepoint itself failed, or an effect died or was interrupted: the whole batch fails.
         if (Option.isSome(failure) && !(failure.value instanceof UserFailure)) return yield* Effect.fail(failure.value)
+        // Its rollback or release failed (the connection died, or the effect recovered from a failed
+        // statement, which aborted the transaction): the transaction is lost, typed as such.
+        const cleanup = failedCleanup(exit.cause, succeeded)
+        if (cleanup !== undefined) return yield* Effect.fail(batchCleanupFailure(item.key, cleanup, table))
         return yield* (Cause.hasInterrupts(exit.cause) ? Effect.interrupt : Effect.die(Cause.squash(exit.cause)))
       }
       // The elements that committed their savepoint, once the batch's transaction commits.
@@ -227,7 +270,7 @@ export const make: (options?: Options) => Effect.Effect<
       yield* beforeCommit(items[0]!.key)
       return results
     })
-    return Effect.mapError(sql.withTransaction(attempt), (error) => classify(error, table))
+    return Effect.catchCause(sql.withTransaction(attempt), (cause) => Effect.failCause(settled(cause)))
   }
 
   const commitAll = <A, E, R>(
@@ -235,6 +278,10 @@ export const make: (options?: Options) => Effect.Effect<
     effect: (fresh: ReadonlyArray<number>) => Effect.Effect<A, E, R>
   ): Effect.Effect<ReadonlyArray<A | AlreadyCommitted>, E | IdempotencyError, R> => {
     if (keys.length === 0) return Effect.succeed([])
+    for (const key of keys) {
+      const malformed = malformedKey(key, "commitAll")
+      if (malformed !== undefined) return Effect.fail(malformed)
+    }
     // Without a generator: one suspended across the statements' round trips is the kind V8
     // promotes with everything it last held (see docs/performance-log.md).
     const attempt = Effect.flatMap(insertKeys(keys), (inserted): Effect.Effect<ReadonlyArray<A | AlreadyCommitted>, UserFailure<E> | SqlError.SqlError, R> => {
@@ -253,14 +300,17 @@ export const make: (options?: Options) => Effect.Effect<
           })
         ))
     })
-    return Effect.mapError(sql.withTransaction(attempt), toStoreError)
+    return Effect.catchCause(sql.withTransaction(attempt), (cause) => Effect.failCause(settled(cause)))
   }
 
-  const isCommitted = (key: Key): Effect.Effect<boolean, IdempotencyError> =>
-    sql.unsafe<{ readonly found: boolean }>(selectText, [key.scope, key.id]).pipe(
+  const isCommitted = (key: Key): Effect.Effect<boolean, IdempotencyError> => {
+    const malformed = malformedKey(key, "isCommitted")
+    if (malformed !== undefined) return Effect.fail(malformed)
+    return sql.unsafe<{ readonly found: boolean }>(selectText, [key.scope, key.id]).pipe(
       Effect.map((rows) => rows.length > 0),
       Effect.mapError((error) => classify(error, table))
     )
+  }
 
   return IdempotencyStore.of({ commit, commitBatch, commitAll, isCommitted })
 })
@@ -304,54 +354,118 @@ export const layer = (options?: Options): Layer.Layer<IdempotencyStore, Idempote
  *
  * A statement that does not use `fresh` is refused (`Misconfigured`) before anything is sent: it
  * would repeat its effect on every redelivery. So is one that does not begin with `INSERT`, `UPDATE`
- * or `DELETE` (after whitespace and comments), a `SELECT` of a function that writes included:
- * PostgreSQL skips a read-only `WITH` query that nothing reads, so its effect would never run while
- * the key was recorded. Any failure, the statement's own included (a
- * violated constraint is `InvalidData`), is an `IdempotencyError` classified as for `commit`.
+ * or `DELETE` (after whitespace and comments, nested block comments read as PostgreSQL reads them),
+ * a `SELECT` of a function that writes included: PostgreSQL skips a read-only `WITH` query that
+ * nothing reads, so its effect would never run while the key was recorded. So is one whose `fresh`
+ * stands inside a comment or quoted text, one whose parentheses do not balance outside comments
+ * and quoted text (a `)` too many would close its `WITH` query and run what follows unguarded), and
+ * one that ends inside a comment or quoted text. Any failure, the statement's own included (a
+ * violated constraint is `InvalidData`), is an `IdempotencyError` classified as for `commit`; a
+ * `Misconfigured` one names the statement as at fault when a probe of the dedup table (bounded, on
+ * the failure path only) finds the table usable, and says to run the migrations when it does not.
  * There is no `before-commit` probe point: nothing runs between the effect and its commit.
+ *
+ * Interrupted outside a transaction (a handler timeout, a shutdown), it waits for the driver to
+ * drain the statement and then looks the key up (bounded, 2 seconds): found, it reports
+ * `Committed`, as `commit` does for a `COMMIT` that succeeded under an interruption, so the engine
+ * ends the delivery `Committed` (ack withheld) instead of counting a failed attempt.
  */
 export const commitStatement = (
   key: Key,
   statement: (fresh: Statement.Fragment) => Statement.Fragment,
   options?: Options
 ): Effect.Effect<void | AlreadyCommitted, IdempotencyError, SqlClient.SqlClient> =>
-  Effect.gen(function*() {
-    const table = yield* resolveTable(options?.table ?? (yield* DedupTable))
-    const sql = yield* SqlClient.SqlClient
+  // Read from the fiber's context, without a generator: it runs on every commit.
+  Effect.withFiber((fiber): Effect.Effect<void | AlreadyCommitted, IdempotencyError> => {
+    const malformed = malformedKey(key, "commitStatement")
+    if (malformed !== undefined) return Effect.fail(malformed)
+    const name = options?.table ?? fiber.getRef(DedupTable)
+    const table = Table.quote(name)
+    if (table === undefined) {
+      return Effect.fail(new IdempotencyError({ reason: "Misconfigured", message: Table.invalidMessage(name, "idempotency") }))
+    }
+    const sql = Context.getUnsafe(fiber.context, SqlClient.SqlClient)
     const fresh = sql.literal("EXISTS (SELECT 1 FROM jetworker_fresh)")
     const effect = statement(fresh)
     // PostgreSQL runs a data-modifying WITH query exactly once, and skips a read-only one that
-    // nothing reads: a `SELECT` (even of a function that writes) would record the row alone.
-    const first = effect.segments[0]
-    if (first?._tag !== "Literal" || !dataModifying.test(first.value)) {
-      return yield* new IdempotencyError({
-        reason: "Misconfigured",
-        message: "commitStatement: the statement must be one INSERT, UPDATE or DELETE (PostgreSQL would skip anything else " +
-          "inside the combined statement and record the key alone); use commit for other effects"
-      })
+    // nothing reads: a `SELECT` (even of a function that writes) would record the row alone. And
+    // the statement must stay inside its WITH query, with its guard in code (see StatementGuard).
+    // Interpolation copies segments by reference: the guard is its segment.
+    const problem = StatementGuard.problem(effect.segments, fresh.segments[0]!)
+    if (problem !== undefined) {
+      return Effect.fail(new IdempotencyError({ reason: "Misconfigured", message: StatementGuard.message(problem) }))
     }
-    // Interpolation copies segments by reference: the guard is used if its segment is there.
-    if (!effect.segments.includes(fresh.segments[0]!)) {
-      return yield* new IdempotencyError({
-        reason: "Misconfigured",
-        message: "commitStatement: the statement does not use its `fresh` guard, so it would run again for a duplicate"
-      })
-    }
-    const rows = yield* sql<{ readonly inserted: boolean }>`WITH jetworker_fresh AS (
+    const committed = Effect.flatMap(
+      sql<{ readonly inserted: boolean }>`WITH jetworker_fresh AS (
   INSERT INTO ${sql.literal(table)} (scope, id) VALUES (${key.scope}, ${key.id}) ON CONFLICT (scope, id) DO NOTHING RETURNING 1
-), jetworker_effect AS (${effect})
-SELECT EXISTS (SELECT 1 FROM jetworker_fresh) AS inserted`.pipe(Effect.mapError((error) => classify(error, table)))
-    if (rows[0]?.inserted === true) {
-      // At once, or once an enclosing transaction commits.
-      yield* reportCommitted(sql, [key])
-      return undefined
-    }
-    yield* CurrentDelivery.reportFor(key, "AlreadyCommitted")
-    return alreadyCommitted(key)
+), jetworker_effect AS (${effect}
+)
+SELECT EXISTS (SELECT 1 FROM jetworker_fresh) AS inserted`,
+      (rows): Effect.Effect<void | AlreadyCommitted> =>
+        rows[0]?.inserted === true
+          // At once, or once an enclosing transaction commits.
+          ? Effect.as(reportCommitted(sql, [key]), undefined)
+          : Effect.as(CurrentDelivery.reportFor(key, "AlreadyCommitted"), alreadyCommitted(key))
+    )
+    // The statement and its report in one region, so that an interruption landing anywhere in it
+    // (even between the reply and the report) looks for the key.
+    const inTransaction = Context.getOrUndefined(fiber.context, sql.transactionService) !== undefined
+    return Effect.catchCause(
+      Effect.onExitPrimitive(committed, (exit) =>
+        !inTransaction && Exit.isFailure(exit) && Cause.hasInterrupts(exit.cause) ? reportIfCommitted(sql, key, table) : undefined),
+      (cause) => statementFailed(sql, table, cause)
+    )
   })
 
-/** Starts with `INSERT`, `UPDATE` or `DELETE`, after any whitespace and comments. */
-const dataModifying = /^(?:\s|--[^\n]*(?:\n|$)|\/\*[\s\S]*?\*\/)*(?:insert|update|delete)\b/i
+/** How long a failed {@link commitStatement} probes its dedup table before it words its error without knowing. */
+const tableProbe = Duration.seconds(2)
+
+/**
+ * The failure of {@link commitStatement}'s statement, classified. A `Misconfigured` one may be the
+ * user's statement's (an undefined table, a privilege) or the dedup table's, in one statement and
+ * with one SQLSTATE: a bounded probe of the dedup row's insert alone (`EXPLAIN`, which plans it,
+ * checking the table, its columns, its key and the privilege, and writes nothing), outside any
+ * transaction (one the failure aborted would refuse it), tells which, so that a statement's own
+ * error is not worded as a missing dedup table.
+ */
+const statementFailed = (
+  sql: SqlClient.SqlClient,
+  table: string,
+  cause: Cause.Cause<SqlError.SqlError>
+): Effect.Effect<never, IdempotencyError> => {
+  const failure = Cause.findErrorOption(cause)
+  if (Option.isNone(failure) || reasonOf(failure.value, table) !== "Misconfigured") {
+    return Effect.failCause(Cause.map(cause, (error) => classify(error, table)))
+  }
+  const probe = sql.unsafe(`EXPLAIN INSERT INTO ${table} (scope, id) VALUES ('', '') ON CONFLICT (scope, id) DO NOTHING`).pipe(
+    Effect.timeoutOption(tableProbe),
+    Effect.map((done): DedupTableState => Option.isSome(done) ? "usable" : "unknown"),
+    Effect.catch((error) => Effect.succeed<DedupTableState>(reasonOf(error, table) === "Misconfigured" ? "unusable" : "unknown")),
+    Effect.updateContext((context: Context.Context<never>) => Context.omit(sql.transactionService)(context))
+  )
+  return Effect.flatMap(probe, (state) => Effect.failCause(Cause.map(cause, (error) => classifyStatement(error, table, state))))
+}
+
+/** How long an interrupted {@link commitStatement} looks for its key before it gives up reporting. */
+const interruptedLookup = Duration.seconds(2)
+
+/**
+ * Reports `Committed` when `key` is recorded: what {@link commitStatement} does when it was
+ * interrupted outside a transaction (a handler timeout, a shutdown). Its statement may have
+ * committed before the reply came, and the driver drains the statement before the interruption
+ * ends, so by now the key is recorded if it ever will be. Like `commit`, which reports a `COMMIT`
+ * that succeeded under an interruption, it tells the engine the truth, so an applied event is not
+ * counted as a failed attempt (nor dead-lettered on the last one). A row of an earlier delivery
+ * looks the same; the event is applied either way. The look is bounded (and a failed one reports
+ * nothing, as before); it runs as a finalizer, so uninterruptibly. Inside a transaction the
+ * interruption rolls the statement back with it: nothing to look for.
+ */
+const reportIfCommitted = (sql: SqlClient.SqlClient, key: Key, table: string): Effect.Effect<void> =>
+  sql.unsafe<{ readonly found: boolean }>(`SELECT true AS found FROM ${table} WHERE scope = $1 AND id = $2`, [key.scope, key.id]).pipe(
+    Effect.timeoutOption(interruptedLookup),
+    Effect.flatMap((rows) => Option.isSome(rows) && rows.value.length > 0 ? CurrentDelivery.reportFor(key, "Committed") : Effect.void),
+    Effect.ignore
+  )
 
 /** Options of {@link purge}. */
 export interface PurgeOptions {

@@ -4,8 +4,8 @@
  * untouched.
  */
 import { IdempotencyError } from "@jetworker/core/IdempotencyStore"
-import { Predicate } from "effect"
-import type { SqlError, SqlErrorReason } from "effect/sql/SqlError"
+import { Cause, Predicate } from "effect"
+import { isSqlError, type SqlError, type SqlErrorReason } from "effect/sql/SqlError"
 
 /** Carries an error of the user's effect through the transaction, apart from the store's own. */
 export class UserFailure<E> {
@@ -19,8 +19,118 @@ export class UserFailure<E> {
 export const box = <E>(error: E): UserFailure<E> => new UserFailure(error)
 
 /** Unboxes a user error, or classifies a store error (the `mapError` callback of a commit). */
-export const unbox = (table: string) => <E>(error: UserFailure<E> | SqlError): E | IdempotencyError =>
-  error instanceof UserFailure ? error.error : classify(error, table)
+export const unbox = (table: string) => <E>(error: UserFailure<E> | SqlError | IdempotencyError): E | IdempotencyError =>
+  error instanceof UserFailure ? error.error : error instanceof IdempotencyError ? error : classify(error, table)
+
+/**
+ * A transaction whose cleanup failed. `@effect/sql` runs `ROLLBACK`, `ROLLBACK TO SAVEPOINT` and
+ * `RELEASE SAVEPOINT` under `orDie`, and a failed finalizer turns the transaction's own failures
+ * into defects too: when the connection dies under the user's effect (or PostgreSQL aborted the
+ * transaction under an effect that then succeeded), the cause is nothing but defects, the store's
+ * `UserFailure` box among them. `first` is what ended the transaction (the first defect: a boxed
+ * user error, the store's own error or statement); `cleanup` is the statement error of the
+ * cleanup (the last `SqlError`).
+ */
+export interface FailedCleanup {
+  readonly first: unknown
+  readonly cleanup: SqlError
+}
+
+/**
+ * Whether `error` says the connection is gone: a connection exception (class 08), the backend
+ * shut down or terminated (57P01 to 57P05), or the client's own connection error.
+ */
+export const isConnectionLoss = (error: SqlError): boolean => {
+  const code = sqlState(error)
+  return code === undefined
+    ? error.reason._tag === "ConnectionError"
+    : code.startsWith("08") || code.startsWith("57P0")
+}
+
+/**
+ * The {@link FailedCleanup} `cause` stands for, or `undefined` for any other cause: one holding an
+ * interruption (never turned into a failure) or a typed failure, or a defect that is not a
+ * `SqlError`, a `UserFailure` or an `IdempotencyError` (the user's own defect stays one). With
+ * `afterSuccess` (the effect succeeded, so only the cleanup can have failed: an element's `RELEASE
+ * SAVEPOINT`) any `SqlError` does; otherwise one must say the connection is gone, since only that
+ * fails a rollback, and a `SqlError` a user's effect died with on a live connection stays a defect.
+ */
+export const failedCleanup = (cause: Cause.Cause<unknown>, afterSuccess: boolean): FailedCleanup | undefined => {
+  let cleanup: SqlError | undefined
+  let lost = false
+  for (const reason of cause.reasons) {
+    if (!Cause.isDieReason(reason)) return undefined
+    const defect = reason.defect
+    if (isSqlError(defect)) {
+      cleanup = defect
+      lost ||= isConnectionLoss(defect)
+    } else if (!(defect instanceof UserFailure) && !(defect instanceof IdempotencyError)) {
+      return undefined
+    }
+  }
+  if (cleanup === undefined || !(afterSuccess || lost)) return undefined
+  return { first: (cause.reasons[0] as Cause.Die).defect, cleanup }
+}
+
+/**
+ * The cause a commit's transaction (`commit`, `commitAll`, the batch's) ends with, from the cause
+ * `withTransaction` failed with: boxed user errors unboxed and store errors classified, as
+ * {@link unbox}; and a {@link FailedCleanup} (the rollback failed with the connection) turned back
+ * into the typed failure it hides. A dead connection commits nothing, so the transaction's own
+ * failure is the truth: the user's error when the effect failed (what the caller gets when the
+ * rollback succeeds), else the store's error, else the failed statement's `IdempotencyError`
+ * (`Unavailable` for a lost connection). Interruptions and the user's own defects are left as they are.
+ */
+export const settle = (table: string) => {
+  const unboxed = unbox(table)
+  return <E>(cause: Cause.Cause<UserFailure<E> | SqlError | IdempotencyError>): Cause.Cause<E | IdempotencyError> => {
+    const failed = failedCleanup(cause, false)
+    if (failed === undefined) return Cause.map(cause, unboxed)
+    const first = failed.first
+    return Cause.fail(
+      first instanceof UserFailure || first instanceof IdempotencyError
+        ? unboxed(first as UserFailure<E> | IdempotencyError)
+        : classify(isSqlError(first) ? first : failed.cleanup, table)
+    )
+  }
+}
+
+/**
+ * The batch's failure when the savepoint of the element `key` could not be cleaned up
+ * ({@link FailedCleanup}): the transaction is lost (the connection died) or aborted (the effect
+ * recovered from a failed statement, so `RELEASE SAVEPOINT` fails with 25P02), and with it every
+ * element. Classified by the cleanup's SQLSTATE (both `Unavailable`, as `commit`'s aborted
+ * `COMMIT`); the message names the element and the effect's own error, if it failed.
+ */
+export const batchCleanupFailure = (
+  key: { readonly scope: string; readonly id: string },
+  failed: FailedCleanup,
+  table: string
+): IdempotencyError => {
+  const element = `${JSON.stringify(key.scope)}/${JSON.stringify(key.id)}`
+  const what = isConnectionLoss(failed.cleanup)
+    ? `the connection failed while the effect of element ${element} ran`
+    : sqlState(failed.cleanup) === abortedTransaction
+    ? `the effect of element ${element} recovered from a failed SQL statement, which aborts the whole transaction in ` +
+      `PostgreSQL (an effect must fail when one of its statements does)`
+    : `the savepoint of element ${element} could not be ended`
+  const own = failed.first instanceof UserFailure ? `; the effect itself failed with ${describe(failed.first.error)}` : ""
+  return new IdempotencyError({
+    reason: reasonOf(failed.cleanup, table),
+    message: `commitBatch: ${what}, so nothing of the batch was committed${own} (${detail(failed.cleanup)})`
+  })
+}
+
+/** SQLSTATE 25P02, in_failed_sql_transaction: a statement after a failed one, before the transaction ended. */
+const abortedTransaction = "25P02"
+
+/** A user's error in a message: its tag and message when it has them. */
+const describe = (error: unknown): string => {
+  const tag = Predicate.hasProperty(error, "_tag") && typeof error._tag === "string" ? error._tag : undefined
+  const message = Predicate.hasProperty(error, "message") && typeof error.message === "string" ? error.message : undefined
+  if (tag !== undefined || message !== undefined) return [tag, message].filter((part) => part !== undefined && part !== "").join(": ")
+  return String(error)
+}
 
 /** Why the store failed, as core names it. */
 export type Reason = IdempotencyError["reason"]
@@ -30,6 +140,11 @@ export type Reason = IdempotencyError["reason"]
  * store, after PostgreSQL's "PostgreSQL Error Codes" appendix. A code's entry wins over its class's;
  * a code matching neither is `Unavailable`. Retrying must only be able to help where it says so:
  * a data error retried as an outage would go round to exhaustion instead of dead-lettering at once.
+ * So every class whose errors the same statement on the same data meets again (data, program and
+ * routine errors, a limit of the program) is `InvalidData`, and one that only a change of the
+ * statement, the schema or the server's setup fixes is `Misconfigured`. Left to the default are
+ * the states of the connection, the transaction and the server (25: aborted by an earlier error,
+ * or read-only on a standby until a failover ends; 28: authentication; 55; XX) and the unknown.
  */
 export const sqlStateReasons: ReadonlyArray<readonly [classOrCode: string, reason: Reason]> = [
   ["08", "Unavailable"], // connection exception
@@ -39,10 +154,23 @@ export const sqlStateReasons: ReadonlyArray<readonly [classOrCode: string, reaso
   ["40", "Conflict"], // transaction rollback (serialization failure, deadlock)
   ["55P03", "Conflict"], // lock not available (lock_timeout)
   ["57014", "Conflict"], // query canceled (statement_timeout)
-  ["42", "Misconfigured"], // syntax error or access rule violation (undefined table or column, no privilege)
+  ["0A", "Misconfigured"], // feature not supported (by the statement as written)
+  ["3D", "Misconfigured"], // invalid catalog name (no such database)
   ["3F", "Misconfigured"], // invalid schema name
+  ["42", "Misconfigured"], // syntax error or access rule violation (undefined table or column, no privilege)
+  ["F0", "Misconfigured"], // configuration file error
+  ["09", "InvalidData"], // triggered action exception
+  ["20", "InvalidData"], // case not found (a PL/pgSQL CASE without ELSE)
+  ["21", "InvalidData"], // cardinality violation (a scalar subquery of many rows)
   ["22", "InvalidData"], // data exception (invalid byte sequence, bad text representation, too long)
-  ["23", "InvalidData"] // integrity constraint violation (a unique violation on the dedup key excepted)
+  ["23", "InvalidData"], // integrity constraint violation (a unique violation on the dedup key excepted)
+  ["27", "InvalidData"], // triggered data change violation
+  ["2F", "InvalidData"], // SQL routine exception (a function ended without RETURN)
+  ["38", "InvalidData"], // external routine exception
+  ["39", "InvalidData"], // external routine invocation exception
+  ["44", "InvalidData"], // WITH CHECK OPTION violation
+  ["54", "InvalidData"], // program limit exceeded (an index row too big, a statement too complex)
+  ["P0", "InvalidData"] // PL/pgSQL error (RAISE EXCEPTION in a trigger or function, ASSERT)
 ]
 
 const bySqlState: ReadonlyMap<string, Reason> = new Map(sqlStateReasons)
@@ -115,6 +243,30 @@ export const classify = (error: SqlError, table: string): IdempotencyError => {
   return new IdempotencyError({ reason, message: messages[reason](detail(error), table) })
 }
 
+/** What a probe found about the dedup table after a `commitStatement` failed: usable, not, or unknown. */
+export type DedupTableState = "usable" | "unusable" | "unknown"
+
+/**
+ * The `IdempotencyError` for a failure of `commitStatement`'s one statement, which holds both the
+ * dedup row's insert and the user's statement: classified as {@link classify}, but a
+ * `Misconfigured` one is worded by what a probe of the dedup table found (`dedupTable`): the
+ * statement's own error when the table is usable, the table's (run the migrations) when it is
+ * not, and either when that is unknown.
+ */
+export const classifyStatement = (error: SqlError, table: string, dedupTable: DedupTableState): IdempotencyError => {
+  const reason = reasonOf(error, table)
+  if (reason !== "Misconfigured" || dedupTable === "unusable") return classify(error, table)
+  const refused = `commitStatement: PostgreSQL refused the statement (${detail(error)})`
+  return new IdempotencyError({
+    reason,
+    message: dedupTable === "usable"
+      ? `${refused}; the idempotency table ${table} is fine, so fix the statement or the objects it names: ` +
+        `the same statement fails the same way on every attempt`
+      : `${refused}; either the statement or the idempotency table ${table} is at fault (if the message names the ` +
+        `table, run the jetworker migrations first)`
+  })
+}
+
 const messages: { readonly [R in Reason]: (detail: string, table: string) => string } = {
   Unavailable: (detail) => `idempotency store failed or unreachable (${detail})`,
   Conflict: (detail) => `idempotency commit conflicted with a concurrent transaction (${detail})`,
@@ -143,4 +295,40 @@ const purgeMessages: { readonly [R in Reason]: (detail: string, table: string) =
   InvalidData: (detail, table) =>
     `the database refused the idempotency purge of ${table} (${detail}); check its olderThan and limit, ` +
     `since the same purge fails the same way every time`
+}
+
+/**
+ * The refusal of `key` when its scope or id is not well-formed UTF-16 (it holds a lone surrogate,
+ * as `"evt-\uD800"`), or `undefined` for a good key: one `isWellFormed` call per part. UTF-8 cannot
+ * encode a lone surrogate, so the driver would send U+FFFD in its place: distinct ids would become
+ * one key (the second commit a false duplicate), and a batch would not find its own key among those
+ * it recorded. `InvalidData`: the same event fails the same way on every attempt.
+ */
+export const malformedKey = (
+  key: { readonly scope: string; readonly id: string },
+  operation: string
+): IdempotencyError | undefined => {
+  if (key.scope.isWellFormed() && key.id.isWellFormed()) return undefined
+  const [part, value] = key.scope.isWellFormed() ? ["id", key.id] as const : ["scope", key.scope] as const
+  return new IdempotencyError({
+    reason: "InvalidData",
+    message: `${operation}: the idempotency key's ${part} ${JSON.stringify(value)} is not well-formed Unicode (a lone surrogate ` +
+      `at index ${loneSurrogate(value)}), which PostgreSQL would store as U+FFFD so that distinct keys collide; ` +
+      `derive keys from well-formed strings`
+  })
+}
+
+/** The index of the first lone surrogate of `text` (which has one). */
+const loneSurrogate = (text: string): number => {
+  for (let i = 0; i < text.length; i++) {
+    const unit = text.charCodeAt(i)
+    if (unit >= 0xd800 && unit <= 0xdbff) {
+      const next = text.charCodeAt(i + 1)
+      if (next >= 0xdc00 && next <= 0xdfff) i++
+      else return i
+    } else if (unit >= 0xdc00 && unit <= 0xdfff) {
+      return i
+    }
+  }
+  return -1
 }
