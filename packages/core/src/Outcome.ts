@@ -63,7 +63,11 @@ export type ReleaseReason =
   | "Interrupted"
   /** The lease could not be kept; another consumer may own the message now. */
   | "LeaseLost"
-  /** The dead-letter publish failed, so the message was not terminated. */
+  /**
+   * The dead-letter publish failed, so the message was not terminated: naked for a redelivery that
+   * writes it again, with the retry policy's delay but at least 5 seconds, so that an outage of the
+   * dead-letter stream (a failover) does not use up the message's deliveries in seconds.
+   */
   | "DeadLetterFailed"
 
 /** Every variant of {@link Outcome}, each with what an operator needs. */

@@ -4,7 +4,10 @@
  * equal to the event id for events) before the first attempt; on a timeout, a missing responder
  * or a broken connection the same message is sent again with the same id, so the stream's
  * duplicate window turns a publish that was in fact stored into `duplicate: true`. Retries follow
- * a jittered, capped, finite `Schedule`. Each publish is a `send <subject>` span (kind producer)
+ * a jittered, capped, finite `Schedule`; a refusal answered at once, as while a stream elects its
+ * leader (no responders, "temporarily unavailable"), is retried beyond `attempts` while the next
+ * attempt still ends within the {@link republishHorizon}, so the defaults ride out an election of
+ * 10 s and more. Each publish is a `send <subject>` span (kind producer)
  * whose W3C `traceparent` goes in the message's headers, so the consumer's span continues it.
  * Publishes in flight on a connection are bounded (`NatsConnection`'s `maxPublishesInFlight`).
  *
@@ -48,7 +51,11 @@ export interface PublishOptions {
   readonly stream?: string | undefined
   /** Extra headers. */
   readonly headers?: ReadonlyArray<readonly [string, string]> | undefined
-  /** Attempts in all, an integer from 1 to 100. Default: 5. */
+  /**
+   * Attempts for any retryable error, an integer from 1 to 100. Default: 5. A publish refused at
+   * once as in a leader election (`NoResponders`, `Unavailable`) is sent more times, while the next
+   * attempt still ends within the {@link republishHorizon}.
+   */
   readonly attempts?: number | undefined
   /**
    * Bound on each attempt as a whole (the look-up of the stream included, when it is asked), from
@@ -69,7 +76,11 @@ const optionError = (operation: string, message: string) =>
 
 /** The retry options of a publish, as {@link publish}, {@link republishHorizon} and {@link checkHorizon} take them. */
 export interface RetryOptions {
-  /** Attempts in all, an integer from 1 to 100. Default: 5. */
+  /**
+   * Attempts for any retryable error, an integer from 1 to 100. Default: 5. A publish refused at
+   * once as in a leader election (`NoResponders`, `Unavailable`) is sent more times, while the next
+   * attempt still ends within the {@link republishHorizon}.
+   */
   readonly attempts?: number | undefined
   /** Bound on each attempt as a whole, from 1 ms to {@link maxTimeoutMillis}. Default: the connection's API timeout. */
   readonly timeout?: Duration.Input | undefined
@@ -123,18 +134,45 @@ export const checkPubAck = (operation: string, stream: string, ack: PubAck): Eff
 const retryBaseMillis = 100
 const retryCapMillis = 2_000
 
-const retrySchedule = (attempts: number) =>
+/**
+ * A refusal answered at once that a leader election gives: nobody answering for the stream (it has
+ * no leader yet) or "not now" (`Unavailable`, such as 10008). An election takes seconds (2 to 8
+ * after a SIGKILL on a 3-node cluster), longer than the counted attempts' delays (about 1.4 s).
+ */
+const isElectionRefusal = (error: NatsError.NatsError) => error.reason === "NoResponders" || error.reason === "Unavailable"
+
+/**
+ * Retries after the first attempt: `attempts - 1` of them for any retryable error, then, for a
+ * refusal a leader election gives ({@link isElectionRefusal}), more while the next attempt, run to
+ * its `timeoutMillis` after its delay, still ends by `deadline` (the first attempt's start plus
+ * the {@link republishHorizon}): the time the counted attempts did not use rides out an election,
+ * and the horizon stays an upper bound.
+ */
+const retrySchedule = (attempts: number, timeoutMillis: number, deadline: number) =>
   Schedule.exponential(Duration.millis(retryBaseMillis), 2).pipe(
     Schedule.jittered,
     Schedule.modifyDelay(({ duration }) => Effect.succeed(Duration.min(duration, Duration.millis(retryCapMillis)))),
-    Schedule.upTo({ times: Math.max(0, attempts - 1) })
+    Schedule.setInputType<NatsError.NatsError>(),
+    Schedule.while(({ attempt, duration, input, now }) =>
+      attempt < attempts || (isElectionRefusal(input) && now + Duration.toMillis(duration) + timeoutMillis <= deadline)
+    )
   )
+
+/** Every attempt running to its timeout, plus the longest delays between the counted ones (jitter included). */
+const horizonMillis = (attempts: number, timeoutMillis: number): number => {
+  let delays = 0
+  // `Schedule.jittered` scales a delay by up to 1.2; the cap applies after it.
+  for (let retry = 0; retry < attempts - 1; retry++) delays += Math.min(retryCapMillis, retryBaseMillis * 2 ** retry * 1.2)
+  return attempts * timeoutMillis + delays
+}
 
 /**
  * How long after its first attempt a publish may still be sent again: every attempt (the look-up
  * of the stream included) running to its timeout (`apiTimeoutMillis` when `options` gives none),
  * plus the longest delays between them (jitter included). A stream's duplicate window shorter than
- * this may store a late retry twice.
+ * this may store a late retry twice. A publish refused at once as in a leader election (no
+ * responders, `Unavailable`) is sent more than `attempts` times, but only while the next attempt,
+ * run to its timeout, still ends within this horizon (with the defaults, for about 20 s).
  *
  * Options that {@link publish} would refuse (an `attempts` that is not an integer from 1 to 100, a
  * `timeout` that is not a duration from 1 ms to {@link maxTimeoutMillis}: a string that does not
@@ -146,13 +184,10 @@ export const republishHorizon = (
   options: RetryOptions = {},
   apiTimeoutMillis = 5_000
 ): Result.Result<Duration.Duration, NatsError.NatsError> =>
-  Result.map(optionsResult("republish horizon", options), ({ attempts, timeoutMillis }) => {
-    const timeout = timeoutMillis ?? apiTimeoutMillis
-    let delays = 0
-    // `Schedule.jittered` scales a delay by up to 1.2; the cap applies after it.
-    for (let retry = 0; retry < attempts - 1; retry++) delays += Math.min(retryCapMillis, retryBaseMillis * 2 ** retry * 1.2)
-    return Duration.millis(attempts * timeout + delays)
-  })
+  Result.map(
+    optionsResult("republish horizon", options),
+    ({ attempts, timeoutMillis }) => Duration.millis(horizonMillis(attempts, timeoutMillis ?? apiTimeoutMillis))
+  )
 
 /** A stream's duplicate window against a publisher's republish horizon. */
 export interface HorizonCheck {
@@ -341,8 +376,13 @@ export const publish = (
       )
     })
     const connection = yield* NatsConnection
-    return yield* once.pipe(
-      Effect.retry({ schedule: retrySchedule(attempts), while: (error) => error.isRetryable }),
+    // Timed from the first attempt, once a permit is held: what the horizon is counted from.
+    const attempting = Effect.flatMap(Clock.currentTimeMillis, (started) =>
+      once.pipe(Effect.retry({
+        schedule: retrySchedule(attempts, timeout, started + horizonMillis(attempts, timeout)),
+        while: (error) => error.isRetryable
+      })))
+    return yield* attempting.pipe(
       Semaphore.withPermits(publishPermits, 1),
       // A stream found for the subject may have been replaced since: ask again next time.
       Effect.tapError(() => Effect.sync(() => options.stream === undefined && streamsBySubject.get(connection)?.delete(subject)))

@@ -3,7 +3,7 @@
  * outcome once the broker has answered, handed to the record stage; a batch's elements settled
  * together (`settleAll`, the acks through the intake's `ackAll`); a dead letter that was not stored.
  */
-import { Cause, DateTime, Effect, Option } from "effect"
+import { Cause, DateTime, Duration, Effect, Option } from "effect"
 import type { Tagged } from "../../Classification.ts"
 import type { Delivery } from "../../Delivery.ts"
 import * as ErrorSummary from "../../ErrorSummary.ts"
@@ -31,6 +31,15 @@ const withholdAck = (verdict: Verdict): Verdict =>
     })
 
 const finish = Outcome.settled
+
+/**
+ * The least delay of the nak after a dead letter that was not written. The retry policy's delay
+ * alone (50 ms at a short base) would spend the message's remaining deliveries in the seconds an
+ * outage of the dead-letter stream lasts (a failover: about 8 s), up to MaxDeliver, where it is
+ * stranded; 5 s (the JetStream source's default settle timeout, the bound of one dead-letter
+ * write) makes such an outage cost two or three deliveries.
+ */
+const deadLetterRetryFloor = Duration.seconds(5)
 
 const EPOCH = DateTime.makeUnsafe(0)
 
@@ -244,8 +253,10 @@ export const makeSettle = <A, E extends Tagged, R>(shared: Shared<A, E, R>, { re
         )
         return finish(verdict, false, now() - receivedAt)
       }
-      // Not terminated, so not lost: ask for a later redelivery, which dead-letters it again.
-      const retryIn = yield* Retry.delayAfter(definition.retry, delivery.deliveryCount)
+      // Not terminated, so not lost: ask for a later redelivery, which dead-letters it again; not
+      // sooner than the floor, so that an outage of the dead-letter stream does not use up the
+      // deliveries left.
+      const retryIn = Duration.max(yield* Retry.delayAfter(definition.retry, delivery.deliveryCount), deadLetterRetryFloor)
       const naked = (yield* execute(delivery, Outcome.Command.Nak({ delay: retryIn }))) === "confirmed"
       return finish(
         Outcome.verdict("Released", {
