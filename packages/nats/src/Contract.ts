@@ -342,6 +342,22 @@ export const streamFindings = (
   return findings
 }
 
+/**
+ * The contract's stream as a whole declaration: a setting it leaves out (storage, replicas, max
+ * age, duplicate window) stands for its default, as {@link check} compares it. (`Topology` alone
+ * leaves a setting its declaration omits as it is, so that a worker never undoes an operator's.)
+ */
+const inFull = (stream: Topology.StreamOptions): Topology.StreamOptions => {
+  const wanted = Topology.streamConfig(stream)
+  return {
+    ...stream,
+    storage: stream.storage ?? "file",
+    replicas: stream.replicas ?? 1,
+    maxAge: stream.maxAge ?? 0,
+    duplicateWindow: stream.duplicateWindow ?? Duration.nanos(BigInt(wanted.duplicate_window ?? 0))
+  }
+}
+
 /** A declared value the server would not keep, as an error finding of `target`. */
 const problemFinding = (target: string, problem: Topology.Problem): Finding => ({
   severity: "error",
@@ -495,7 +511,7 @@ export const plan = (contract: Contract): Effect.Effect<ReadonlyArray<Topology.C
       Effect.catchIf((error) => error.reason === "StreamNotFound", () => Effect.succeed(undefined))
     )
     const changes: Array<Topology.Change> = [
-      ...Topology.streamChanges(contract.stream, stream?.config),
+      ...Topology.streamChanges(inFull(contract.stream), stream?.config),
       ...contract.consumers.flatMap((consumer) => Topology.unsupported({ ...consumer, stream: name }, connection.info?.version))
     ]
     for (const consumer of contract.consumers) {
@@ -559,7 +575,7 @@ export const apply = (
       })
     }
     if (changes.length === 0) return changes
-    yield* Topology.ensureStream(contract.stream)
+    yield* Topology.ensureStream(inFull(contract.stream))
     for (const consumer of contract.consumers) yield* Topology.ensureConsumer({ ...consumer, stream: name })
     return changes
   })

@@ -13,7 +13,15 @@
  *
  * @since 0.1.0
  */
-import { AckPolicy, type ConsumerMessages, DeliverPolicy, type JsMsg, type PubAck, type StoredMsg } from "@nats-io/jetstream"
+import {
+  AckPolicy,
+  type ConsumerMessages,
+  DeliverPolicy,
+  type JsMsg,
+  type PubAck,
+  type StoredMsg,
+  type StreamState
+} from "@nats-io/jetstream"
 import { headers as makeHeaders, type MsgHdrs, nanos } from "@nats-io/transport-node"
 import { createHash } from "node:crypto"
 import type { Outcome } from "@jetworker/core"
@@ -58,6 +66,12 @@ export interface Options {
   readonly maxAge?: Duration.Input | undefined
   /** Size limit; when full, new dead letters are refused (and their messages stay in the source). Default: 1 GiB. */
   readonly maxBytes?: number | undefined
+  /**
+   * Replicas of the dead-letter stream in a cluster. Default: as many as the source stream has
+   * (a dead letter should survive what its message survived), or the live dead-letter stream's
+   * own when it has more: a worker never lowers an operator's replicas unless this says so.
+   */
+  readonly replicas?: number | undefined
 }
 
 /** The resolved dead-letter destination of one source. */
@@ -83,7 +97,9 @@ export const destination = (sourceStream: string, consumer: string, options: Opt
  * Makes sure the dead-letter stream captures `<prefix>.<source stream>.>`: creates it when missing,
  * otherwise adds that subject when no live subject captures it and brings its limits to `options`.
  * It never removes a subject, since one dead-letter stream may be shared by several sources (the
- * same `stream` option) or given extra subjects by an operator. With `create: false` it only
+ * same `stream` option) or given extra subjects by an operator. Its replicas are `replicas`, or
+ * by default the source stream's (never fewer than the live stream has); a change to a live
+ * stream is logged at WARN, naming the stream and each setting. With `create: false` it only
  * checks that the stream exists.
  */
 export const ensure = (
@@ -100,13 +116,17 @@ export const ensure = (
       })
       return
     }
+    // Single-replica dead-letter streams of an R3 source lost the dead letters (and MaxDeliver
+    // notices) published while their one node was down.
+    const replicas = options.replicas ?? (yield* Topology.inheritedReplicas(destination.sourceStream, destination.stream))
     yield* Topology.ensureStream({
       name: destination.stream,
       subjects: [`${prefix}.>`],
       subjectsMode: "add",
       maxAge: options.maxAge ?? "30 days",
       maxBytes: options.maxBytes ?? 1024 * 1024 * 1024,
-      discard: "new"
+      discard: "new",
+      replicas
       // No duplicate window: Topology's default, 2 minutes, or the max age when that is shorter
       // (the server refuses a window longer than the max age).
     })
@@ -310,6 +330,9 @@ const collect = async (
   }
 }
 
+/** How often {@link list} creates its consumer before it gives up on a replica that is behind. */
+const listAttempts = 5
+
 /**
  * Lists up to `limit` (default 100, at most 1000) dead-letter messages, oldest first, with
  * sequences from `from` (default: the stream's first) up to the stream's last sequence when the
@@ -320,22 +343,68 @@ const collect = async (
  * most `limit` messages, and deleting the consumer. An empty range costs the info request only.
  * Each request is bounded by the connection's API timeout, and so is the pull (plus one more API
  * timeout as a last resort); if the delete is lost, the consumer removes itself once inactive.
+ *
+ * In a cluster the consumer (one replica, in memory) may land on a replica that is still catching
+ * up after a restart, and would see only what that replica holds. So when it has fewer messages
+ * pending than the stream's leader says exist from `from` on, it is deleted and the listing
+ * starts again (a few times, over about 3 seconds); then the call fails with reason `Unavailable`
+ * (retryable: a replica is catching up) rather than return a short list, which a caller paging
+ * through the stream would take for its end.
  */
 export const list = (
   stream: string,
   options: { readonly from?: number | undefined; readonly limit?: number | undefined } = {}
 ): Effect.Effect<ReadonlyArray<DeadLetterMessage>, NatsError.NatsError, NatsConnection> =>
   Effect.gen(function*() {
-    const { manager, jetstream, apiTimeoutMillis } = yield* NatsConnection
+    const { manager } = yield* NatsConnection
     const operation = `list ${stream}`
     // Whole numbers for the server (a fractional limit or `from` keeps its old meaning).
     const limit = Math.max(0, Math.min(Math.ceil(options.limit ?? 100), listCap))
-    const info = yield* Effect.tryPromise({
-      try: () => manager.streams.info(stream),
-      catch: (error) => NatsError.fromUnknown(operation, error)
-    })
-    const { first_seq: firstSeq, last_seq: lastSeq, messages } = info.state
-    const start = Math.max(Math.ceil(options.from ?? firstSeq), firstSeq)
+    for (let attempt = 1;; attempt++) {
+      const info = yield* Effect.tryPromise({
+        try: () => manager.streams.info(stream),
+        catch: (error) => NatsError.fromUnknown(operation, error)
+      })
+      const listed = yield* listOnce(stream, operation, info.state, options.from, limit)
+      if (listed !== undefined) return listed
+      if (attempt >= listAttempts) {
+        return yield* new NatsError.NatsError({
+          reason: "Unavailable",
+          operation,
+          message: `a replica of ${stream} is catching up: the listing consumer saw fewer messages than the stream's ` +
+            `leader holds, ${listAttempts} times; try again shortly`
+        })
+      }
+      // The next consumer may land on another replica, or this one may have caught up by then.
+      yield* Effect.sleep(Duration.millis(100 * 2 ** attempt))
+    }
+  })
+
+/**
+ * How many messages a stream with `state` surely holds from sequence `start` on: exactly its
+ * count from its first sequence; otherwise the range less every deleted sequence (they may all
+ * lie in it), or the count less every sequence before `start`, whichever is more.
+ */
+const surelyFrom = (state: StreamState, start: number): number =>
+  start <= state.first_seq
+    ? state.messages
+    : Math.max(0, state.last_seq - start + 1 - (state.num_deleted ?? 0), state.messages - (start - state.first_seq))
+
+/**
+ * One listing with the stream's `state` as its leader gave it; `undefined` when the consumer has
+ * fewer messages pending than that state surely holds from `start` on (its replica is behind).
+ */
+const listOnce = (
+  stream: string,
+  operation: string,
+  state: StreamState,
+  from: number | undefined,
+  limit: number
+): Effect.Effect<ReadonlyArray<DeadLetterMessage> | undefined, NatsError.NatsError, NatsConnection> =>
+  Effect.gen(function*() {
+    const { manager, jetstream, apiTimeoutMillis } = yield* NatsConnection
+    const { first_seq: firstSeq, last_seq: lastSeq, messages } = state
+    const start = Math.max(Math.ceil(from ?? firstSeq), firstSeq)
     // Negated comparisons so that a `limit` or `from` that is not a number lists nothing, as before.
     if (!(limit > 0) || messages === 0 || !(start <= lastSeq)) return []
     // nats.js refuses a pull that expires in under a second.
@@ -359,6 +428,9 @@ export const list = (
         }),
         (created) => Effect.promise(() => manager.consumers.delete(stream, created.name).catch(() => false))
       )
+      // Fewer than the leader holds: this replica is behind. (A deletion since the info looks the
+      // same; the next attempt reads the info again.)
+      if (consumer.num_pending < surelyFrom(state, start)) return undefined
       // What the stream holds from `start` (at creation); more would only wait for the pull to expire.
       const batch = Math.min(limit, consumer.num_pending)
       if (batch === 0) return []

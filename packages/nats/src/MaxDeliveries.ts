@@ -12,7 +12,7 @@
  *
  * A captured advisory is removed once its dead letter is stored; one that cannot be stored yet
  * (a full dead-letter stream) stays and is tried again. The capture stream keeps advisories for
- * 7 days.
+ * 7 days, with as many replicas as the source stream (or more, when an operator gave it more).
  *
  * @since 0.3.0
  */
@@ -31,13 +31,27 @@ export const advisorySubject = (stream: string, consumer: string): string =>
 /** The stream that captures them: `<stream>_<consumer>_MAX_DELIVERIES`. */
 export const captureStream = (stream: string, consumer: string): string => `${stream}_${consumer}_MAX_DELIVERIES`
 
-/** Creates (or keeps) the capture stream of `consumer` on `stream`. */
-export const ensure = (stream: string, consumer: string): Effect.Effect<void, NatsError.NatsError, NatsConnection> =>
-  Effect.asVoid(Topology.ensureStream({
-    name: captureStream(stream, consumer),
-    subjects: [advisorySubject(stream, consumer)],
-    maxAge: "7 days"
-  }))
+/** How the capture stream is kept. */
+export interface CaptureOptions {
+  /**
+   * Replicas of the capture stream in a cluster. Default: as many as the source stream has (an
+   * advisory published while a single replica's node is down is lost, and its message stranded),
+   * or the live capture stream's own when it has more.
+   */
+  readonly replicas?: number | undefined
+}
+
+/** Creates (or keeps) the capture stream of `consumer` on `stream`, replicated like `stream`. */
+export const ensure = (
+  stream: string,
+  consumer: string,
+  options: CaptureOptions = {}
+): Effect.Effect<void, NatsError.NatsError, NatsConnection> =>
+  Effect.gen(function*() {
+    const name = captureStream(stream, consumer)
+    const replicas = options.replicas ?? (yield* Topology.inheritedReplicas(stream, name))
+    yield* Topology.ensureStream({ name, subjects: [advisorySubject(stream, consumer)], maxAge: "7 days", replicas })
+  })
 
 /** A message stored in the dead-letter stream from a captured advisory. */
 export interface Recovered {

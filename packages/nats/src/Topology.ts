@@ -26,7 +26,10 @@ import { Duration, Effect } from "effect"
 import { NatsConnection } from "./NatsConnection.ts"
 import * as NatsError from "./NatsError.ts"
 
-/** A stream declaration. */
+/**
+ * A stream declaration. The defaults below are what a new stream gets; on an existing stream a
+ * setting left out keeps its live value (see {@link streamChanges}).
+ */
 export interface StreamOptions {
   /** Stream name: letters, digits, `_` and `-`. */
   readonly name: string
@@ -56,7 +59,7 @@ export interface StreamOptions {
   readonly maxMessages?: number | undefined
   /** What happens at a limit: drop the oldest, or refuse new messages. Default: `"old"`. */
   readonly discard?: "old" | "new" | undefined
-  /** Replicas in a cluster. Default: 1. */
+  /** Replicas in a cluster. Default: 1 for a new stream; left out, an existing stream keeps its own. */
   readonly replicas?: number | undefined
 }
 
@@ -290,8 +293,11 @@ const wantedSubjects = (options: StreamOptions, live: ReadonlyArray<string>): Ar
 /**
  * What {@link ensureStream} would do to the live stream (`undefined`: none exists): nothing (an
  * empty list), create it, update the settings listed, or refuse a change of storage. It compares
- * {@link streamConfig}: a declaration with {@link streamProblems} is refused by `ensureStream`
- * whatever this says.
+ * {@link streamConfig}, but only the settings the declaration gives (and its subjects): a stream's
+ * replicas, age, duplicate window, storage or limits that an operator or platform set and the
+ * declaration leaves out stay as they are. One exception: a live duplicate window longer than a
+ * declared max age comes down to the default window (the server refuses the pair). A declaration
+ * with {@link streamProblems} is refused by `ensureStream` whatever this says.
  */
 export const streamChanges = (options: StreamOptions, live: StreamConfig | undefined): ReadonlyArray<Change> => {
   const target = `stream ${options.name}`
@@ -299,7 +305,7 @@ export const streamChanges = (options: StreamOptions, live: StreamConfig | undef
   if (live === undefined) {
     return [{ target, action: "create", setting: "*", live: "-", wanted: wanted.subjects!.join(", "), message: `create ${target}` }]
   }
-  if (live.storage !== wanted.storage) {
+  if (options.storage !== undefined && live.storage !== wanted.storage) {
     return [{
       target,
       action: "refuse",
@@ -315,24 +321,31 @@ export const streamChanges = (options: StreamOptions, live: StreamConfig | undef
     changes.push({ target, action: "update", setting, live: liveText, wanted: wantedText, message: `set ${setting} of ${target} to ${wantedText} (now ${liveText})` })
   const subjects = wantedSubjects(options, live.subjects)
   if (!sameList(live.subjects, subjects)) update("subjects", live.subjects.join(", "), subjects.join(", "))
-  if (live.duplicate_window !== wanted.duplicate_window) {
+  // Settings are compared only when declared: a platform's replicas, retention, disk or count cap
+  // on a stream the declaration leaves them out of stays as it is (a worker ensuring its
+  // dead-letter stream shrank an operator's 3 replicas to 1).
+  const windowTooLong = options.maxAge !== undefined && wanted.max_age! > 0 && live.duplicate_window > wanted.max_age!
+  if ((options.duplicateWindow !== undefined || windowTooLong) && live.duplicate_window !== wanted.duplicate_window) {
     update("duplicate_window", formatNanos(live.duplicate_window), formatNanos(wanted.duplicate_window))
   }
-  if (live.max_age !== wanted.max_age) update("max_age", formatNanos(live.max_age), formatNanos(wanted.max_age))
-  // Limits are compared only when declared: a platform's disk or count cap on a stream the
-  // declaration leaves them out of stays as it is.
+  if (options.maxAge !== undefined && live.max_age !== wanted.max_age) update("max_age", formatNanos(live.max_age), formatNanos(wanted.max_age))
   if (options.maxBytes !== undefined && live.max_bytes !== wanted.max_bytes) update("max_bytes", `${live.max_bytes}`, `${wanted.max_bytes}`)
   if (options.maxMessages !== undefined && live.max_msgs !== wanted.max_msgs) update("max_msgs", `${live.max_msgs}`, `${wanted.max_msgs}`)
   if (options.discard !== undefined && live.discard !== wanted.discard) update("discard", `${live.discard}`, `${wanted.discard}`)
-  if (live.num_replicas !== wanted.num_replicas) update("num_replicas", `${live.num_replicas}`, `${wanted.num_replicas}`)
+  if (options.replicas !== undefined && live.num_replicas !== wanted.num_replicas) {
+    update("num_replicas", `${live.num_replicas}`, `${wanted.num_replicas}`)
+  }
   return changes
 }
 
 /**
  * Creates the stream, or updates its mutable settings to the declaration (its subjects as
- * `subjectsMode` says; settings the declaration does not cover are left as they are). Returns the
- * live info. What the server would not keep ({@link streamProblems}) or would refuse (a declared
- * duplicate window longer than the max age) is refused before anything is sent.
+ * `subjectsMode` says; settings the declaration does not cover are left as they are, see
+ * {@link streamChanges}). Returns the live info. What the server would not keep
+ * ({@link streamProblems}) or would refuse (a declared duplicate window longer than the max age)
+ * is refused before anything is sent. Changing a live stream is logged at WARN (`stream <name>
+ * reconfigured: ...`, each setting with its old and new value): an operator must see a worker
+ * change a stream it shares with others.
  */
 export const ensureStream = (options: StreamOptions): Effect.Effect<StreamInfo, NatsError.NatsError, NatsConnection> =>
   Effect.gen(function*() {
@@ -352,16 +365,41 @@ export const ensureStream = (options: StreamOptions): Effect.Effect<StreamInfo, 
     const refused = changes.find((change) => change.action === "refuse")
     if (refused !== undefined) return yield* invalid(operation, refused.message)
     if (changes.length === 0) return existing
-    const { name: _name, storage: _storage, max_bytes, max_msgs, discard, ...mutable } = wanted
-    // Undeclared limits keep their live values (nats.js sends the live config with these changes).
-    return yield* call(operation, () =>
+    // Only the settings that change are sent: the others keep their live values (nats.js sends
+    // the live config with these changes).
+    const changed = new Set(changes.map((change) => change.setting))
+    const pick = <K extends keyof StreamConfig>(key: K) => changed.has(key) ? { [key]: wanted[key] } : {}
+    const updated = yield* call(operation, () =>
       manager.streams.update(options.name, {
-        ...mutable,
-        ...(options.maxBytes === undefined ? {} : { max_bytes }),
-        ...(options.maxMessages === undefined ? {} : { max_msgs }),
-        ...(options.discard === undefined ? {} : { discard }),
+        ...pick("duplicate_window"),
+        ...pick("max_age"),
+        ...pick("max_bytes"),
+        ...pick("max_msgs"),
+        ...pick("discard"),
+        ...pick("num_replicas"),
         subjects: wantedSubjects(options, existing.config.subjects)
       }))
+    yield* Effect.logWarning(`stream ${options.name} reconfigured: ${changes.map((change) => change.message).join("; ")}`).pipe(
+      Effect.annotateLogs({ stream: options.name, settings: [...changed].join(",") })
+    )
+    return updated
+  })
+
+/**
+ * The replicas of a stream that serves stream `source` (its dead-letter or MaxDeliver-capture
+ * stream) when none are declared: as many as `source` has, so that it survives what its source
+ * survives, or `target`'s own when it exists with more, so that an operator's replicas are never
+ * lowered. 1 when neither exists (a source not created yet). Costs two stream info requests.
+ */
+export const inheritedReplicas = (source: string, target: string): Effect.Effect<number, NatsError.NatsError, NatsConnection> =>
+  Effect.gen(function*() {
+    const { manager } = yield* NatsConnection
+    const replicasOf = (name: string) =>
+      call(`stream info ${name}`, () => manager.streams.info(name)).pipe(
+        Effect.map((info) => info.config.num_replicas),
+        Effect.catchIf((error) => error.reason === "StreamNotFound", () => Effect.succeed(1))
+      )
+    return Math.max(yield* replicasOf(source), yield* replicasOf(target), 1)
   })
 
 /**
