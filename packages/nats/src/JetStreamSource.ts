@@ -236,6 +236,16 @@ export const make = (options: Options): Source.Source<NatsConnection> => {
       const clock = yield* Clock.Clock
       const receivedNow = () => Number(clock.monotonicTimeNanosUnsafe()) / 1_000_000
       const logWarning = (message: string) => void Effect.runForkWith(services)(Effect.logWarning(message))
+      // The intake's events an operator watches for, as annotated lines (`event`, the consumer's name).
+      const logEvent = (level: "Info" | "Warning", event: string, message: string, fields: Record<string, unknown> = {}) =>
+        void Effect.runForkWith(services)(
+          (level === "Info" ? Effect.logInfo(message) : Effect.logWarning(message)).pipe(
+            Effect.annotateLogs({ event, consumer: durable, stream: options.stream, ...fields })
+          )
+        )
+      // When the silence watchdog wrote the pulls off (the last word heard before it), until the
+      // consumer answers again and the room is pulled (`intake.resumed`).
+      let stalledSince: number | undefined
       // Messages of written-off pulls left to their ack wait for want of room, not yet reported.
       let leftToAckWait = 0
       // Inboxes of pulls written off (after a silence or a reconnect), still subscribed until the
@@ -326,6 +336,11 @@ export const make = (options: Options): Source.Source<NatsConnection> => {
           void dropRetired().then(() => connection.manager.consumers.info(options.stream, durable)).then(
             () => {
               pausing = false
+              if (stalledSince !== undefined) {
+                const stalledMs = Math.round(performance.now() - stalledSince)
+                stalledSince = undefined
+                logEvent("Info", "intake.resumed", `${name}: the consumer answers again after ${stalledMs} ms stalled; pulling again`, { stalledMs })
+              }
               pump()
             },
             (error: unknown) => {
@@ -467,6 +482,33 @@ export const make = (options: Options): Source.Source<NatsConnection> => {
         Effect.forkScoped
       )
 
+      // A new consumer leader: nats-server 2.9 drops the waiting pulls when the leadership moves.
+      // It may answer them with a `409 Leadership Change`, or not at all, and then only the silence
+      // watchdog notices (two heartbeats, ~10-15 s); when the dead node led the stream too, a pull
+      // sent meanwhile was measured waiting ~5 s for its messages. The new leader announces itself:
+      // the open pulls are written off (their inbox retired until the server has dropped them, so
+      // `prefetch` still bounds what is handed out) and the room is pulled again once the consumer
+      // answers, as after a reconnect. Without permission to subscribe to the advisory the server
+      // refuses the subscription: then the intake goes on as before (the watchdog notices).
+      const leaderElected = `$JS.EVENT.ADVISORY.CONSUMER.LEADER_ELECTED.${options.stream}.${durable}`
+      const advisories = connection.connection.subscribe(leaderElected, {
+        callback: (error) => {
+          if (closed) return
+          if (error !== null) {
+            logWarning(`${name}: cannot subscribe to ${leaderElected} (${error.message}); a consumer leader change is noticed only after two missed heartbeats`)
+            return
+          }
+          if (failure !== undefined) return
+          logEvent("Info", "intake.leader_changed", `${name}: the consumer has a new leader; ${requested} messages pulled before are written off and pulled again`, {
+            pulled: requested
+          })
+          if (requested > 0 || waiting.length > 0) writeOff()
+          // A pause already running pulls when it ends; otherwise the next one starts short.
+          if (!pausing) pauseMillis = 0
+          pause()
+        }
+      })
+
       // Two heartbeats without a word while pulls are open: the server lost them (a restart, a
       // lost connection) or never had them: a pull to a consumer deleted while no pull of ours was
       // open (the server answers an open pull's deletion with a 409) gets no answer at all. The
@@ -480,10 +522,15 @@ export const make = (options: Options): Source.Source<NatsConnection> => {
         lastTick = now
         if (late > heartbeatMillis / 2) lastHeard = now
         else if (requested > 0 && !pausing && now - lastHeard > silenceMillis) {
-          logWarning(
-            `${name}: no word from the server for ${Math.round(now - lastHeard)} ms with ${requested} messages pulled; ` +
-              "the pulls are written off and the consumer checked before pulling again"
+          const silenceMs = Math.round(now - lastHeard)
+          logEvent(
+            "Warning",
+            "intake.stalled",
+            `${name}: no word from the server for ${silenceMs} ms with ${requested} messages pulled; ` +
+              "the pulls are written off and the consumer checked before pulling again",
+            { silenceMs, pulled: requested }
           )
+          stalledSince ??= lastHeard
           writeOff()
           pause()
         }
@@ -526,7 +573,7 @@ export const make = (options: Options): Source.Source<NatsConnection> => {
           // A round trip first: what the server already sent lands in the buffer (and is naked
           // below) instead of being dropped with the inbox and waiting out its ack wait.
           yield* bounded(() => connection.connection.flush())
-          for (const open of [subscription, ...retired.splice(0)]) if (!open.isClosed()) open.unsubscribe()
+          for (const open of [advisories, subscription, ...retired.splice(0)]) if (!open.isClosed()) open.unsubscribe()
           // The server keeps an open pull's request waiting until it expires, and NATS 2.9 would
           // hand the next nak (below, or of a handler cut by the drain) to that dead inbox: the
           // message then waits out its ack wait, or is handed out twice. A round trip for the
