@@ -1,0 +1,130 @@
+/**
+ * How resources and dependencies take part in the lifecycle: `resource` closes a resource's layer
+ * as a shutdown stage and, with a check, makes it a readiness component; `waitFor` waits for a
+ * dependency at start-up. `Lifecycle` re-exports the public names and documents them.
+ */
+import { Data, Duration, Effect, Layer, Schedule, Scope } from "effect"
+import * as DurationInput from "../DurationInput.ts"
+import * as ErrorSummary from "../ErrorSummary.ts"
+import { Lifecycle } from "./lifecycleService.ts"
+
+/**
+ * A {@link resource}'s `checkInterval` that is not a positive, finite duration; the message names
+ * the resource and the value given.
+ */
+export class InvalidCheckInterval extends Data.TaggedError("InvalidCheckInterval")<{ readonly message: string }> {}
+
+/**
+ * Wraps a resource's Layer so that the worker's shutdown closes it as one `close` stage named
+ * `name`, bounded by the close share (abandoned past it). With `check`, readiness reflects it too:
+ * a dependency component, up once built, probed every `checkInterval` (default 5 seconds; each
+ * probe bounded by the same) and down while the check fails, dies or is interrupted; each change
+ * is logged once (`dependency.down`, a warning with the reason, and `dependency.up`). Probing goes
+ * on until the resource is closed, whatever a check did.
+ *
+ * A `checkInterval` that is not a positive, finite duration (a string that does not parse, a NaN,
+ * zero or less, infinite) fails the layer with {@link InvalidCheckInterval} before `layer` is
+ * built, under a worker or not.
+ */
+export const resource = <ROut, E, RIn, X = unknown, CE = unknown>(
+  name: string,
+  layer: Layer.Layer<ROut, E, RIn>,
+  options: {
+    readonly check?: Effect.Effect<X, CE, ROut> | undefined
+    readonly checkInterval?: Duration.Input | undefined
+  } = {}
+): Layer.Layer<ROut, E | InvalidCheckInterval, RIn> =>
+  Layer.effectContext(
+    Effect.gen(function*() {
+      // Checked first and whether or not the lifecycle is managed, so that a bad value fails in
+      // tests too, not only under a worker; 0 would probe in a hot loop. `DurationInput.parse`: a
+      // NaN (a `Number(...)` of a bad variable) is refused, not read as 0.
+      const interval = DurationInput.parse(options.checkInterval ?? "5 seconds")
+      if (interval === undefined || !(Duration.toMillis(interval) > 0) || !Duration.isFinite(interval)) {
+        return yield* new InvalidCheckInterval({
+          message: `Lifecycle.resource(${name}): checkInterval must be a positive, finite duration such as "5 seconds", ` +
+            `got ${DurationInput.show(options.checkInterval)}`
+        })
+      }
+      const lifecycle = yield* Lifecycle
+      const inner = yield* Scope.make()
+      yield* Effect.addFinalizer((exit) => lifecycle.stage("close", name, "close", Scope.close(inner, exit)))
+      const context = yield* Layer.buildWithScope(layer, inner)
+      if (options.check !== undefined && lifecycle.managed) {
+        const component = yield* lifecycle.component(name, "dependency")
+        yield* component.up
+        // Each change is logged once (readiness alone would tell only who asks): a warning when
+        // the check starts failing, with why, and a line when it passes again.
+        let up = true
+        const probe = options.check.pipe(
+          Effect.timeout(interval),
+          Effect.provideContext(context),
+          // On the cause, not only the typed error: a check that throws or whose promise rejects
+          // (a defect) is the dependency down too, and must not end the loop, which would leave
+          // readiness up for the rest of the process.
+          Effect.matchCauseEffect({
+            onSuccess: () => {
+              if (up) return component.up
+              up = true
+              return Effect.andThen(
+                component.up,
+                Effect.logInfo(`dependency ${name} is back`).pipe(Effect.annotateLogs({ event: "dependency.up", dependency: name }))
+              )
+            },
+            onFailure: (cause) => {
+              const reason = ErrorSummary.fromCause(cause).message
+              if (!up) return component.down(reason)
+              up = false
+              return Effect.andThen(
+                component.down(reason),
+                Effect.logWarning(`dependency ${name} is down: ${reason}; readiness is down until its check passes`).pipe(
+                  Effect.annotateLogs({ event: "dependency.down", dependency: name, reason })
+                )
+              )
+            }
+          })
+        )
+        yield* Effect.forkScoped(Effect.forever(Effect.andThen(Effect.sleep(interval), probe)))
+      }
+      return context
+    })
+  )
+
+/** Options of {@link waitFor}. */
+export interface WaitForOptions<E> {
+  /** Whether a failure may pass with time (e.g. connection refused). Default: every failure. */
+  readonly while?: ((error: E) => boolean) | undefined
+}
+
+/**
+ * Runs `effect`, the first contact with dependency `name`; under a worker that is still starting,
+ * retries it (jittered backoff from 200 ms to 2 s) while the failure may pass and the start-up
+ * deadline allows, logging one `startup.waiting` line per failed try. Unmanaged, it runs once.
+ */
+export const waitFor = <A, E, R>(
+  name: string,
+  effect: Effect.Effect<A, E, R>,
+  options: WaitForOptions<E> = {}
+): Effect.Effect<A, E, R> =>
+  Lifecycle.use((lifecycle) => {
+    const deadline = lifecycle.startupDeadline()
+    if (deadline === undefined) return effect
+    const retryable = options.while ?? (() => true)
+    let attempt = 0
+    const schedule = Schedule.exponential("200 millis").pipe(
+      Schedule.jittered,
+      Schedule.modifyDelay(({ duration }) => Effect.succeed(Duration.min(duration, Duration.seconds(2)))),
+      Schedule.setInputType<E>(),
+      Schedule.while(({ input, now, duration }) => retryable(input) && now + Duration.toMillis(duration) < deadline)
+    )
+    return effect.pipe(
+      Effect.tapError((error) => {
+        attempt++
+        const summary = ErrorSummary.fromError(error)
+        return Effect.logWarning("startup.waiting").pipe(
+          Effect.annotateLogs({ dependency: name, attempt, error: ErrorSummary.describe(summary) })
+        )
+      }),
+      Effect.retry(schedule)
+    )
+  })

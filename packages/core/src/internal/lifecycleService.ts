@@ -1,0 +1,71 @@
+/**
+ * The lifecycle service as the engine and the resources see it: its shape, the unmanaged default
+ * and the `Lifecycle` reference. Its own module so that both the managed lifecycle (`Lifecycle`)
+ * and the resource helpers (`lifecycleResources.ts`) build on it without importing each other;
+ * `Lifecycle` re-exports the public names and documents them.
+ */
+import { Context, Effect, Exit, type Scope } from "effect"
+import type { Share } from "./shutdownBudget.ts"
+
+/** A step of the shutdown procedure, in the order they run. */
+export type Stage = "readiness" | "intake" | "drain" | "program" | "grace" | "close" | "telemetry"
+
+/** How a stage ended: in time, cut at its share's deadline, or failed. */
+export type StageResult = "completed" | "timeout" | "failed"
+
+/** What kind of part a readiness component is. */
+export type ComponentKind = "consumer" | "dependency"
+
+/** A part of the process whose state readiness reflects; removed when its scope closes. */
+export interface Component {
+  /** The part works (a consumer is reserving, a dependency is reachable). */
+  readonly up: Effect.Effect<void>
+  /** The part does not work now; `reason` is shown on the readiness probe. */
+  readonly down: (reason: string) => Effect.Effect<void>
+}
+
+/** The lifecycle as seen from inside the process. */
+export interface LifecycleShape {
+  /** Whether a worker manages the process (then stages are logged and deadlines apply). */
+  readonly managed: boolean
+  /** Epoch millis at which `share` ends, once shutdown has started; `undefined` otherwise. */
+  readonly deadline: (share: Share) => number | undefined
+  /**
+   * Runs `effect` as one stage of the shutdown: bounded by `share`'s deadline (cut and abandoned
+   * past it) and reported by one `shutdown.stage` line. Before shutdown, or unmanaged, it just
+   * runs `effect`. Never fails.
+   */
+  readonly stage: <E>(stage: Stage, target: string, share: Share, effect: Effect.Effect<void, E>) => Effect.Effect<StageResult>
+  /** Registers a part whose state readiness reflects; it starts down ("starting"). */
+  readonly component: (name: string, kind: ComponentKind) => Effect.Effect<Component, never, Scope.Scope>
+  /**
+   * Epoch millis until which start-up may wait for dependencies; `undefined` means do not wait
+   * (unmanaged, or start-up is over: the process has been ready once, or is stopping).
+   */
+  readonly startupDeadline: () => number | undefined
+  /**
+   * Registers the flush of a buffered telemetry channel (`traces`, `metrics`, `logs`, ...): the
+   * worker runs every registered flush at once as the `telemetry` stage, each bounded by the
+   * telemetry share and reported by its own stage line. A flush that fails or overruns does not
+   * change the shutdown's result. Removed when the scope closes. Unmanaged: does nothing.
+   */
+  readonly telemetry: (channel: string, flush: Effect.Effect<void, unknown>) => Effect.Effect<void, never, Scope.Scope>
+}
+
+const noComponent: Component = { up: Effect.void, down: () => Effect.void }
+
+/** The lifecycle outside a worker: nothing is bounded, logged or waited for here. */
+export const unmanaged: LifecycleShape = {
+  managed: false,
+  deadline: () => undefined,
+  stage: (_stage, _target, _share, effect) =>
+    Effect.exit(effect).pipe(Effect.map((exit): StageResult => (Exit.isSuccess(exit) ? "completed" : "failed"))),
+  component: () => Effect.succeed(noComponent),
+  startupDeadline: () => undefined,
+  telemetry: () => Effect.void
+}
+
+/** The lifecycle in effect; unmanaged unless a worker provides a managed one. */
+export const Lifecycle = Context.Reference<LifecycleShape>("@jetworker/core/Lifecycle", {
+  defaultValue: () => unmanaged
+})
