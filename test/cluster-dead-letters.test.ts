@@ -87,7 +87,7 @@ describe("dead-letter streams on a three-node cluster", () => {
         assert.strictEqual(capture.config.num_replicas, 3, "the capture stream has the source's replicas")
       }), 60_000)
 
-    it.effect("DeadLetter.list on a stream whose follower was SIGKILLed and restarted returns every message, or fails Unavailable: never a short list", () =>
+    it.effect("DeadLetter.list on a stream whose follower was SIGKILLed and restarted returns every message, or fails retryable (Unavailable while a replica catches up): never a short list", () =>
       Effect.gen(function*() {
         const cluster = yield* Cluster
         const { manager, jetstream } = yield* NatsConnection.NatsConnection
@@ -114,7 +114,9 @@ describe("dead-letter streams on a three-node cluster", () => {
           Effect.gen(function*() {
             const listed = yield* DeadLetter.list(stream, { limit: 1000 }).pipe(
               Effect.map((messages) => messages.length),
-              Effect.catchIf((error) => error.reason === "Unavailable", (error) => Effect.succeed(error.message))
+              // A retryable failure is no short list: a replica catching up (Unavailable), or on a
+              // loaded machine a request to the cluster that timed out.
+              Effect.catchIf((error) => error.isRetryable, (error) => Effect.succeed(`${error.reason}: ${error.message}`))
             )
             sizes.push(listed)
             const now = yield* api(() => manager.streams.info(stream))
@@ -128,10 +130,10 @@ describe("dead-letter streams on a three-node cluster", () => {
           `every list is full or fails Unavailable (of ${total}): ${JSON.stringify(sizes)}`
         )
         for (const size of sizes) {
-          if (typeof size === "string") assert.include(size, "catching up")
+          if (typeof size === "string" && size.startsWith("Unavailable")) assert.include(size, "catching up")
         }
         const all = yield* DeadLetter.list(stream, { from: 1001, limit: 1000 }).pipe(
-          Effect.retry({ while: (error: NatsError.NatsError) => error.reason === "Unavailable", times: 5 })
+          Effect.retry({ while: (error: NatsError.NatsError) => error.isRetryable, times: 5 })
         )
         assert.strictEqual(all.length, 1000)
       }), 60_000)

@@ -189,11 +189,13 @@ describe("NATS security", () => {
             script: workerFixture,
             env: { ...env, STARTUP_TIMEOUT: "60 seconds", HEALTH_PORT: "0", HEALTH_HOST: "127.0.0.1" }
           })
-          const exit = yield* child.waitForExit("30 seconds")
+          const exit = yield* child.waitForExit("45 seconds")
           const elapsed = Date.now() - started
           const output = [...(yield* child.lines), ...(yield* child.stderr)].join("\n")
           assert.notStrictEqual(exit.code, 0, output)
-          assert.isBelow(elapsed, 15_000, "not retried until the start-up timeout")
+          // Half the start-up timeout: five workers start at once, and a loaded machine (CI) took
+          // 15.7 s once; the attempts themselves are checked below.
+          assert.isBelow(elapsed, 30_000, "not retried until the start-up timeout")
           assert.match(output, /worker\.failed/)
           // Start-up logs each failed try; a failure that will not pass is tried once.
           assert.notMatch(output, /"message":"startup\.waiting"[^\n]*"attempt":2/, "not retried")
