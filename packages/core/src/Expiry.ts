@@ -20,8 +20,8 @@
  *
  * @since 0.2.0
  */
-import { Clock, Context, Data, Effect } from "effect"
-import { CurrentBatch, CurrentDelivery, CurrentElement } from "./CurrentDelivery.ts"
+import { Clock, Data, Effect } from "effect"
+import { currentEvents } from "./internal/currentEvents.ts"
 
 /** The event is past its deadline; the engine ends the delivery `Expired`. */
 export class WorkExpired extends Data.TaggedError("WorkExpired")<{
@@ -53,19 +53,10 @@ export class WorkExpired extends Data.TaggedError("WorkExpired")<{
  * ```
  */
 export const ensure: Effect.Effect<void, WorkExpired> = Effect.withFiber((fiber) => {
-  const current = Context.getOrUndefined(fiber.context, CurrentDelivery)
-  if (current !== undefined) {
-    const { eventId, expiresAt } = current
-    if (expiresAt === undefined) return Effect.void
-    return Effect.flatMap(Clock.currentTimeMillis, (now) =>
-      now > expiresAt ? Effect.fail(new WorkExpired({ eventId, deadline: expiresAt, detectedAt: now })) : Effect.void)
-  }
-  // One element's own effect (`IdempotencyStore.commitBatch`) judges that element alone.
-  const element = Context.getOrUndefined(fiber.context, CurrentElement)
-  const batch = element === undefined ? Context.getOrUndefined(fiber.context, CurrentBatch) : { elements: [element] }
-  if (batch === undefined || batch.elements.every((element) => element.expiresAt === undefined)) return Effect.void
+  const events = currentEvents(fiber.context)
+  if (events.every((event) => event.expiresAt === undefined)) return Effect.void
   return Effect.flatMap(Clock.currentTimeMillis, (now) => {
-    const expired = batch.elements.find((element) => element.expiresAt !== undefined && now > element.expiresAt)
+    const expired = events.find((event) => event.expiresAt !== undefined && now > event.expiresAt)
     return expired === undefined
       ? Effect.void
       : Effect.fail(new WorkExpired({ eventId: expired.eventId, deadline: expired.expiresAt!, detectedAt: now }))

@@ -12,8 +12,9 @@
  *
  * @since 0.2.0
  */
-import { Clock, Context, Data, Effect } from "effect"
-import { CurrentBatch, CurrentDelivery, CurrentElement } from "./CurrentDelivery.ts"
+import { Clock, Data, Effect } from "effect"
+import { CurrentDelivery } from "./CurrentDelivery.ts"
+import { currentEvents } from "./internal/currentEvents.ts"
 
 /** The local lease deadline has passed; another consumer may own the message. */
 export class LeaseExpired extends Data.TaggedError("LeaseExpired")<{
@@ -68,22 +69,12 @@ export interface FencingToken {
  * ```
  */
 export const ensure: Effect.Effect<void, LeaseExpired> = Effect.withFiber((fiber) => {
-  const current = Context.getOrUndefined(fiber.context, CurrentDelivery)
-  if (current !== undefined) {
-    const deadline = current.leaseDeadline()
-    if (deadline === undefined) return Effect.void
-    const eventId = current.eventId
-    return Effect.flatMap(Clock.currentTimeMillis, (now) =>
-      now >= deadline ? Effect.fail(new LeaseExpired({ eventId, deadline })) : Effect.void)
-  }
-  // One element's own effect (`IdempotencyStore.commitBatch`) judges that element alone.
-  const element = Context.getOrUndefined(fiber.context, CurrentElement)
-  const batch = element === undefined ? Context.getOrUndefined(fiber.context, CurrentBatch) : { elements: [element] }
-  if (batch === undefined) return Effect.void
+  const events = currentEvents(fiber.context)
+  if (events.length === 0) return Effect.void
   return Effect.flatMap(Clock.currentTimeMillis, (now) => {
-    for (const element of batch.elements) {
-      const deadline = element.leaseDeadline?.()
-      if (deadline !== undefined && now >= deadline) return Effect.fail(new LeaseExpired({ eventId: element.eventId, deadline }))
+    for (const event of events) {
+      const deadline = event.leaseDeadline?.()
+      if (deadline !== undefined && now >= deadline) return Effect.fail(new LeaseExpired({ eventId: event.eventId, deadline }))
     }
     return Effect.void
   })

@@ -336,7 +336,8 @@ export const publish = (
           `containing "Nats-Msg-Id" would make NATS 2.9 skip deduplication)`
       })
     }
-    const { jetstream, apiTimeoutMillis, publishPermits } = yield* NatsConnection
+    const connection = yield* NatsConnection
+    const { jetstream, apiTimeoutMillis, publishPermits } = connection
     const timeout = timeoutMillis ?? apiTimeoutMillis
     // The publish's own span is the parent the consumer's span continues (W3C `traceparent`).
     const span = yield* Effect.currentSpan.pipe(Effect.option)
@@ -375,7 +376,6 @@ export const publish = (
         Effect.flatMap((ack) => checkPubAck(operation, stream, ack))
       )
     })
-    const connection = yield* NatsConnection
     // Timed from the first attempt, once a permit is held: what the horizon is counted from.
     const attempting = Effect.flatMap(Clock.currentTimeMillis, (started) =>
       once.pipe(Effect.retry({

@@ -67,6 +67,7 @@ import {
   classifyStatement,
   type DedupTableState,
   failedCleanup,
+  firstMalformedKey,
   malformedKey,
   reasonOf,
   settle,
@@ -145,6 +146,9 @@ export const make: (options?: Options) => Effect.Effect<
     `ORDER BY s, k ON CONFLICT (scope, id) DO NOTHING RETURNING scope, id`
   const deleteText = `DELETE FROM ${table} WHERE scope = $1 AND id = $2`
   const settled = settle(table)
+  /** `attempt` in a transaction, ended with the typed cause {@link settle} makes of a failure. */
+  const inTransaction = <A, E, R>(attempt: Effect.Effect<A, UserFailure<E> | SqlError.SqlError | IdempotencyError, R>) =>
+    Effect.catchCause(sql.withTransaction(attempt), (cause) => Effect.failCause(settled(cause)))
 
   const beforeCommit = (key: Key): Effect.Effect<void> =>
     Effect.flatMap(Effect.serviceOption(CurrentDelivery.CurrentDelivery), (delivery) =>
@@ -200,7 +204,7 @@ export const make: (options?: Options) => Effect.Effect<
               protectedEffect
             )
       )
-      return Effect.catchCause(sql.withTransaction(attempt), (cause) => Effect.failCause(settled(cause)))
+      return inTransaction(attempt)
     })
 
   /** Records every key not yet recorded, in one statement in key order; returns those it recorded (`keyOf`). */
@@ -214,12 +218,11 @@ export const make: (options?: Options) => Effect.Effect<
     items: ReadonlyArray<BatchItem<A, E, R>>
   ): Effect.Effect<ReadonlyArray<Result.Result<A | AlreadyCommitted, E>>, IdempotencyError, R> => {
     if (items.length === 0) return Effect.succeed([])
-    for (const item of items) {
-      const malformed = malformedKey(item.key, "commitBatch")
-      if (malformed !== undefined) return Effect.fail(malformed)
-    }
+    const keys = items.map((item) => item.key)
+    const malformed = firstMalformedKey(keys, "commitBatch")
+    if (malformed !== undefined) return Effect.fail(malformed)
     const attempt = Effect.gen(function*() {
-      const inserted = yield* insertKeys(items.map((item) => item.key))
+      const inserted = yield* insertKeys(keys)
       // A key given twice runs once: the later copy shares the first one's fate.
       const first = new Map<string, number>()
       const results: Array<Result.Result<A | AlreadyCommitted, E>> = []
@@ -270,7 +273,7 @@ export const make: (options?: Options) => Effect.Effect<
       yield* beforeCommit(items[0]!.key)
       return results
     })
-    return Effect.catchCause(sql.withTransaction(attempt), (cause) => Effect.failCause(settled(cause)))
+    return inTransaction(attempt)
   }
 
   const commitAll = <A, E, R>(
@@ -278,10 +281,8 @@ export const make: (options?: Options) => Effect.Effect<
     effect: (fresh: ReadonlyArray<number>) => Effect.Effect<A, E, R>
   ): Effect.Effect<ReadonlyArray<A | AlreadyCommitted>, E | IdempotencyError, R> => {
     if (keys.length === 0) return Effect.succeed([])
-    for (const key of keys) {
-      const malformed = malformedKey(key, "commitAll")
-      if (malformed !== undefined) return Effect.fail(malformed)
-    }
+    const malformed = firstMalformedKey(keys, "commitAll")
+    if (malformed !== undefined) return Effect.fail(malformed)
     // Without a generator: one suspended across the statements' round trips is the kind V8
     // promotes with everything it last held (see docs/performance-log.md).
     const attempt = Effect.flatMap(insertKeys(keys), (inserted): Effect.Effect<ReadonlyArray<A | AlreadyCommitted>, UserFailure<E> | SqlError.SqlError, R> => {
@@ -300,7 +301,7 @@ export const make: (options?: Options) => Effect.Effect<
           })
         ))
     })
-    return Effect.catchCause(sql.withTransaction(attempt), (cause) => Effect.failCause(settled(cause)))
+    return inTransaction(attempt)
   }
 
   const isCommitted = (key: Key): Effect.Effect<boolean, IdempotencyError> => {

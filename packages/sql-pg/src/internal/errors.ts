@@ -318,6 +318,18 @@ export const malformedKey = (
   })
 }
 
+/** {@link malformedKey} of the first of `keys` that is not well-formed, or `undefined` when all are. */
+export const firstMalformedKey = (
+  keys: ReadonlyArray<{ readonly scope: string; readonly id: string }>,
+  operation: string
+): IdempotencyError | undefined => {
+  for (const key of keys) {
+    const malformed = malformedKey(key, operation)
+    if (malformed !== undefined) return malformed
+  }
+  return undefined
+}
+
 /** The index of the first lone surrogate of `text` (which has one). */
 const loneSurrogate = (text: string): number => {
   for (let i = 0; i < text.length; i++) {
