@@ -1,0 +1,122 @@
+/**
+ * A `JetStreamSource`'s intake once the consumer is checked: its pulls and what watches them,
+ * `take` for the engine, and `close`, which stops pulling and naks what is still buffered so those
+ * messages go to another instance at once instead of waiting out their ack wait.
+ */
+import { type Delivery, Source } from "@jetworker/core"
+import { Clock, Duration, Effect, type Scope } from "effect"
+import type * as DeadLetter from "../DeadLetter.ts"
+import type { Shape } from "../NatsConnection.ts"
+import { toDelivery } from "./delivery.ts"
+import { type IntakeEnv, initialState, signal } from "./intakeState.ts"
+import { startWatchdog, watchLeader, watchReconnects } from "./intakeWatch.ts"
+import { boundedPromise, makePulls } from "./pulls.ts"
+
+/** The checked consumer an intake reads. */
+export interface IntakeOptions {
+  readonly stream: string
+  readonly durable: string
+  readonly connection: Shape
+  readonly prefetch: number
+  readonly expiresMillis: number
+  readonly settleTimeoutMillis: number
+  readonly destination: DeadLetter.Destination
+}
+
+/** The intake's `take` and `close` (also run when the scope closes); it pulls from now on. */
+export const openIntake = (
+  options: IntakeOptions
+): Effect.Effect<Pick<Source.Intake, "take" | "close">, never, Scope.Scope> =>
+  Effect.gen(function*() {
+    const { connection, durable, stream } = options
+    const name = `${stream}/${durable}`
+    // The intake's own events happen in the client's callbacks: logged through the services it
+    // was opened with (the process's logger and annotations).
+    const services = yield* Effect.context<never>()
+    // Receipts on the monotonic time of the clock the intake was opened with, as the engine's
+    // leases count (`Delivery.receivedAt`).
+    const clock = yield* Clock.Clock
+    const env: IntakeEnv = {
+      name,
+      stream,
+      durable,
+      connection,
+      prefetch: options.prefetch,
+      expiresMillis: options.expiresMillis,
+      settleTimeoutMillis: options.settleTimeoutMillis,
+      destination: options.destination,
+      // The server sends an idle heartbeat for each waiting pull; two missed mean it serves none.
+      heartbeatMillis: Math.min(5_000, Math.floor(options.expiresMillis / 2)),
+      receivedNow: () => Number(clock.monotonicTimeNanosUnsafe()) / 1_000_000,
+      logWarning: (message) => void Effect.runForkWith(services)(Effect.logWarning(message)),
+      logEvent: (level, event, message, fields = {}) =>
+        void Effect.runForkWith(services)(
+          (level === "Info" ? Effect.logInfo(message) : Effect.logWarning(message)).pipe(
+            Effect.annotateLogs({ event, consumer: durable, stream, ...fields })
+          )
+        )
+    }
+    const state = initialState()
+    const settling = { connection, settleTimeoutMillis: options.settleTimeoutMillis, destination: options.destination }
+    const pulls = makePulls(env, state)
+    yield* watchReconnects(env, state, pulls)
+    const advisories = watchLeader(env, state, pulls)
+    const watchdog = startWatchdog(env, state, pulls)
+
+    const take: Effect.Effect<Delivery.Delivery, Source.SourceError> = Effect.suspend(() => {
+      if (state.closed) return Effect.fail(new Source.SourceError({ reason: "ConnectionClosed", message: `${name}: intake closed` }))
+      // Taken synchronously: an interrupted `take` leaves every message in `buffered`.
+      const pulled = state.buffered.shift()
+      if (pulled !== undefined) {
+        pulls.pump()
+        return Effect.succeed(toDelivery(settling, pulled))
+      }
+      if (state.failure !== undefined) return Effect.fail(state.failure)
+      pulls.pump()
+      return Effect.andThen(
+        Effect.callback<void>((resume) => {
+          // Something may have arrived since the check above (the fiber can yield in between).
+          if (state.buffered.length > 0 || state.failure !== undefined || state.closed) return resume(Effect.void)
+          const resumeTake = () => resume(Effect.void)
+          state.wake = resumeTake
+          return Effect.sync(() => {
+            if (state.wake === resumeTake) state.wake = undefined
+          })
+        }),
+        take
+      )
+    })
+
+    // Stop pulling, then nak what is still delivered and what is buffered (bounded).
+    const close = Effect.suspend(() => {
+      if (state.closed) return Effect.void
+      state.closed = true
+      clearInterval(watchdog)
+      pulls.cancelPause()
+      signal(state)
+      const bounded = (f: () => Promise<unknown>) => Effect.promise(() => boundedPromise(options.settleTimeoutMillis, f))
+      return Effect.gen(function*() {
+        // A round trip first: what the server already sent lands in the buffer (and is naked
+        // below) instead of being dropped with the inbox and waiting out its ack wait.
+        yield* bounded(() => connection.connection.flush())
+        if (!advisories.isClosed()) advisories.unsubscribe()
+        pulls.unsubscribe()
+        // The server keeps an open pull's request waiting until it expires, and NATS 2.9 would
+        // hand the next nak (below, or of a handler cut by the drain) to that dead inbox: the
+        // message then waits out its ack wait, or is handed out twice. A round trip for the
+        // unsubscribe, then a consumer info, which drops requests whose inbox has no interest.
+        yield* bounded(() => connection.connection.flush())
+        yield* bounded(() => connection.manager.consumers.info(stream, durable))
+        const rest = state.buffered.splice(0)
+        yield* Effect.forEach(
+          rest,
+          (pulled) => toDelivery(settling, pulled).nak(Duration.zero).pipe(Effect.ignore),
+          { concurrency: 16, discard: true }
+        )
+        if (rest.length > 0) yield* Effect.logInfo(`${name}: released ${rest.length} buffered messages`)
+      })
+    })
+    yield* Effect.addFinalizer(() => close)
+    pulls.pump()
+    return { take, close }
+  })

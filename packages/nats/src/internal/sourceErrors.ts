@@ -1,0 +1,64 @@
+/**
+ * `JetStreamSource`'s errors: a `NatsError` as the engine's `SourceError`, what to do about a
+ * missing stream or consumer at start-up, and which pull failures end the intake for good.
+ */
+import { Source } from "@jetworker/core"
+import * as NatsError from "../NatsError.ts"
+
+/** A `NatsError` as a `SourceError`, its reason kept where the engine knows it. */
+export const sourceError = (error: NatsError.NatsError): Source.SourceError =>
+  new Source.SourceError({
+    reason: error.reason === "StreamNotFound"
+      ? "StreamNotFound"
+      : error.reason === "ConsumerNotFound"
+      ? "ConsumerNotFound"
+      : error.reason === "ConnectionClosed" || error.reason === "ConnectionRefused"
+      ? "ConnectionClosed"
+      : "Unknown",
+    message: `${error.operation}: ${error.message}`
+  })
+
+/** A consumer or setting the engine cannot work with: retrying cannot help. */
+export const mismatch = (message: string) => new Source.SourceError({ reason: "ContractMismatch", message })
+
+/** A missing stream or consumer at start-up, with what to do about it. */
+export const withNextStep = (error: Source.SourceError, stream: string, consumer: string): Source.SourceError =>
+  error.reason === "StreamNotFound"
+    ? new Source.SourceError({
+      reason: error.reason,
+      message: `${error.message}: stream ${stream} does not exist; declare it before the consumer runs ` +
+        `(Topology.ensureStream({ name: "${stream}", subjects: [...] }), or \`nats stream add ${stream}\`), ` +
+        `or point the source at the right stream`
+    })
+    : error.reason === "ConsumerNotFound"
+    ? new Source.SourceError({
+      reason: error.reason,
+      message: `${error.message}: stream ${stream} has no durable consumer ${consumer}; declare it before the consumer runs ` +
+        `(Topology.ensureConsumer({ stream: "${stream}", name: "${consumer}" }), or \`nats consumer add ${stream} ${consumer} --pull\`), ` +
+        `or give the source the consumer's name (JetStreamSource.make({ stream, consumer }))`
+    })
+    : error
+
+/**
+ * What ends the intake of consumer `name` (`<stream>/<durable>`) for good; `undefined` for
+ * anything retried after a pause.
+ */
+export const terminal = (name: string, error: unknown): Source.SourceError | undefined => {
+  const text = error instanceof Error ? error.message : String(error)
+  if (/consumer deleted/i.test(text)) {
+    return new Source.SourceError({ reason: "ConsumerDeleted", message: `${name}: ${text}` })
+  }
+  // A pull the server refuses for good: a `409 Exceeded MaxRequest…` or `409 Consumer is push
+  // based` status, or a `400 Bad Request - …` one (a request it cannot read), which come as
+  // text from the pull's status; also JetStream's API error 10025 "bad request" of the check.
+  if (/exceeded maxrequest|push based|bad request/i.test(text)) return mismatch(`${name}: the server refuses its pulls: ${text}`)
+  const mapped = NatsError.fromUnknown(`pull ${name}`, error)
+  // The consumer existed when the intake opened: missing now, it was deleted (found by the
+  // check after a silent pull, when no pull of ours was open to hear the server's 409).
+  if (mapped.reason === "ConsumerNotFound") {
+    return new Source.SourceError({ reason: "ConsumerDeleted", message: `${name}: consumer deleted (${mapped.message})` })
+  }
+  return mapped.reason === "ConnectionClosed" || mapped.reason === "StreamNotFound" || mapped.reason === "NotAuthorized"
+    ? sourceError(mapped)
+    : undefined
+}
