@@ -61,7 +61,11 @@ export type ReleaseReason =
   | "Retrying"
   /** Shutdown or another interruption cut the handler; its transaction rolled back. */
   | "Interrupted"
-  /** The lease could not be kept; another consumer may own the message now. */
+  /**
+   * The lease could not be kept; another consumer may own the message now. Also a failure found
+   * past the lease: its nak or dead letter is not sent (the broker would apply it to whoever holds
+   * the message), the error stays said, and the next delivery decides.
+   */
   | "LeaseLost"
   /**
    * The dead-letter publish failed, so the message was not terminated: naked for a redelivery that

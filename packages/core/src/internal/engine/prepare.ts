@@ -21,7 +21,7 @@ export type PrepareStage<A, E extends Tagged, R> = ReturnType<typeof makePrepare
 
 /** Builds the prepare stage of one consumer run. */
 export const makePrepare = <A, E extends Tagged, R>(shared: Shared<A, E, R>) => {
-  const { definition, attemptStore, deliveryBound, record, clockSkew, wallNow } = shared
+  const { definition, attemptStore, deliveryBound, record, clockSkew, wallNow, takeUnwritten } = shared
 
   // User code: it may throw, or give no usable id; either rejects the message with the cause.
   const readMetadata = (event: A): Result.Result<Metadata, ErrorSummary.ErrorSummary> => {
@@ -133,12 +133,14 @@ export const makePrepare = <A, E extends Tagged, R>(shared: Shared<A, E, R>) => 
       }
     }
     if (delivery.deliveryCount > deliveryBound) {
-      // Earlier deliveries ended without settling (a crash loop): stop while the broker still
-      // delivers, so the message is dead-lettered rather than dropped at its MaxDeliver.
+      // Earlier deliveries ended without settling (a crash loop, or dead letters not written):
+      // stop while the broker still delivers, so the message is dead-lettered rather than dropped
+      // at its MaxDeliver; with the reason of a dead letter this run could not write, if any.
+      const unwritten = takeUnwritten(message)
       return Result.fail(Outcome.verdict("DeadLettered", {
         message,
-        reason: "DeliveriesExhausted",
-        error: ErrorSummary.make(
+        reason: unwritten?.reason ?? "DeliveriesExhausted",
+        error: unwritten?.error ?? ErrorSummary.make(
           "DeliveriesExhausted",
           `delivered ${delivery.deliveryCount} times without settling; the bound is ${deliveryBound} deliveries`
         )
@@ -149,18 +151,26 @@ export const makePrepare = <A, E extends Tagged, R>(shared: Shared<A, E, R>) => 
     return Result.succeed({ event, metadata, message, orderKey: orderKey.success, key, failedBefore })
   }
 
-  /** The last attempt failed but was not dead-lettered (a crash, a failed dead-letter write). */
+  /**
+   * The last attempt failed but was not dead-lettered (a crash, a failed dead-letter write, a
+   * dead letter withheld past the lease). The dead letter this run decided but did not write keeps
+   * its reason and error: a `PermanentError` whose dead-letter writes spent the deliveries (counted
+   * as attempts without an attempt store) stays one.
+   */
   const withinAttempts = (prepared: Prepared<A>): Result.Result<Prepared<A>, Verdict> =>
-    prepared.failedBefore < definition.retry.attempts
-      ? Result.succeed(prepared)
-      : Result.fail(Outcome.verdict("DeadLettered", {
-        message: prepared.message,
-        reason: "AttemptsExhausted",
-        error: ErrorSummary.make(
-          "AttemptsExhausted",
-          `${prepared.failedBefore} failed attempts; the retry policy allows ${definition.retry.attempts}`
-        )
-      }))
+    prepared.failedBefore < definition.retry.attempts ? Result.succeed(prepared) : attemptsSpent(prepared)
+
+  const attemptsSpent = (prepared: Prepared<A>): Result.Result<Prepared<A>, Verdict> => {
+    const unwritten = takeUnwritten(prepared.message)
+    return Result.fail(Outcome.verdict("DeadLettered", {
+      message: prepared.message,
+      reason: unwritten?.reason ?? "AttemptsExhausted",
+      error: unwritten?.error ?? ErrorSummary.make(
+        "AttemptsExhausted",
+        `${prepared.failedBefore} failed attempts; the retry policy allows ${definition.retry.attempts}`
+      )
+    }))
+  }
 
   /** `prepare` for a delivery that needs no I/O (no attempt store, or a first delivery), at once. */
   const checkNow = (delivery: Delivery): Result.Result<Prepared<A>, Verdict> => {

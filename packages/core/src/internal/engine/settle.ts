@@ -48,7 +48,18 @@ export type SettleStage<A, E extends Tagged, R> = ReturnType<typeof makeSettle<A
 
 /** Builds the settle stage of one consumer run. */
 export const makeSettle = <A, E extends Tagged, R>(shared: Shared<A, E, R>, { recordOutcome, reportAll }: RecordStage<A, E, R>) => {
-  const { definition, ackAll, maxDeliver, now, wallNow, record, probe, hit, leaseMillis, settleLatency, stranded } = shared
+  const { definition, ackAll, maxDeliver, now, wallNow, record, probe, hit, leaseMillis, settleLatency, stranded, rememberUnwritten } = shared
+
+  /**
+   * The verdict for a dead letter decided past the lease, on a delivery the broker may still
+   * redeliver: nothing written, no term (it would end another consumer's delivery, and the dead
+   * letter would be a false one if that consumer commits). The error stays said; the next
+   * delivery decides, and writes the dead letter (`rememberUnwritten`: with its reason) if it is due.
+   */
+  const withholdDeadLetter = (verdict: Extract<Verdict, { readonly _tag: "DeadLettered" | "Rejected" }>): Verdict => {
+    rememberUnwritten(verdict)
+    return Outcome.verdict("Released", { message: verdict.message, reason: "LeaseLost", error: verdict.error, retryIn: undefined })
+  }
 
   // Every Delivery command is bounded by its implementation (the Delivery contract), so no
   // second timer here: a failure or timeout just means "not confirmed".
@@ -120,9 +131,11 @@ export const makeSettle = <A, E extends Tagged, R>(shared: Shared<A, E, R>, { re
 
   /** The verdict to act on and its broker command, decided when the command is sent. */
   const decide = (judged: Verdict, lease: LeaseKeeper.Lease): Decided => {
-    // Never ack or nak past the local lease deadline (with the keeper's 10% margin): the server
-    // may have handed the message to another consumer, and it applies either to whoever holds it
-    // (a nak would hand it to a third while the second runs it). What was found stays said.
+    // Never ack, nak or term past the local lease deadline (with the keeper's 10% margin): the
+    // server may have handed the message to another consumer, and it applies each to whoever holds
+    // it (a nak would hand it to a third while the second runs it, a term would end the second's
+    // run). What was found stays said. Only the broker's last delivery (MaxDeliver) is nobody
+    // else's: its dead letter is still written, since no redelivery could write it.
     const commandStart = now()
     const pastLease = leaseMillis > 0 && commandStart >= lease.hold.since + leaseMillis * 0.9
     const verdict = !pastLease
@@ -131,6 +144,9 @@ export const makeSettle = <A, E extends Tagged, R>(shared: Shared<A, E, R>, { re
       ? withholdAck(judged)
       : judged._tag === "Released" && judged.retryIn !== undefined
       ? { ...judged, reason: "LeaseLost" as const, retryIn: undefined }
+      : (judged._tag === "DeadLettered" || judged._tag === "Rejected") &&
+          (maxDeliver === undefined || lease.delivery.deliveryCount < maxDeliver)
+      ? withholdDeadLetter(judged)
       : judged
     // The time only stamps dead-letter records; skip building a DateTime for the other outcomes.
     const stamp = verdict._tag === "Committed" || verdict._tag === "Duplicate" || verdict._tag === "Released"
@@ -253,9 +269,10 @@ export const makeSettle = <A, E extends Tagged, R>(shared: Shared<A, E, R>, { re
         )
         return finish(verdict, false, now() - receivedAt)
       }
-      // Not terminated, so not lost: ask for a later redelivery, which dead-letters it again; not
-      // sooner than the floor, so that an outage of the dead-letter stream does not use up the
-      // deliveries left.
+      // Not terminated, so not lost: ask for a later redelivery, which dead-letters it again (with
+      // this reason, see `rememberUnwritten`); not sooner than the floor, so that an outage of the
+      // dead-letter stream does not use up the deliveries left.
+      rememberUnwritten(verdict)
       const retryIn = Duration.max(yield* Retry.delayAfter(definition.retry, delivery.deliveryCount), deadLetterRetryFloor)
       const naked = (yield* execute(delivery, Outcome.Command.Nak({ delay: retryIn }))) === "confirmed"
       return finish(

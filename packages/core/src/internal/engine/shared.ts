@@ -8,6 +8,7 @@
 import { Context, Duration, Effect, LogLevel, Metric, Option, References, Schedule, Tracer } from "effect"
 import type { AttemptStoreShape } from "../../AttemptStore.ts"
 import { classify, type Tagged } from "../../Classification.ts"
+import type * as ErrorSummary from "../../ErrorSummary.ts"
 import { WorkExpired } from "../../Expiry.ts"
 import { LeaseExpired } from "../../Lease.ts"
 import * as Outcome from "../../Outcome.ts"
@@ -20,10 +21,20 @@ import type * as Lanes from "../lanes.ts"
 import type * as LeaseKeeper from "../leaseKeeper.ts"
 import * as Monotonic from "../monotonic.ts"
 import type * as Slots from "../slots.ts"
-import { type Definition, ExpiredBeforeRun, HandlerTimeout, type RunEnvironment, type Series } from "./types.ts"
+import { type Definition, ExpiredBeforeRun, HandlerTimeout, type RunEnvironment, type Series, type Verdict } from "./types.ts"
 
 /** Counts outcomes by consumer and outcome tag (`Telemetry.outcomes`). */
 export const outcomesCounter = Telemetry.outcomes
+
+/** A dead letter that was decided but not written: what its redelivery writes instead. */
+interface UnwrittenDeadLetter {
+  readonly eventId: string | undefined
+  readonly reason: Outcome.DeadLetterReason
+  readonly error: ErrorSummary.ErrorSummary
+}
+
+/** How many unwritten dead letters a consumer run remembers (a few dozen bytes each). */
+const unwrittenLimit = 1_024
 
 /** What the stages of one consumer run share (`makeShared`). */
 export type Shared<A, E extends Tagged, R> = ReturnType<typeof makeShared<A, E, R>>
@@ -108,6 +119,26 @@ export const makeShared = <A, E extends Tagged, R>(
     Schedule.while(({ duration, elapsed }) => leaseMillis <= 0 || elapsed + Duration.toMillis(duration) < leaseMillis / 2)
   )
   const timeoutMessage = `handler ran longer than ${Duration.format(definition.handlerTimeout)}`
+  // Dead letters decided but not written (refused by the dead-letter stream, or withheld past the
+  // lease), by stream sequence. A redelivery beyond the attempts (or the deliveries) is
+  // dead-lettered before the handler runs; without an attempt store its deliveries count as failed
+  // attempts, those spent on the dead letter too, so it would say `AttemptsExhausted` for a
+  // `PermanentError`: it writes the dead letter that was not written instead. Only this run knows it (another process, or this
+  // one after a restart, says `AttemptsExhausted`); bounded, the oldest forgotten first.
+  const unwritten = new Map<number, UnwrittenDeadLetter>()
+  const rememberUnwritten = (verdict: Verdict): void => {
+    if (verdict._tag !== "DeadLettered" || verdict.reason === "DeliveriesExhausted") return
+    const { sequence, eventId } = verdict.message
+    unwritten.delete(sequence)
+    if (unwritten.size >= unwrittenLimit) unwritten.delete(unwritten.keys().next().value!)
+    unwritten.set(sequence, { eventId, reason: verdict.reason, error: verdict.error })
+  }
+  const takeUnwritten = (message: Outcome.MessageRef): UnwrittenDeadLetter | undefined => {
+    const found = unwritten.get(message.sequence)
+    if (found === undefined || found.eventId !== message.eventId) return undefined
+    unwritten.delete(message.sequence)
+    return found
+  }
   const isTransient = (error: E | HandlerTimeout | ExpiredBeforeRun): boolean =>
     error instanceof ExpiredBeforeRun || error instanceof WorkExpired || error instanceof LeaseExpired
       ? false
@@ -153,6 +184,8 @@ export const makeShared = <A, E extends Tagged, R>(
     reportsProgress,
     inProcess,
     timeoutMessage,
-    isTransient
+    isTransient,
+    rememberUnwritten,
+    takeUnwritten
   }
 }
