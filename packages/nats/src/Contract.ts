@@ -24,7 +24,11 @@ import { NatsConnection } from "./NatsConnection.ts"
 import * as NatsError from "./NatsError.ts"
 import * as Topology from "./Topology.ts"
 
-/** What the application expects of one consumer: the settings the server's must agree with. */
+/**
+ * What the application expects of one consumer: the settings the server's must agree with. The
+ * intake's pulls ask for up to `prefetch` messages each and wait `pullExpires`: a pull consumer's
+ * limits on pull requests (`max_batch`, `max_expires`, `max_waiting`) are checked against them.
+ */
 export interface Expectations {
   /** Deliveries the retry policy plans (`Consumer.make`'s `retry`; default policy: 5). */
   readonly attempts: number
@@ -47,6 +51,12 @@ export interface Expectations {
    * commits through an idempotency store, or its effect is idempotent). Default: `true`.
    */
   readonly idempotent?: boolean | undefined
+  /**
+   * How long each pull of the intake waits on the server (`JetStreamSource`'s `pullExpires`),
+   * from 1 second to 2147483647 ms (anything else is an error finding). A consumer whose
+   * `max_expires` is shorter refuses every pull. Default: 30 seconds, the intake's default.
+   */
+  readonly pullExpires?: Duration.Input | undefined
 }
 
 /** One durable consumer of a contract: its declaration and what the application expects of it. */
@@ -86,6 +96,9 @@ export type Check =
   | "ack_wait"
   | "max_deliver"
   | "max_ack_pending"
+  | "max_batch"
+  | "max_expires"
+  | "max_waiting"
   | "filter_subject"
   | "backoff"
   | "headers_only"

@@ -95,7 +95,8 @@ export const make = (options: Options): Source.Source<NatsConnection> => {
         concurrency: open.concurrency ?? 0,
         prefetch: open.prefetch,
         ordering: open.ordering,
-        maxProcessingTime: open.handlerTimeout
+        maxProcessingTime: open.handlerTimeout,
+        pullExpires: Duration.millis(expiresMillis)
       })
       for (const finding of findings) {
         if (finding.severity === "warning") yield* Effect.logWarning(finding.message)

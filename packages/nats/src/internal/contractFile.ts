@@ -33,7 +33,9 @@ const ExpectationsFile = Schema.Struct({
   instances: Schema.optional(Count),
   ordering: Schema.optional(Schema.Literals(["Unordered", "PerKey", "Sequential"])),
   maxProcessingTime: Schema.optional(DurationInput),
-  idempotent: Schema.optional(Schema.Boolean)
+  idempotent: Schema.optional(Schema.Boolean),
+  // Its range (1 second to 2147483647 ms) is the checks' error finding, as for maxProcessingTime.
+  pullExpires: Schema.optional(DurationInput)
 })
 
 const ConsumerFile = Schema.Struct({

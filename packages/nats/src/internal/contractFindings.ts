@@ -30,9 +30,11 @@ const contractMillis = (option: string, input: Duration.Input, example: string):
  * MaxDeliver above the planned attempts (so the last attempt dead-letters the message itself),
  * no server BackOff (on NATS 2.9 it replaces the engine's nak delays), full deliveries (not
  * headers only), a durable the server never deletes when idle, MaxAckPending 1 for sequential
- * ordering and at least `instances x (concurrency + prefetch)` otherwise. A `maxProcessingTime`
- * that is not a finite duration of 0 or more is an error finding naming it (and nothing is
- * compared with it).
+ * ordering and at least `instances x (concurrency + prefetch)` otherwise, and limits on pull
+ * requests the intake's pulls fit in (`max_batch` at least `prefetch`, `max_expires` at least
+ * `pullExpires`, `max_waiting` room for every instance's pulls). A `maxProcessingTime` that is not
+ * a finite duration of 0 or more, or a `pullExpires` outside 1 second to 2147483647 ms, is an error
+ * finding naming it (and nothing is compared with it).
  */
 export const consumerFindings = (
   target: string,
@@ -142,7 +144,87 @@ export const consumerFindings = (
       )
     }
   }
+  pullLimitFindings(target, live, expect, add)
   return findings
+}
+
+// JetStreamSource's bounds on `pullExpires`: a pull of less leaves its idle heartbeat no room, and
+// a longer one than a Node timer can wait is refused.
+const MIN_PULL_EXPIRES_MILLIS = 1_000
+const MAX_PULL_EXPIRES_MILLIS = 2 ** 31 - 1
+
+/**
+ * The most pulls one intake keeps waiting on the server at once: a pull asks for the free room once
+ * that is a quarter of `prefetch`, and nats-server 2.9 fills waiting pulls in turn, one message each,
+ * so several may wait (an exhaustive search of the intake's rule found at most 7 for prefetch 16,
+ * 8 up to prefetch 32); never more than `prefetch`, as each asks for one message at least.
+ * (The rule is internal/pulls.ts's `pump`: if it changes how it sizes its pulls, this changes with it.)
+ */
+const pullsWaitingAtMost = (prefetch: number): number => Math.max(1, Math.min(prefetch, 8))
+
+/**
+ * The checks of a pull consumer's limits on pull requests against the intake's pulls (`{ batch: up
+ * to prefetch, expires: pullExpires }`, no `max_bytes`). nats-server 2.9 answers a pull above
+ * `max_batch` or `max_expires` with `409 Exceeded MaxRequestBatch of 4` / `409 Exceeded
+ * MaxRequestExpires of 1s`, which ends the intake (`ContractMismatch`): errors. A pull beyond
+ * `max_waiting` gets `409 Exceeded MaxWaiting`, after which the intake pauses and pulls again: a
+ * warning. `max_bytes` only refuses pulls that set a larger `max_bytes`, which the intake never
+ * does: not checked.
+ */
+const pullLimitFindings = (
+  target: string,
+  live: Partial<ConsumerConfig>,
+  expect: Expectations,
+  add: (severity: Finding["severity"], check: Check, message: string) => void
+): void => {
+  const maxBatch = live.max_batch ?? 0
+  if (maxBatch > 0 && maxBatch < expect.prefetch) {
+    add(
+      "error",
+      "max_batch",
+      `${target} has max_batch ${maxBatch}, below the intake's largest pull (prefetch ${expect.prefetch}): the server ` +
+        `refuses such a pull (409 Exceeded MaxRequestBatch of ${maxBatch}) and the intake stops with ContractMismatch: ` +
+        `update the consumer with max_batch 0 (no limit) or at least ${expect.prefetch}, or lower prefetch to ${maxBatch}`
+    )
+  }
+  const expires = contractMillis("pullExpires", expect.pullExpires ?? "30 seconds", "30 seconds")
+  if (typeof expires === "string" || expires < MIN_PULL_EXPIRES_MILLIS || expires > MAX_PULL_EXPIRES_MILLIS) {
+    add(
+      "error",
+      "max_expires",
+      `${target}: pullExpires must be a duration from 1 second to ${MAX_PULL_EXPIRES_MILLIS} ms (JetStreamSource ` +
+        `refuses others), got ${DurationInput.show(expect.pullExpires)}`
+    )
+  } else {
+    const maxExpires = live.max_expires ?? 0
+    // The intake sends its expiry in nanoseconds; the server refuses a pull only above the limit.
+    if (maxExpires > 0 && maxExpires < Math.round(expires * 1_000_000)) {
+      const limit = Topology.formatNanos(maxExpires)
+      add(
+        "error",
+        "max_expires",
+        `${target} has max_expires ${limit}, shorter than the intake's pulls wait (${formatMillis(expires)}, pullExpires): ` +
+          `the server refuses each pull (409 Exceeded MaxRequestExpires of ${limit}) and the intake stops with ` +
+          `ContractMismatch: update the consumer with max_expires 0 (no limit) or at least ${formatMillis(expires)}` +
+          // The intake's pulls wait 1 second at least.
+          (maxExpires >= MIN_PULL_EXPIRES_MILLIS * 1_000_000 ? `, or lower pullExpires to ${limit}` : "")
+      )
+    }
+  }
+  const maxWaiting = live.max_waiting ?? 0
+  const instances = expect.instances ?? 1
+  const waiting = instances * pullsWaitingAtMost(expect.prefetch)
+  if (maxWaiting > 0 && maxWaiting < waiting) {
+    add(
+      "warning",
+      "max_waiting",
+      `${target} has max_waiting ${maxWaiting}, below the ${waiting} pulls ${instances} ${instances === 1 ? "instance" : "instances"} ` +
+        `of the intake may keep waiting (prefetch ${expect.prefetch}): the server refuses the pulls beyond it (409 Exceeded ` +
+        `MaxWaiting) and the intake pauses before pulling again, so handlers wait (an instance may find no room for a ` +
+        `pull for a while): max_waiting cannot change in place, so delete the consumer and declare it again with ` +
+        `max_waiting at least ${waiting} (the server's default is 512), or lower prefetch or the instances`
+    )
+  }
 }
 
 /**
