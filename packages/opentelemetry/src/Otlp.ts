@@ -9,7 +9,9 @@
  *   is not built at all: nothing is buffered for it.
  * - Every buffer is bounded (`OTEL_BSP_MAX_QUEUE_SIZE`, `OTEL_BLRP_MAX_QUEUE_SIZE`, default 2048:
  *   past it new records are dropped, never the process's memory) and every export request is
- *   bounded by `OTEL_EXPORTER_OTLP_TIMEOUT` (milliseconds, default 5000).
+ *   bounded by `OTEL_EXPORTER_OTLP_TIMEOUT` (milliseconds, default 5000), or the channel's own
+ *   `OTEL_EXPORTER_OTLP_<CHANNEL>_TIMEOUT`; one export as a whole by `OTEL_BSP_EXPORT_TIMEOUT`,
+ *   `OTEL_BLRP_EXPORT_TIMEOUT`, `OTEL_METRIC_EXPORT_TIMEOUT` when set.
  * - Under `Worker.runMain` each channel registers its flush with the lifecycle: the worker runs
  *   them in its `telemetry` stage, each bounded by the telemetry share, one stage line per
  *   channel. A slow or unreachable collector never holds the exit past the budget, and a failed
@@ -22,21 +24,39 @@
  * - Every endpoint must be an `http://` or `https://` URL: another value fails `settings` with a
  *   `ConfigError` naming the variable. Credentials in an endpoint (`http://user:password@host`,
  *   sent as basic auth) never appear in a message or a line: they are removed first.
+ * - Every other value the settings read is checked too, and one that cannot be honoured fails
+ *   `settings` with a `ConfigError` naming the variable, never replaced in silence: a number that
+ *   is not a whole number from 1 to 2147483647, an exporter other than `otlp` or `none`, a
+ *   protocol other than OTLP/HTTP (`grpc`), a malformed header list. `OTEL_SDK_DISABLED=true`
+ *   builds nothing.
+ * - OTLP headers (`OTEL_EXPORTER_OTLP_HEADERS`, `OTEL_EXPORTER_OTLP_<CHANNEL>_HEADERS`, such as an
+ *   API key) are read as `Redacted` values, and their values never appear in a line: the SDK's
+ *   diagnostics (and a collector's error quoting one back) are written with `<redacted>` instead.
+ * - jetworker's metrics are exported with their units (`ms` for durations, `{delivery}` or
+ *   `{message}` for counts) rather than the dimensionless `1` the Effect bridge gives every
+ *   metric.
  *
  * There is no separate error reporter: errors are log lines and span statuses.
  *
  * @since 0.2.0
  */
 import { OtelLogger, OtelMetrics, OtelTracer, Resource } from "@effect/opentelemetry"
-import { ErrorSummary, Lifecycle } from "@jetworker/core"
-import { diag, type DiagLogger, DiagLogLevel } from "@opentelemetry/api"
+import { Lifecycle } from "@jetworker/core"
+import { diag, DiagLogLevel } from "@opentelemetry/api"
 import { OTLPLogExporter } from "@opentelemetry/exporter-logs-otlp-http"
 import { OTLPMetricExporter } from "@opentelemetry/exporter-metrics-otlp-http"
 import { OTLPTraceExporter } from "@opentelemetry/exporter-trace-otlp-http"
 import { BatchLogRecordProcessor, LoggerProvider } from "@opentelemetry/sdk-logs"
 import { PeriodicExportingMetricReader } from "@opentelemetry/sdk-metrics"
 import { BasicTracerProvider, BatchSpanProcessor } from "@opentelemetry/sdk-trace-base"
-import { Config, ConfigProvider, type Context, Duration, Effect, Layer, Option } from "effect"
+import { Config, ConfigProvider, Duration, Effect, Layer, Redacted } from "effect"
+import { boundedDiagLogger, secretForms } from "./internal/diagnostics.ts"
+import { endpoint, endpointProblem, exporterOff, optionalSecret, optionalString, positiveInt, protocolProblem } from "./internal/envValues.ts"
+import { parseHeaders, plainHeaders, redact } from "./internal/headers.ts"
+import { withUnits } from "./internal/metricUnits.ts"
+
+/** OTLP request headers by name; the values are secrets (an API key), so they are `Redacted`. */
+export type Headers = Readonly<Record<string, Redacted.Redacted<string>>>
 
 /** The telemetry settings; `settings` reads them from the `OTEL_*` environment. */
 export interface Settings {
@@ -62,38 +82,38 @@ export interface Settings {
   readonly logBatchSize: number
   /** `OTEL_METRIC_EXPORT_INTERVAL` (milliseconds), default 60000: how often metrics are exported. */
   readonly metricIntervalMillis: number
+  /** `OTEL_EXPORTER_OTLP_TRACES_TIMEOUT` (milliseconds): the traces' own request bound, else `exportTimeoutMillis`. */
+  readonly tracesTimeoutMillis?: number | undefined
+  /** `OTEL_EXPORTER_OTLP_METRICS_TIMEOUT` (milliseconds): the metrics' own request bound, else `exportTimeoutMillis`. */
+  readonly metricsTimeoutMillis?: number | undefined
+  /** `OTEL_EXPORTER_OTLP_LOGS_TIMEOUT` (milliseconds): the logs' own request bound, else `exportTimeoutMillis`. */
+  readonly logsTimeoutMillis?: number | undefined
+  /** `OTEL_BSP_EXPORT_TIMEOUT` (milliseconds): bound on one span export, else the traces' request bound. */
+  readonly spanExportTimeoutMillis?: number | undefined
+  /** `OTEL_BLRP_EXPORT_TIMEOUT` (milliseconds): bound on one log export, else the logs' request bound. */
+  readonly logExportTimeoutMillis?: number | undefined
+  /** `OTEL_METRIC_EXPORT_TIMEOUT` (milliseconds): bound on one metric export (at most the interval), else the metrics' request bound. */
+  readonly metricExportTimeoutMillis?: number | undefined
+  /** `OTEL_EXPORTER_OTLP_HEADERS` with `OTEL_EXPORTER_OTLP_TRACES_HEADERS` over it; none when absent. */
+  readonly tracesHeaders?: Headers | undefined
+  /** `OTEL_EXPORTER_OTLP_HEADERS` with `OTEL_EXPORTER_OTLP_METRICS_HEADERS` over it; none when absent. */
+  readonly metricsHeaders?: Headers | undefined
+  /** `OTEL_EXPORTER_OTLP_HEADERS` with `OTEL_EXPORTER_OTLP_LOGS_HEADERS` over it; none when absent. */
+  readonly logsHeaders?: Headers | undefined
 }
 
-const optionalString = (name: string) =>
-  Config.String(name).pipe(Config.option, Config.map((o) => (Option.isSome(o) && o.value.trim() !== "" ? o.value.trim() : undefined)))
-
-const positiveInt = (name: string, fallback: number) =>
-  Config.Int(name).pipe(Config.withDefault(fallback), Config.map((n) => (n > 0 ? n : fallback)))
-
-const endpoint = (base: string | undefined, own: string | undefined, exporter: string | undefined, path: string) => {
-  if (exporter !== undefined && exporter.toLowerCase() === "none") return undefined
-  if (own !== undefined) return own
-  return base === undefined ? undefined : `${base.replace(/\/+$/, "")}${path}`
-}
+const channelNames = ["TRACES", "METRICS", "LOGS"] as const
 
 /**
- * Why the endpoint in `variable` cannot be exported to (not an `http:` or `https:` URL), naming the
- * variable and the endpoint without its credentials; `undefined` when it can.
- */
-const endpointProblem = (variable: string, value: string | undefined): string | undefined => {
-  if (value === undefined) return undefined
-  const url = URL.canParse(value) ? new URL(value) : undefined
-  return url !== undefined && (url.protocol === "http:" || url.protocol === "https:")
-    ? undefined
-    : `${variable} must be an http:// or https:// URL, got ${ErrorSummary.withoutCredentials(value)}`
-}
-
-/**
- * Reads {@link Settings} from the environment. An endpoint variable that is set but is not an
- * `http://` or `https://` URL fails with a `ConfigError` naming the variable and the value, with
- * its credentials removed.
+ * Reads {@link Settings} from the environment. A value that cannot be honoured fails with one
+ * `ConfigError` listing every such variable: an endpoint that is not an `http://` or `https://`
+ * URL (shown without its credentials), a number that is not a whole number from 1 to
+ * 2147483647, an exporter other than `otlp` or `none`, a protocol other than OTLP/HTTP, a
+ * malformed header list (its values never shown). `OTEL_SDK_DISABLED=true` turns every channel
+ * off.
  */
 export const settings: Config.Config<Settings> = Config.all({
+  disabled: optionalString("OTEL_SDK_DISABLED"),
   base: optionalString("OTEL_EXPORTER_OTLP_ENDPOINT"),
   traces: optionalString("OTEL_EXPORTER_OTLP_TRACES_ENDPOINT"),
   metrics: optionalString("OTEL_EXPORTER_OTLP_METRICS_ENDPOINT"),
@@ -101,87 +121,106 @@ export const settings: Config.Config<Settings> = Config.all({
   tracesExporter: optionalString("OTEL_TRACES_EXPORTER"),
   metricsExporter: optionalString("OTEL_METRICS_EXPORTER"),
   logsExporter: optionalString("OTEL_LOGS_EXPORTER"),
-  exportTimeoutMillis: positiveInt("OTEL_EXPORTER_OTLP_TIMEOUT", 5_000),
-  spanDelayMillis: positiveInt("OTEL_BSP_SCHEDULE_DELAY", 5_000),
-  spanQueueSize: positiveInt("OTEL_BSP_MAX_QUEUE_SIZE", 2_048),
-  spanBatchSize: positiveInt("OTEL_BSP_MAX_EXPORT_BATCH_SIZE", 512),
-  logDelayMillis: positiveInt("OTEL_BLRP_SCHEDULE_DELAY", 1_000),
-  logQueueSize: positiveInt("OTEL_BLRP_MAX_QUEUE_SIZE", 2_048),
-  logBatchSize: positiveInt("OTEL_BLRP_MAX_EXPORT_BATCH_SIZE", 512),
-  metricIntervalMillis: positiveInt("OTEL_METRIC_EXPORT_INTERVAL", 60_000)
+  protocol: optionalString("OTEL_EXPORTER_OTLP_PROTOCOL"),
+  tracesProtocol: optionalString("OTEL_EXPORTER_OTLP_TRACES_PROTOCOL"),
+  metricsProtocol: optionalString("OTEL_EXPORTER_OTLP_METRICS_PROTOCOL"),
+  logsProtocol: optionalString("OTEL_EXPORTER_OTLP_LOGS_PROTOCOL"),
+  headers: optionalSecret("OTEL_EXPORTER_OTLP_HEADERS"),
+  tracesHeaders: optionalSecret("OTEL_EXPORTER_OTLP_TRACES_HEADERS"),
+  metricsHeaders: optionalSecret("OTEL_EXPORTER_OTLP_METRICS_HEADERS"),
+  logsHeaders: optionalSecret("OTEL_EXPORTER_OTLP_LOGS_HEADERS"),
+  exportTimeoutMillis: optionalString("OTEL_EXPORTER_OTLP_TIMEOUT"),
+  tracesTimeoutMillis: optionalString("OTEL_EXPORTER_OTLP_TRACES_TIMEOUT"),
+  metricsTimeoutMillis: optionalString("OTEL_EXPORTER_OTLP_METRICS_TIMEOUT"),
+  logsTimeoutMillis: optionalString("OTEL_EXPORTER_OTLP_LOGS_TIMEOUT"),
+  spanExportTimeoutMillis: optionalString("OTEL_BSP_EXPORT_TIMEOUT"),
+  logExportTimeoutMillis: optionalString("OTEL_BLRP_EXPORT_TIMEOUT"),
+  metricExportTimeoutMillis: optionalString("OTEL_METRIC_EXPORT_TIMEOUT"),
+  spanDelayMillis: optionalString("OTEL_BSP_SCHEDULE_DELAY"),
+  spanQueueSize: optionalString("OTEL_BSP_MAX_QUEUE_SIZE"),
+  spanBatchSize: optionalString("OTEL_BSP_MAX_EXPORT_BATCH_SIZE"),
+  logDelayMillis: optionalString("OTEL_BLRP_SCHEDULE_DELAY"),
+  logQueueSize: optionalString("OTEL_BLRP_MAX_QUEUE_SIZE"),
+  logBatchSize: optionalString("OTEL_BLRP_MAX_EXPORT_BATCH_SIZE"),
+  metricIntervalMillis: optionalString("OTEL_METRIC_EXPORT_INTERVAL")
 }).pipe(
   // Checked here, before any SDK constructor sees them: a malformed endpoint would otherwise throw
   // from inside the SDK, and its message (and the SDK's warnings) would carry the URL as given,
-  // credentials included.
+  // credentials included; the SDK replaces a bad number or header list in silence.
   // Only the variables a built channel uses: one turned off (`none`) is never read.
   Config.mapEffect((c) => {
-    const used = (own: string | undefined, exporter: string | undefined) =>
-      exporter?.toLowerCase() === "none" ? undefined : own
-    const channels = [[c.traces, c.tracesExporter], [c.metrics, c.metricsExporter], [c.logs, c.logsExporter]] as const
-    const baseUsed = channels.some(([own, exporter]) => own === undefined && exporter?.toLowerCase() !== "none")
-    const problems = [
+    const problems: Array<string> = []
+    const check = <A>(result: A | string): A | undefined => {
+      if (typeof result === "string") {
+        problems.push(result)
+        return undefined
+      }
+      return result
+    }
+    const disabledValue = c.disabled?.toLowerCase()
+    if (disabledValue !== undefined && disabledValue !== "true" && disabledValue !== "false") {
+      problems.push(`OTEL_SDK_DISABLED must be true or false, got ${JSON.stringify(c.disabled)}`)
+    }
+    const disabled = disabledValue === "true"
+    const own = { TRACES: c.traces, METRICS: c.metrics, LOGS: c.logs }
+    const exporters = { TRACES: c.tracesExporter, METRICS: c.metricsExporter, LOGS: c.logsExporter }
+    const variables = { TRACES: "OTEL_TRACES_EXPORTER", METRICS: "OTEL_METRICS_EXPORTER", LOGS: "OTEL_LOGS_EXPORTER" }
+    const protocols = { TRACES: c.tracesProtocol, METRICS: c.metricsProtocol, LOGS: c.logsProtocol }
+    const ownHeaders = { TRACES: c.tracesHeaders, METRICS: c.metricsHeaders, LOGS: c.logsHeaders }
+    const off = Object.fromEntries(channelNames.map((channel) => [
+      channel,
+      disabled || (check(exporterOff(variables[channel], exporters[channel])) ?? true)
+    ])) as Record<typeof channelNames[number], boolean>
+    const used = channelNames.filter((channel) => !off[channel])
+    const baseUsed = used.some((channel) => own[channel] === undefined)
+    problems.push(...[
       endpointProblem("OTEL_EXPORTER_OTLP_ENDPOINT", baseUsed ? c.base : undefined),
-      endpointProblem("OTEL_EXPORTER_OTLP_TRACES_ENDPOINT", used(c.traces, c.tracesExporter)),
-      endpointProblem("OTEL_EXPORTER_OTLP_METRICS_ENDPOINT", used(c.metrics, c.metricsExporter)),
-      endpointProblem("OTEL_EXPORTER_OTLP_LOGS_ENDPOINT", used(c.logs, c.logsExporter))
-    ].filter((problem) => problem !== undefined)
+      ...used.map((channel) => endpointProblem(`OTEL_EXPORTER_OTLP_${channel}_ENDPOINT`, own[channel])),
+      ...used.map((channel) =>
+        protocols[channel] !== undefined
+          ? protocolProblem(`OTEL_EXPORTER_OTLP_${channel}_PROTOCOL`, protocols[channel])
+          : protocolProblem("OTEL_EXPORTER_OTLP_PROTOCOL", c.protocol)
+      )
+    ].filter((problem) => problem !== undefined))
+    const baseHeaders = used.length > 0 ? check(parseHeaders("OTEL_EXPORTER_OTLP_HEADERS", c.headers)) ?? {} : {}
+    const headers = Object.fromEntries(channelNames.map((channel) => {
+      const mine = used.includes(channel) ? check(parseHeaders(`OTEL_EXPORTER_OTLP_${channel}_HEADERS`, ownHeaders[channel])) ?? {} : {}
+      const all = { ...baseHeaders, ...mine }
+      return [channel, Object.keys(all).length === 0 ? undefined : redact(all)]
+    })) as Record<typeof channelNames[number], Headers | undefined>
+    const number = (name: string, raw: string | undefined, fallback: number) => check(positiveInt(name, raw, fallback)) ?? fallback
+    // A setting with no default of its own (`undefined` when absent: the layer falls back).
+    const optionalNumber = (name: string, raw: string | undefined) =>
+      raw === undefined ? undefined : check(positiveInt(name, raw, 0))
+    const spanQueueSize = number("OTEL_BSP_MAX_QUEUE_SIZE", c.spanQueueSize, 2_048)
+    const logQueueSize = number("OTEL_BLRP_MAX_QUEUE_SIZE", c.logQueueSize, 2_048)
+    const result: Settings = {
+      tracesEndpoint: endpoint(c.base, c.traces, off.TRACES, "/v1/traces"),
+      metricsEndpoint: endpoint(c.base, c.metrics, off.METRICS, "/v1/metrics"),
+      logsEndpoint: endpoint(c.base, c.logs, off.LOGS, "/v1/logs"),
+      exportTimeoutMillis: number("OTEL_EXPORTER_OTLP_TIMEOUT", c.exportTimeoutMillis, 5_000),
+      spanDelayMillis: number("OTEL_BSP_SCHEDULE_DELAY", c.spanDelayMillis, 5_000),
+      spanQueueSize,
+      spanBatchSize: Math.min(number("OTEL_BSP_MAX_EXPORT_BATCH_SIZE", c.spanBatchSize, 512), spanQueueSize),
+      logDelayMillis: number("OTEL_BLRP_SCHEDULE_DELAY", c.logDelayMillis, 1_000),
+      logQueueSize,
+      logBatchSize: Math.min(number("OTEL_BLRP_MAX_EXPORT_BATCH_SIZE", c.logBatchSize, 512), logQueueSize),
+      metricIntervalMillis: number("OTEL_METRIC_EXPORT_INTERVAL", c.metricIntervalMillis, 60_000),
+      tracesTimeoutMillis: optionalNumber("OTEL_EXPORTER_OTLP_TRACES_TIMEOUT", c.tracesTimeoutMillis),
+      metricsTimeoutMillis: optionalNumber("OTEL_EXPORTER_OTLP_METRICS_TIMEOUT", c.metricsTimeoutMillis),
+      logsTimeoutMillis: optionalNumber("OTEL_EXPORTER_OTLP_LOGS_TIMEOUT", c.logsTimeoutMillis),
+      spanExportTimeoutMillis: optionalNumber("OTEL_BSP_EXPORT_TIMEOUT", c.spanExportTimeoutMillis),
+      logExportTimeoutMillis: optionalNumber("OTEL_BLRP_EXPORT_TIMEOUT", c.logExportTimeoutMillis),
+      metricExportTimeoutMillis: optionalNumber("OTEL_METRIC_EXPORT_TIMEOUT", c.metricExportTimeoutMillis),
+      tracesHeaders: headers.TRACES,
+      metricsHeaders: headers.METRICS,
+      logsHeaders: headers.LOGS
+    }
     return problems.length === 0
-      ? Effect.succeed(c)
-      : Effect.fail(new Config.ConfigError(new ConfigProvider.SourceError({ message: problems.join("; ") })))
-  }),
-  Config.map((c): Settings => ({
-    tracesEndpoint: endpoint(c.base, c.traces, c.tracesExporter, "/v1/traces"),
-    metricsEndpoint: endpoint(c.base, c.metrics, c.metricsExporter, "/v1/metrics"),
-    logsEndpoint: endpoint(c.base, c.logs, c.logsExporter, "/v1/logs"),
-    exportTimeoutMillis: c.exportTimeoutMillis,
-    spanDelayMillis: c.spanDelayMillis,
-    spanQueueSize: c.spanQueueSize,
-    spanBatchSize: Math.min(c.spanBatchSize, c.spanQueueSize),
-    logDelayMillis: c.logDelayMillis,
-    logQueueSize: c.logQueueSize,
-    logBatchSize: Math.min(c.logBatchSize, c.logQueueSize),
-    metricIntervalMillis: c.metricIntervalMillis
-  }))
+      ? Effect.succeed(result)
+      : Effect.fail(new Config.ConfigError(new ConfigProvider.SourceError({ message: [...new Set(problems)].join("; ") })))
+  })
 )
-
-// The SDK reports failed exports through its diagnostic logger. Its lines go to the loggers in
-// effect where this layer is built (under `Worker.runMain`, the stdout JSON logger filtered by
-// LOG_LEVEL), never to the loggers this layer adds (the OTLP log exporter, which may be the one
-// failing), rate limited, and without the credentials of any URL they quote.
-const MAX_ERRORS_PER_MINUTE = 10
-const boundedDiagLogger = (context: Context.Context<never>): DiagLogger => {
-  const log = (effect: Effect.Effect<void>) => void Effect.runForkWith(context)(effect)
-  let windowStart = 0
-  let written = 0
-  let suppressed = 0
-  const write = (level: "Error" | "Warn") => (message: string, ...args: Array<unknown>) => {
-    const now = Date.now()
-    if (now - windowStart >= 60_000) {
-      if (suppressed > 0) log(Effect.logWarning("telemetry.error").pipe(Effect.annotateLogs({ suppressed })))
-      windowStart = now
-      written = 0
-      suppressed = 0
-    }
-    if (written >= MAX_ERRORS_PER_MINUTE) {
-      suppressed++
-      return
-    }
-    written++
-    const detail = args.map((a) => (a instanceof Error ? a.message : typeof a === "string" ? a : safeJson(a))).join(" ")
-    const error = ErrorSummary.withoutCredentials(`${message} ${detail}`.trim()).slice(0, 1_000)
-    log((level === "Error" ? Effect.logError : Effect.logWarning)("telemetry.error").pipe(Effect.annotateLogs({ error })))
-  }
-  const ignore = () => undefined
-  return { error: write("Error"), warn: write("Warn"), info: ignore, debug: ignore, verbose: ignore }
-}
-
-const safeJson = (value: unknown): string => {
-  try {
-    return JSON.stringify(value)
-  } catch {
-    return String(value)
-  }
-}
 
 /**
  * Flushes then shuts down a channel, once. Registered with the lifecycle (bounded by the
@@ -199,14 +238,22 @@ const channel = (name: string, flush: () => Promise<unknown>, shutdown: () => Pr
 
 /** The telemetry of `settings`; a channel without an endpoint is not built. */
 export const layer = (settings: Settings): Layer.Layer<never> => {
-  const timeout = settings.exportTimeoutMillis
+  // Each channel's request bound, and the bound on one export (at least as long: the export waits
+  // for its request); the finalizer waits for the longer.
+  const tracesTimeout = settings.tracesTimeoutMillis ?? settings.exportTimeoutMillis
+  const spanExportTimeout = settings.spanExportTimeoutMillis ?? tracesTimeout
+  const metricsTimeout = settings.metricsTimeoutMillis ?? settings.exportTimeoutMillis
+  const metricExportTimeout = Math.min(settings.metricExportTimeoutMillis ?? metricsTimeout, settings.metricIntervalMillis)
+  const logsTimeout = settings.logsTimeoutMillis ?? settings.exportTimeoutMillis
+  const logExportTimeout = settings.logExportTimeoutMillis ?? logsTimeout
   const any = settings.tracesEndpoint !== undefined || settings.metricsEndpoint !== undefined ||
     settings.logsEndpoint !== undefined
   if (!any) return Layer.empty
+  const secrets = secretForms([settings.tracesHeaders, settings.metricsHeaders, settings.logsHeaders])
 
   const diagnostics = Layer.effectDiscard(Effect.flatMap(Effect.context<never>(), (context) =>
     Effect.sync(() =>
-      diag.setLogger(boundedDiagLogger(context), { logLevel: DiagLogLevel.WARN, suppressOverrideMessage: true })
+      diag.setLogger(boundedDiagLogger(context, secrets), { logLevel: DiagLogLevel.WARN, suppressOverrideMessage: true })
     )))
 
   const traces = settings.tracesEndpoint === undefined ? Layer.empty : OtelTracer.layerWithoutOtelTracer.pipe(
@@ -218,15 +265,24 @@ export const layer = (settings: Settings): Layer.Layer<never> => {
         const provider = new BasicTracerProvider({
           resource,
           spanProcessors: [
-            new BatchSpanProcessor(new OTLPTraceExporter({ url: settings.tracesEndpoint!, timeoutMillis: timeout }), {
+            new BatchSpanProcessor(new OTLPTraceExporter({
+              url: settings.tracesEndpoint!,
+              timeoutMillis: tracesTimeout,
+              headers: plainHeaders(settings.tracesHeaders)
+            }), {
               maxQueueSize: settings.spanQueueSize,
               maxExportBatchSize: settings.spanBatchSize,
               scheduledDelayMillis: settings.spanDelayMillis,
-              exportTimeoutMillis: timeout
+              exportTimeoutMillis: spanExportTimeout
             })
           ]
         })
-        yield* channel("traces", () => provider.forceFlush(), () => provider.shutdown(), timeout)
+        yield* channel(
+          "traces",
+          () => provider.forceFlush(),
+          () => provider.shutdown(),
+          Math.max(tracesTimeout, spanExportTimeout)
+        )
         return provider
       })
     ))
@@ -234,12 +290,22 @@ export const layer = (settings: Settings): Layer.Layer<never> => {
 
   const metrics = settings.metricsEndpoint === undefined ? Layer.empty : Layer.unwrap(Effect.gen(function*() {
     const reader = new PeriodicExportingMetricReader({
-      exporter: new OTLPMetricExporter({ url: settings.metricsEndpoint!, timeoutMillis: timeout }),
+      exporter: new OTLPMetricExporter({
+        url: settings.metricsEndpoint!,
+        timeoutMillis: metricsTimeout,
+        headers: plainHeaders(settings.metricsHeaders)
+      }),
       exportIntervalMillis: settings.metricIntervalMillis,
-      exportTimeoutMillis: Math.min(timeout, settings.metricIntervalMillis)
+      exportTimeoutMillis: metricExportTimeout
     })
-    yield* channel("metrics", () => reader.forceFlush(), () => reader.shutdown(), timeout)
-    return OtelMetrics.layer(() => reader, { shutdownTimeout: timeout })
+    yield* channel("metrics", () => reader.forceFlush(), () => reader.shutdown(), Math.max(metricsTimeout, metricExportTimeout))
+    // The bridge's producer, registered as `OtelMetrics.layer` would, with the units set.
+    return Layer.effectDiscard(
+      Effect.flatMap(
+        OtelMetrics.makeProducer(),
+        (producer) => OtelMetrics.registerProducer(withUnits(producer), () => reader, { shutdownTimeout: metricsTimeout })
+      )
+    )
   }))
 
   const logs = settings.logsEndpoint === undefined ? Layer.empty : OtelLogger.layer({ mergeWithExisting: true }).pipe(
@@ -251,15 +317,19 @@ export const layer = (settings: Settings): Layer.Layer<never> => {
           resource,
           processors: [
             new BatchLogRecordProcessor({
-              exporter: new OTLPLogExporter({ url: settings.logsEndpoint!, timeoutMillis: timeout }),
+              exporter: new OTLPLogExporter({
+                url: settings.logsEndpoint!,
+                timeoutMillis: logsTimeout,
+                headers: plainHeaders(settings.logsHeaders)
+              }),
               maxQueueSize: settings.logQueueSize,
               maxExportBatchSize: settings.logBatchSize,
               scheduledDelayMillis: settings.logDelayMillis,
-              exportTimeoutMillis: timeout
+              exportTimeoutMillis: logExportTimeout
             })
           ]
         })
-        yield* channel("logs", () => provider.forceFlush(), () => provider.shutdown(), timeout)
+        yield* channel("logs", () => provider.forceFlush(), () => provider.shutdown(), Math.max(logsTimeout, logExportTimeout))
         return provider
       })
     ))
