@@ -15,7 +15,8 @@
  * the stream's duplicate window turns into a duplicate. A failed publish ends the round (the rows
  * before it are marked) and the relay retries after a jittered, capped backoff. Rows keep the
  * trace context (`traceparent`) of the transaction that wrote them, so the publish span continues
- * that trace. Sent rows are deleted after `retention` by a bounded clean-up.
+ * that trace; the relay's own statements are not traced (an idle relay polls every
+ * `pollInterval`). Sent rows are deleted after `retention` by a bounded clean-up.
  *
  * Ids are unique per event: the stream keeps one message per `Nats-Msg-Id` within its duplicate
  * window, so a second event under an id would be marked sent and dropped as a duplicate. The
@@ -286,7 +287,9 @@ export const relayRound = (
             publisher.publish({ subject: row.subject, id: row.id, payload: row.payload, headers }, row.traceparent ?? undefined).pipe(
               Effect.catchDefect((defect) =>
                 Effect.fail(new Outbox.PublishFailed({ message: `unexpected defect: ${ErrorSummary.fromError(defect, "Defect").message}`, retryable: true }))
-              )
+              ),
+              // The publish is traced (in the trace of the transaction that wrote the row), not the round.
+              Effect.withTracerEnabled(true)
             ),
             sent.length === 0 ? undefined : left,
             () => {
@@ -309,7 +312,12 @@ export const relayRound = (
       }
       return { round: { locked: true, published: sent.length, full: (outOfTime || rows.length === batchSize) && failure === undefined }, failure }
     })
-    const { round: done, failure } = yield* sql.withTransaction(round).pipe(Effect.mapError(sqlFailure("relay")))
+    // The round's own statements are bookkeeping, run every `pollInterval` even when idle: traced,
+    // an idle worker would export a trace per poll (some 15 spans a second). Only publishes are.
+    const { round: done, failure } = yield* sql.withTransaction(round).pipe(
+      Effect.mapError(sqlFailure("relay")),
+      Effect.withTracerEnabled(false)
+    )
     if (failure !== undefined) return yield* failure
     return done
   })
@@ -379,7 +387,8 @@ export const relay = (
       const now = yield* Clock.currentTimeMillis
       if (cleanupBehind || now - lastCleanup >= 60_000) {
         lastCleanup = now
-        const deleted = yield* cleanup(options)
+        // Bookkeeping, like a round's statements: not traced.
+        const deleted = yield* cleanup(options).pipe(Effect.withTracerEnabled(false))
         cleanupBehind = deleted >= settings.cleanupBatch
         if (deleted > 0) yield* Effect.logDebug(`outbox clean-up deleted ${deleted} sent rows`)
       }
