@@ -22,7 +22,11 @@ export interface Info {
   readonly consumer: string
   /** The event's stable id. */
   readonly eventId: string
-  /** The attempt, equal to the broker's delivery count (1-based). */
+  /**
+   * The attempt (1-based): the broker's delivery count, less the earlier deliveries this consumer
+   * run saw commit without an ack (they were no failed attempts), or the failed attempts counted
+   * by an attempt store when one is used.
+   */
   readonly attempt: number
   /** The retry policy's attempts: when `attempt === attempts`, this is the last one. */
   readonly attempts: number

@@ -10,8 +10,14 @@
  * | Duplicate    | Ack                                    | no (it already was)    |
  * | Expired      | Ack, or DeadLetter when so configured  | no                     |
  * | Rejected     | DeadLetter (publish, then term)        | no                     |
- * | DeadLettered | DeadLetter (publish, then term)        | no                     |
- * | Released     | Nak(delay), or Leave for redelivery    | no (rolled back)       |
+ * | DeadLettered | DeadLetter (publish, then term)        | no, unless `effectCommitted` |
+ * | Released     | Nak(delay), or Leave for redelivery    | no (rolled back), unless `effectCommitted` |
+ *
+ * A handler that fails after its `IdempotencyStore.commit` returned (a publish or a log step
+ * after it) keeps its failure outcome, `Released` or `DeadLettered`, so that what failed after the
+ * commit is retried or kept for an operator rather than dropped; `effectCommitted: true` says that
+ * the effect itself is applied, and the redelivery (or a replay of the dead letter) finds it
+ * committed and ends `Duplicate` without applying it again.
  *
  * @since 0.1.0
  */
@@ -128,6 +134,13 @@ export type Outcome = Data.TaggedEnum<{
     readonly message: MessageRef
     readonly reason: DeadLetterReason
     readonly error: ErrorSummary
+    /**
+     * `true` when the event's effect is committed (by this delivery, or found committed by the
+     * idempotency store) and the failure came after it: what is dead-lettered is the rest of the
+     * handler's work, and a replay finds the effect committed (`Duplicate`), running only that
+     * rest. Absent otherwise (the engine saw no commit). Also in the dead letter's error fields.
+     */
+    readonly effectCommitted?: boolean | undefined
     readonly confirmed: boolean
     readonly durationMillis: number
   }
@@ -136,6 +149,13 @@ export type Outcome = Data.TaggedEnum<{
     readonly message: MessageRef
     readonly reason: ReleaseReason
     readonly error: ErrorSummary | undefined
+    /**
+     * `true` when the event's effect is committed (by this delivery, or found committed by the
+     * idempotency store) and the failure came after it: nothing was rolled back, and the
+     * redelivery finds the effect committed (`Duplicate`) and runs only what followed the commit.
+     * Absent otherwise.
+     */
+    readonly effectCommitted?: boolean | undefined
     /** The nak delay asked of the broker; undefined when the message was left for the ack wait. */
     readonly retryIn: Duration.Duration | undefined
     readonly confirmed: boolean
@@ -190,6 +210,12 @@ export interface DeadLetterRecord {
   readonly error: ErrorSummary
   readonly message: MessageRef
   readonly failedAt: DateTime.Utc
+  /**
+   * `true` when the event's effect was committed before the failure (`DeadLettered`'s
+   * `effectCommitted`); the record's `error` then carries the field `effectCommitted: true` too,
+   * so that it reaches channels that store only the error. Absent otherwise.
+   */
+  readonly effectCommitted?: boolean | undefined
 }
 
 /** A broker command: what to tell the broker about one delivery. */
@@ -213,7 +239,17 @@ const deadLetterRecord = (
   error: ErrorSummary,
   reason: DeadLetterRecord["reason"],
   failedAt: DateTime.Utc
-): DeadLetterRecord => ({ outcome: outcome._tag, reason, error, message: outcome.message, failedAt })
+): DeadLetterRecord =>
+  outcome._tag === "DeadLettered" && outcome.effectCommitted === true
+    ? {
+      outcome: outcome._tag,
+      reason,
+      error: { ...error, fields: { ...error.fields, effectCommitted: true } },
+      message: outcome.message,
+      failedAt,
+      effectCommitted: true
+    }
+    : { outcome: outcome._tag, reason, error, message: outcome.message, failedAt }
 
 /**
  * The broker command that settles `outcome` (or its verdict): the single place where outcomes meet broker
@@ -252,6 +288,9 @@ export const toCommand = (
   }
 }
 
+/** What `describe` adds to a failure whose effect was committed before it. */
+const effectCommittedNote = " (the effect was committed before the failure: a redelivery or replay is a Duplicate)"
+
 /**
  * A one-line description of an outcome for logs and tables: the outcome, the consumer and
  * sequence, the event id, and for a failure its reason and error down to the innermost cause
@@ -276,10 +315,12 @@ export const describe = (outcome: Outcome): string => {
       return `${outcome._tag} ${ref}: ${outcome.reason}: ` +
         (outcome.error.tag === outcome.reason
           ? describeError(outcome.error).slice(outcome.error.tag.length + 2)
-          : describeError(outcome.error))
+          : describeError(outcome.error)) +
+        (outcome._tag === "DeadLettered" && outcome.effectCommitted === true ? effectCommittedNote : "")
     case "Released":
       return `Released ${ref}: ${outcome.reason}` +
         (outcome.retryIn === undefined ? "" : ` (retry in ${Duration.format(outcome.retryIn)})`) +
-        (outcome.error === undefined ? "" : `: ${describeError(outcome.error)}`)
+        (outcome.error === undefined ? "" : `: ${describeError(outcome.error)}`) +
+        (outcome.effectCommitted === true ? effectCommittedNote : "")
   }
 }

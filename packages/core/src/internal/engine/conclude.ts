@@ -17,6 +17,9 @@ import type { PrepareStage } from "./prepare.ts"
 import type { Shared } from "./shared.ts"
 import { ExpiredBeforeRun, HandlerTimeout, type Prepared, type Reports, type Verdict } from "./types.ts"
 
+/** The field a failure outcome carries when the effect was committed before the failure. */
+const effectCommitted = { effectCommitted: true } as const
+
 /** The conclude stage of one consumer run (`makeConclude`). */
 export type ConcludeStage<A, E extends Tagged, R> = ReturnType<typeof makeConclude<A, E, R>>
 
@@ -76,6 +79,11 @@ export const makeConclude = <A, E extends Tagged, R>(shared: Shared<A, E, R>, { 
         })
       }
       const error = ErrorSummary.fromCause(exit.cause)
+      // The handler failed after its effect committed (or was found committed): a publish or a
+      // log step after `IdempotencyStore.commit` returned. The failure outcome stays, so that
+      // what failed is retried or dead-lettered rather than dropped, and says the effect is
+      // applied; the redelivery (or a replay) finds it committed and runs only what followed.
+      const committed = reports.committed || reports.alreadyCommitted ? effectCommitted : undefined
       if (
         Option.isSome(failure) && (failure.value instanceof ExpiredBeforeRun || failure.value instanceof WorkExpired) &&
         metadata.expiresAt !== undefined
@@ -100,7 +108,8 @@ export const makeConclude = <A, E extends Tagged, R>(shared: Shared<A, E, R>, { 
           message,
           reason: "LeaseLost",
           error: ErrorSummary.fromError(failure.value),
-          retryIn: undefined
+          retryIn: undefined,
+          ...committed
         })
       }
       if (lease.lost && Cause.hasInterrupts(exit.cause)) {
@@ -109,23 +118,26 @@ export const makeConclude = <A, E extends Tagged, R>(shared: Shared<A, E, R>, { 
           message,
           reason: "LeaseLost",
           error: ErrorSummary.make("LeaseLost", "no lease extension was confirmed in time; the handler was interrupted"),
-          retryIn: undefined
+          retryIn: undefined,
+          ...committed
         })
       }
       if (Option.isNone(failure) && Cause.hasInterrupts(exit.cause) && !Cause.hasDies(exit.cause)) {
         // Interrupted (shutdown past its drain): the transaction rolled back; hand it back now.
-        return Outcome.verdict("Released", { message, reason: "Interrupted", error: undefined, retryIn: Duration.zero })
+        return Outcome.verdict("Released", { message, reason: "Interrupted", error: undefined, retryIn: Duration.zero, ...committed })
       }
       const transient = Option.isNone(failure) || isTransient(failure.value as E | HandlerTimeout | ExpiredBeforeRun)
-      if (!transient) return Outcome.verdict("DeadLettered", { message, reason: "PermanentError", error })
+      if (!transient) return Outcome.verdict("DeadLettered", { message, reason: "PermanentError", error, ...committed })
+      // Without a store, `failedBefore` counts the deliveries before this one but those this run
+      // saw commit unacked (see `rememberCommitted`).
       const failed = attemptStore === undefined
-        ? delivery.deliveryCount
+        ? failedBefore + 1
         : yield* attemptStore.recordFailure(key).pipe(orCountDeliveries(Math.max(failedBefore + 1, delivery.deliveryCount)))
       if (failed >= definition.retry.attempts) {
-        return Outcome.verdict("DeadLettered", { message, reason: "AttemptsExhausted", error })
+        return Outcome.verdict("DeadLettered", { message, reason: "AttemptsExhausted", error, ...committed })
       }
       const retryIn = yield* Retry.delayAfter(definition.retry, failed)
-      return Outcome.verdict("Released", { message, reason: "Retrying", error, retryIn })
+      return Outcome.verdict("Released", { message, reason: "Retrying", error, retryIn, ...committed })
     })
 
   return { conclude }

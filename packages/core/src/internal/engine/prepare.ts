@@ -16,12 +16,15 @@ import type { Prepared, Verdict } from "./types.ts"
 /** The ordering key of every delivery of a consumer without per-key ordering (built once). */
 const noKey: Result.Result<string, ErrorSummary.ErrorSummary> = Result.succeed("")
 
+/** The field of a dead letter for a message whose effect this run saw committed. */
+const effectCommitted = { effectCommitted: true } as const
+
 /** The prepare stage of one consumer run (`makePrepare`). */
 export type PrepareStage<A, E extends Tagged, R> = ReturnType<typeof makePrepare<A, E, R>>
 
 /** Builds the prepare stage of one consumer run. */
 export const makePrepare = <A, E extends Tagged, R>(shared: Shared<A, E, R>) => {
-  const { definition, attemptStore, deliveryBound, record, clockSkew, wallNow, takeUnwritten } = shared
+  const { definition, attemptStore, deliveryBound, record, clockSkew, wallNow, takeUnwritten, committedOf } = shared
 
   // User code: it may throw, or give no usable id; either rejects the message with the cause.
   const readMetadata = (event: A): Result.Result<Metadata, ErrorSummary.ErrorSummary> => {
@@ -136,6 +139,7 @@ export const makePrepare = <A, E extends Tagged, R>(shared: Shared<A, E, R>) => 
       // Earlier deliveries ended without settling (a crash loop, or dead letters not written):
       // stop while the broker still delivers, so the message is dead-lettered rather than dropped
       // at its MaxDeliver; with the reason of a dead letter this run could not write, if any.
+      // A message whose effect this run saw committed says so (what is dead-lettered is the rest).
       const unwritten = takeUnwritten(message)
       return Result.fail(Outcome.verdict("DeadLettered", {
         message,
@@ -143,11 +147,17 @@ export const makePrepare = <A, E extends Tagged, R>(shared: Shared<A, E, R>) => 
         error: unwritten?.error ?? ErrorSummary.make(
           "DeliveriesExhausted",
           `delivered ${delivery.deliveryCount} times without settling; the bound is ${deliveryBound} deliveries`
-        )
+        ),
+        ...(unwritten?.effectCommitted === true || committedOf(message) !== undefined ? effectCommitted : undefined)
       }))
     }
     const key = { scope: definition.name, id: metadata.id }
-    const failedBefore = attemptStore === undefined ? delivery.deliveryCount - 1 : 0
+    // Without an attempt store, the deliveries before this one, but those this run saw commit
+    // without an ack (withheld or unconfirmed): their redelivery is no failed attempt, it must
+    // reach the handler and end `Duplicate` (see `rememberCommitted`). A first delivery reads nothing.
+    const failedBefore = attemptStore !== undefined || delivery.deliveryCount === 1
+      ? 0
+      : delivery.deliveryCount - 1 - (committedOf(message)?.notFailed ?? 0)
     return Result.succeed({ event, metadata, message, orderKey: orderKey.success, key, failedBefore })
   }
 
@@ -168,7 +178,8 @@ export const makePrepare = <A, E extends Tagged, R>(shared: Shared<A, E, R>) => 
       error: unwritten?.error ?? ErrorSummary.make(
         "AttemptsExhausted",
         `${prepared.failedBefore} failed attempts; the retry policy allows ${definition.retry.attempts}`
-      )
+      ),
+      ...(unwritten?.effectCommitted === true || committedOf(prepared.message) !== undefined ? effectCommitted : undefined)
     }))
   }
 

@@ -33,6 +33,8 @@ const logOutcome = (outcome: Outcome.Outcome): Effect.Effect<void> => {
   if (outcome.message.eventId !== undefined) annotations.eventId = outcome.message.eventId
   if ("reason" in outcome) annotations.reason = outcome.reason
   if ("error" in outcome && outcome.error !== undefined) annotations.error = ErrorSummary.describe(outcome.error)
+  // A failure after the commit: the effect is applied, only what followed it failed.
+  if ("effectCommitted" in outcome && outcome.effectCommitted === true) annotations.effectCommitted = true
   return log(Outcome.describe(outcome)).pipe(Effect.annotateLogs(annotations))
 }
 

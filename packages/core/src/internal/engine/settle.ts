@@ -14,20 +14,39 @@ import type { RecordStage } from "./record.ts"
 import type { Shared } from "./shared.ts"
 import type { Decided, Verdict } from "./types.ts"
 
-/** Whether `verdict` settles with an ack. */
-const acks = (verdict: Verdict): boolean =>
-  (verdict._tag === "Committed" && verdict.ackWithheld === undefined) || verdict._tag === "Duplicate" ||
-  verdict._tag === "Expired"
+/** The field a failure outcome carries when the effect was committed before it. */
+const effectCommitted = { effectCommitted: true } as const
 
-/** The verdict for the same work once its lease is lost: no ack (a committed effect stays committed). */
+/** Whether `verdict` settles with an ack (an `Expired` one: when `expiredTo` is `Ack`). */
+const acks = (verdict: Verdict, expiredTo: "Ack" | "DeadLetter"): boolean =>
+  (verdict._tag === "Committed" && verdict.ackWithheld === undefined) || verdict._tag === "Duplicate" ||
+  (verdict._tag === "Expired" && expiredTo === "Ack")
+
+/** What a `Released` (LeaseLost) says of an expired event whose ack or dead letter was withheld. */
+const expiredPastLease = (verdict: Extract<Verdict, { readonly _tag: "Expired" }>, withheld: "ack" | "dead letter") =>
+  ErrorSummary.make(
+    "Expired",
+    `the event expired (found ${verdict.stage === "BeforeHandler" ? "before the handler" : "after a wait"}, due ` +
+      `${DateTime.formatIso(verdict.expiresAt)}); found past the lease, its ${withheld} was not sent: another consumer may ` +
+      `own the message, and the next delivery decides`,
+    { stage: verdict.stage }
+  )
+
+/**
+ * The verdict for the same work once its lease is lost: no ack (a committed effect stays
+ * committed; a duplicate's effect was committed before: `effectCommitted`).
+ */
 const withholdAck = (verdict: Verdict): Verdict =>
   verdict._tag === "Committed"
     ? { ...verdict, ackWithheld: "LeaseLost" }
     : Outcome.verdict("Released", {
       message: verdict.message,
       reason: "LeaseLost",
-      error: ErrorSummary.make("LeaseLost", "the lease ran out before the ack; another consumer may own the message"),
-      retryIn: undefined
+      error: verdict._tag === "Expired"
+        ? expiredPastLease(verdict, "ack")
+        : ErrorSummary.make("LeaseLost", "the lease ran out before the ack; another consumer may own the message"),
+      retryIn: undefined,
+      ...(verdict._tag === "Duplicate" ? effectCommitted : undefined)
     })
 
 const finish = Outcome.settled
@@ -48,7 +67,21 @@ export type SettleStage<A, E extends Tagged, R> = ReturnType<typeof makeSettle<A
 
 /** Builds the settle stage of one consumer run. */
 export const makeSettle = <A, E extends Tagged, R>(shared: Shared<A, E, R>, { recordOutcome, reportAll }: RecordStage<A, E, R>) => {
-  const { definition, ackAll, maxDeliver, now, wallNow, record, probe, hit, leaseMillis, settleLatency, stranded, rememberUnwritten } = shared
+  const {
+    definition,
+    ackAll,
+    maxDeliver,
+    now,
+    wallNow,
+    record,
+    probe,
+    hit,
+    leaseMillis,
+    settleLatency,
+    stranded,
+    rememberUnwritten,
+    rememberCommitted
+  } = shared
 
   /**
    * The verdict for a dead letter decided past the lease, on a delivery the broker may still
@@ -56,9 +89,29 @@ export const makeSettle = <A, E extends Tagged, R>(shared: Shared<A, E, R>, { re
    * letter would be a false one if that consumer commits). The error stays said; the next
    * delivery decides, and writes the dead letter (`rememberUnwritten`: with its reason) if it is due.
    */
-  const withholdDeadLetter = (verdict: Extract<Verdict, { readonly _tag: "DeadLettered" | "Rejected" }>): Verdict => {
+  const withholdDeadLetter = (verdict: Extract<Verdict, { readonly _tag: "DeadLettered" | "Rejected" | "Expired" }>): Verdict => {
     rememberUnwritten(verdict)
-    return Outcome.verdict("Released", { message: verdict.message, reason: "LeaseLost", error: verdict.error, retryIn: undefined })
+    return Outcome.verdict("Released", {
+      message: verdict.message,
+      reason: "LeaseLost",
+      // An expired event says so (the next delivery finds it expired again, and dead-letters it).
+      error: verdict._tag === "Expired" ? expiredPastLease(verdict, "dead letter") : verdict.error,
+      retryIn: undefined,
+      ...(verdict._tag === "DeadLettered" && verdict.effectCommitted === true ? effectCommitted : undefined)
+    })
+  }
+
+  /**
+   * Remembers what an outcome says of a committed effect not acked (see `rememberCommitted`): a
+   * `Committed` or `Duplicate` not confirmed is no failed attempt; a failure after the commit is
+   * one, but its message's effect is applied. Not called for a confirmed `Committed` (the common case).
+   */
+  const noteCommitted = (verdict: Verdict, confirmed: boolean): void => {
+    if (verdict._tag === "Committed" || verdict._tag === "Duplicate") {
+      if (!confirmed) rememberCommitted(verdict.message, false)
+    } else if ((verdict._tag === "Released" || verdict._tag === "DeadLettered") && verdict.effectCommitted === true) {
+      rememberCommitted(verdict.message, true)
+    }
   }
 
   // Every Delivery command is bounded by its implementation (the Delivery contract), so no
@@ -129,22 +182,29 @@ export const makeSettle = <A, E extends Tagged, R>(shared: Shared<A, E, R>, { re
       ? Effect.asVoid(settled(delivery, decided, result, receivedAt, true, true))
       : recordOutcome(delivery, outcomeOf(decided, result, receivedAt, settledAt(decided)), true)
 
+  /** `withholdAck`; a duplicate's delivery so withheld is no failed attempt (`rememberCommitted`). */
+  const withheldAck = (judged: Verdict): Verdict => {
+    if (judged._tag === "Duplicate") rememberCommitted(judged.message, false)
+    return withholdAck(judged)
+  }
+
   /** The verdict to act on and its broker command, decided when the command is sent. */
   const decide = (judged: Verdict, lease: LeaseKeeper.Lease): Decided => {
     // Never ack, nak or term past the local lease deadline (with the keeper's 10% margin): the
     // server may have handed the message to another consumer, and it applies each to whoever holds
     // it (a nak would hand it to a third while the second runs it, a term would end the second's
-    // run). What was found stays said. Only the broker's last delivery (MaxDeliver) is nobody
-    // else's: its dead letter is still written, since no redelivery could write it.
+    // run). What was found stays said (an expired event's too, whose ack or dead letter is not
+    // sent). Only the broker's last delivery (MaxDeliver) is nobody else's: its dead letter is
+    // still written, since no redelivery could write it.
     const commandStart = now()
     const pastLease = leaseMillis > 0 && commandStart >= lease.hold.since + leaseMillis * 0.9
     const verdict = !pastLease
       ? judged
-      : acks(judged)
-      ? withholdAck(judged)
+      : acks(judged, definition.expiredTo)
+      ? withheldAck(judged)
       : judged._tag === "Released" && judged.retryIn !== undefined
       ? { ...judged, reason: "LeaseLost" as const, retryIn: undefined }
-      : (judged._tag === "DeadLettered" || judged._tag === "Rejected") &&
+      : (judged._tag === "DeadLettered" || judged._tag === "Rejected" || judged._tag === "Expired") &&
           (maxDeliver === undefined || lease.delivery.deliveryCount < maxDeliver)
       ? withholdDeadLetter(judged)
       : judged
@@ -190,11 +250,14 @@ export const makeSettle = <A, E extends Tagged, R>(shared: Shared<A, E, R>, { re
   }
 
   /** The outcome of a verdict whose command had `result` at `at` (not a dead letter that failed). */
-  const outcomeOf = ({ verdict }: Decided, result: "confirmed" | "stored" | "failed", receivedAt: number, at: number): Outcome.Outcome =>
+  const outcomeOf = ({ verdict }: Decided, result: "confirmed" | "stored" | "failed", receivedAt: number, at: number): Outcome.Outcome => {
     // A withheld ack is not a confirmed one, although saying nothing always "succeeds". A
     // dead letter `stored` but whose term was lost stays dead-lettered for good (a redelivery
     // writes the same dead letter again, stored once), unconfirmed, and nothing is naked.
-    finish(verdict, result === "confirmed" && !(verdict._tag === "Committed" && verdict.ackWithheld !== undefined), at - receivedAt)
+    const confirmed = result === "confirmed" && !(verdict._tag === "Committed" && verdict.ackWithheld !== undefined)
+    if (!confirmed || verdict._tag !== "Committed") noteCommitted(verdict, confirmed)
+    return finish(verdict, confirmed, at - receivedAt)
+  }
 
   /** An ack `ackAll` could not confirm: as `execute` reports a failed command. */
   const unconfirmedAck = (error: unknown) => Effect.as(Effect.logWarning("broker command failed", ErrorSummary.fromError(error)), "failed" as const)
@@ -280,7 +343,8 @@ export const makeSettle = <A, E extends Tagged, R>(shared: Shared<A, E, R>, { re
           message: verdict.message,
           reason: "DeadLetterFailed",
           error: ErrorSummary.make("DeadLetterFailed", "the dead-letter publish was not confirmed"),
-          retryIn
+          retryIn,
+          ...(verdict._tag === "DeadLettered" && verdict.effectCommitted === true ? effectCommitted : undefined)
         }),
         naked,
         now() - receivedAt

@@ -31,6 +31,14 @@ interface UnwrittenDeadLetter {
   readonly eventId: string | undefined
   readonly reason: Outcome.DeadLetterReason
   readonly error: ErrorSummary.ErrorSummary
+  readonly effectCommitted: boolean | undefined
+}
+
+/** What this run saw of a message's deliveries whose effect committed (`rememberCommitted`). */
+interface CommittedDeliveries {
+  readonly eventId: string | undefined
+  /** Those that committed but were not acked (withheld or unconfirmed): no failed attempts. */
+  notFailed: number
 }
 
 /** How many unwritten dead letters a consumer run remembers (a few dozen bytes each). */
@@ -131,13 +139,36 @@ export const makeShared = <A, E extends Tagged, R>(
     const { sequence, eventId } = verdict.message
     unwritten.delete(sequence)
     if (unwritten.size >= unwrittenLimit) unwritten.delete(unwritten.keys().next().value!)
-    unwritten.set(sequence, { eventId, reason: verdict.reason, error: verdict.error })
+    unwritten.set(sequence, { eventId, reason: verdict.reason, error: verdict.error, effectCommitted: verdict.effectCommitted })
   }
   const takeUnwritten = (message: Outcome.MessageRef): UnwrittenDeadLetter | undefined => {
     const found = unwritten.get(message.sequence)
     if (found === undefined || found.eventId !== message.eventId) return undefined
     unwritten.delete(message.sequence)
     return found
+  }
+  // Messages whose effect a delivery of this run committed (or found committed) without acking it:
+  // the ack withheld (past the lease, or cut in its COMMIT) or not confirmed, or a failure after
+  // the commit. Without an attempt store the deliveries count as failed attempts; one that
+  // committed and was not acked is none, and its redelivery must reach the handler (whose store
+  // finds the effect: `Duplicate`) rather than be dead-lettered `AttemptsExhausted` before it runs:
+  // a false dead letter for an applied event. Only this run knows it: a redelivery that reaches
+  // another process (or this one after a restart) counts it as a failed attempt, as before; an
+  // attempt store counts only failures. Bounded as `unwritten`.
+  const committedBefore = new Map<number, CommittedDeliveries>()
+  const rememberCommitted = (message: Outcome.MessageRef, failed: boolean): void => {
+    const { sequence, eventId } = message
+    const found = committedBefore.get(sequence)
+    const seen = found !== undefined && found.eventId === eventId ? found : { eventId, notFailed: 0 }
+    if (!failed) seen.notFailed++
+    committedBefore.delete(sequence)
+    if (committedBefore.size >= unwrittenLimit) committedBefore.delete(committedBefore.keys().next().value!)
+    committedBefore.set(sequence, seen)
+  }
+  /** What this run saw committed of `message` (its sequence and event id), if anything. */
+  const committedOf = (message: Outcome.MessageRef): CommittedDeliveries | undefined => {
+    const found = committedBefore.get(message.sequence)
+    return found !== undefined && found.eventId === message.eventId ? found : undefined
   }
   const isTransient = (error: E | HandlerTimeout | ExpiredBeforeRun): boolean =>
     error instanceof ExpiredBeforeRun || error instanceof WorkExpired || error instanceof LeaseExpired
@@ -186,6 +217,8 @@ export const makeShared = <A, E extends Tagged, R>(
     timeoutMessage,
     isTransient,
     rememberUnwritten,
-    takeUnwritten
+    takeUnwritten,
+    rememberCommitted,
+    committedOf
   }
 }
