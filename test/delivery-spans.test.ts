@@ -9,7 +9,7 @@ import { Consumer } from "@jetworker/core"
 import { JetStreamSource } from "@jetworker/nats"
 import { JsonLogger } from "@jetworker/node"
 import { OutcomeLog, SpanLog, TestStream } from "@jetworker/testing"
-import { DateTime, Deferred, Effect, Fiber, Logger, Option, Schema, Tracer } from "effect"
+import { DateTime, Deferred, Effect, Fiber, Logger, Option, Result, Schema, Tracer } from "effect"
 import { NatsLive } from "./support/services.ts"
 
 const Event = Schema.Struct({ id: Schema.String })
@@ -103,6 +103,44 @@ describe("a delivery's span", () => {
           "messaging.message.id": "exported",
           "jetworker.outcome": "Committed"
         })
+      }))
+
+    it.effect("a batch's span is linked to the publish span of each of its elements (a batch has many producers' traces)", () =>
+      Effect.gen(function*() {
+        const stream = yield* TestStream.make()
+        const outcomes = yield* OutcomeLog.make
+        const spans = yield* SpanLog.make
+        // Published first, so that the batch forms of all three.
+        const publishers: Array<Tracer.Span> = []
+        for (const id of ["b1", "b2", "b3"]) {
+          publishers.push(
+            yield* Effect.currentSpan.pipe(
+              Effect.tap(() => stream.publish("a", JSON.stringify({ id }), id)),
+              Effect.withSpan(`test.publisher.${id}`)
+            )
+          )
+        }
+        const consumer = Consumer.makeBatch({
+          name: stream.consumer,
+          source: JetStreamSource.make({ stream: stream.stream, consumer: stream.consumer }),
+          schema: Event,
+          metadata,
+          batch: { maxSize: 3, maxWait: "2 seconds" },
+          handleBatch: (events) => Effect.succeed(events.map(() => Result.succeed(undefined))),
+          classify: {},
+          onOutcome: outcomes.record
+        })
+        const fiber = yield* Effect.forkChild(Consumer.run(consumer).pipe(Effect.withTracer(spans.tracer)))
+        yield* outcomes.waitUntil((all) => all.length === 3, "15 seconds", "the three outcomes")
+        yield* Fiber.interrupt(fiber)
+
+        const batches = yield* spans.named(`process ${stream.subject("a")}`)
+        assert.strictEqual(batches.length, 1, "one batch of three")
+        const linked = batches[0]!.links.map((link) => link.span.traceId).sort()
+        assert.deepStrictEqual(linked, publishers.map((p) => p.traceId).sort(), "linked to each producer's trace")
+        for (const link of batches[0]!.links) {
+          assert.notInclude(publishers.map((p) => p.spanId), link.span.spanId, "to the publish span, a child of the publisher's")
+        }
       }))
   })
 })

@@ -4,7 +4,7 @@
  * from its own result (or, when the run fails as a whole, runs each alone), and settles them
  * together (`settleAll`); `batchDefect` is its safety net.
  */
-import { Cause, Duration, Effect, Exit, Result } from "effect"
+import { Cause, Duration, Effect, Exit, Result, type Tracer } from "effect"
 import type { Tagged } from "../../Classification.ts"
 import { CurrentBatch } from "../../CurrentDelivery.ts"
 import type { Delivery } from "../../Delivery.ts"
@@ -288,12 +288,23 @@ export const makeBatchPath = <A, E extends Tagged, R>(
   }
   const batchTimeoutMessage = `batch handler ran longer than ${Duration.format(definition.handlerTimeout)}`
 
-  // One span per batch; its elements' outcomes are in their own log lines and metrics.
+  // One span per batch; its elements' outcomes are in their own log lines and metrics. A batch
+  // has many publishers: a root span linked to each element's publish span (`traceparent`), as
+  // OpenTelemetry's messaging conventions have it, so each producer's trace leads to the batch.
+  const linksOf = (deliveries: ReadonlyArray<Delivery>): Array<Tracer.SpanLink> => {
+    const links: Array<Tracer.SpanLink> = []
+    for (const delivery of deliveries) {
+      const publish = Telemetry.parseTraceparent(delivery.header(Telemetry.traceparentHeader))
+      if (publish !== undefined) links.push({ span: publish, attributes: {} })
+    }
+    return links
+  }
   const many = (deliveries: ReadonlyArray<Delivery>, batch: BatchDefinition<A, E, R>): Effect.Effect<void, never, R> =>
     processBatch(deliveries, batch).pipe(
       Effect.withSpan(Telemetry.processSpanName(deliveries[0]!.subject), {
         kind: "consumer",
         root: true,
+        links: linksOf(deliveries),
         attributes: {
           [Telemetry.Attribute.messagingSystem]: Telemetry.messagingSystem,
           [Telemetry.Attribute.operationType]: "process",
