@@ -112,20 +112,16 @@ export const isEmpty = (filter: Filter): boolean => Object.values(filter).every(
 /** How many dead letters one operation reads at most. */
 export const maxSelected = 100_000
 
-/**
- * The dead letters of `stream` that `filter` selects, oldest first, from sequence `from` on, at
- * most `limit` (at most {@link maxSelected}), read in pages of 1000. A message that is not a dead
- * letter (`DeadLetter.isDeadLetter`) is never selected.
- */
-export const select = (
+/** {@link select} without its cap: up to `limit` dead letters, read in pages of 1000. */
+const collect = (
   stream: string,
   filter: Filter,
-  options: { readonly from?: number | undefined; readonly limit?: number | undefined } = {}
+  start: number | undefined,
+  limit: number
 ): Effect.Effect<ReadonlyArray<DeadLetter.DeadLetterMessage>, NatsError.NatsError, NatsConnection.NatsConnection> =>
   Effect.gen(function*() {
-    const limit = Math.min(options.limit ?? maxSelected, maxSelected)
     const selected: Array<DeadLetter.DeadLetterMessage> = []
-    let from = options.from
+    let from = start
     while (selected.length < limit) {
       const page = yield* DeadLetter.list(stream, { from, limit: 1000 })
       if (page.length === 0) break
@@ -136,12 +132,53 @@ export const select = (
     return selected
   })
 
+/**
+ * The dead letters of `stream` that `filter` selects, oldest first, from sequence `from` on, at
+ * most `limit` (at most {@link maxSelected}), read in pages of 1000. A message that is not a dead
+ * letter (`DeadLetter.isDeadLetter`) is never selected.
+ */
+export const select = (
+  stream: string,
+  filter: Filter,
+  options: { readonly from?: number | undefined; readonly limit?: number | undefined } = {}
+): Effect.Effect<ReadonlyArray<DeadLetter.DeadLetterMessage>, NatsError.NatsError, NatsConnection.NatsConnection> =>
+  collect(stream, filter, options.from, Math.min(options.limit ?? maxSelected, maxSelected))
+
 /** The dead letters of `stream` that `filter` selects, as rows (see {@link select}). */
 export const list = (
   stream: string,
   options: { readonly from?: number | undefined; readonly limit?: number | undefined; readonly filter?: Filter | undefined } = {}
 ): Effect.Effect<ReadonlyArray<Row>, NatsError.NatsError, NatsConnection.NatsConnection> =>
   Effect.map(select(stream, options.filter ?? {}, { from: options.from, limit: options.limit ?? 100 }), (messages) => messages.map((m) => toRow(m)))
+
+/** A listing that knows whether it is complete. */
+export interface Page {
+  /** The dead letters listed, oldest first. */
+  readonly rows: ReadonlyArray<Row>
+  /**
+   * The sequence to list from next (`from`) when more dead letters match than the limit took;
+   * `undefined` when the rows are all there are.
+   */
+  readonly next: number | undefined
+}
+
+/**
+ * Like {@link list}, and says whether more dead letters match than `limit` (default 100, at most
+ * {@link maxSelected}) took: it reads one more than it lists, so that even a listing of the most
+ * it takes can tell (`list` with a limit of one more cannot there, being capped).
+ *
+ * @since 0.4.0
+ */
+export const listPage = (
+  stream: string,
+  options: { readonly from?: number | undefined; readonly limit?: number | undefined; readonly filter?: Filter | undefined } = {}
+): Effect.Effect<Page, NatsError.NatsError, NatsConnection.NatsConnection> => {
+  const limit = Math.min(options.limit ?? 100, maxSelected)
+  return Effect.map(collect(stream, options.filter ?? {}, options.from, limit + 1), (messages) => {
+    const rows = messages.slice(0, limit).map((m) => toRow(m))
+    return { rows, next: messages.length > limit && rows.length > 0 ? rows[rows.length - 1]!.sequence + 1 : undefined }
+  })
+}
 
 /** The rows as text: one block per dead letter, or a line saying there are none. */
 export const format = (stream: string, rows: ReadonlyArray<Row>): string =>

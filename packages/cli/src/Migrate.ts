@@ -3,7 +3,9 @@
  * (default `postgres://postgres@127.0.0.1:5432/test`) and prints the ones it applied; with
  * `--sql` it prints their SQL instead, for `psql`, without connecting. A failure prints a
  * one-line reason and a one-line next step on stderr; an interruption (SIGINT/SIGTERM) rolls back
- * the open migration transaction.
+ * the open migration transaction. Its waits are bounded: 5 seconds to connect (the driver's
+ * default, or the URL's `connect_timeout`), 30 seconds for a lock another session holds (the URL's
+ * `lock_timeout` option instead, when it sets one).
  *
  * It deliberately does not print the URL (it is read as a `Redacted`), take flags for connection
  * settings (everything is in the URL, e.g. `?options=-csearch_path%3Dmy_schema`), or roll back
@@ -20,10 +22,22 @@ import type { SqlError } from "effect/sql/SqlError"
 /** The database the command migrates when `DATABASE_URL` is not set. */
 const defaultUrl = "postgres://postgres@127.0.0.1:5432/test"
 
+/**
+ * How long the run waits for a lock another session holds on a table it changes (another
+ * migration run, a long transaction) before it fails, instead of waiting for ever (30 seconds).
+ */
+const lockTimeout = "30s"
+
+const databaseUrl = Config.Redacted("DATABASE_URL").pipe(Config.withDefault(Redacted.make(defaultUrl)))
+
 const Database = PgClient.layerConfig({
-  url: Config.Redacted("DATABASE_URL").pipe(Config.withDefault(Redacted.make(defaultUrl))),
+  url: databaseUrl,
   maxConnections: Config.succeed(1),
-  applicationName: Config.succeed("jetworker-migrate")
+  applicationName: Config.succeed("jetworker-migrate"),
+  // Unless the URL sets its own (`?options=-clock_timeout%3D...`): the startup parameter would win.
+  startupParameters: databaseUrl.pipe(
+    Config.map((url): Record<string, string> => Redacted.value(url).includes("lock_timeout") ? {} : { lock_timeout: lockTimeout })
+  )
 })
 
 const causeMessage = (cause: unknown): string | undefined =>
@@ -60,6 +74,10 @@ const sqlNextStep = (error: SqlError): string | undefined => {
       return "check the user and password in DATABASE_URL"
     case "AuthorizationError":
       return "run this command as a user that may create tables in the schema (its owner), or hand the output of --sql to one"
+    case "LockTimeoutError":
+      return `nothing was applied: another session held a lock on a table the migrations change for 30 seconds ` +
+        `(another jetworker migrate, or a long transaction: see pg_stat_activity); run again when it is done ` +
+        `(a longer wait: lock_timeout in DATABASE_URL's options)`
     default:
       return undefined
   }

@@ -28,7 +28,11 @@ export type Reason =
    * not ready, 2.11 pre-releases).
    */
   | "Unavailable"
-  /** The JetStream API refused the request (see `code`); retrying the same request cannot help. */
+  /**
+   * The JetStream API refused the request (see `code`); retrying the same request cannot help.
+   * Among them 10039, "JetStream not enabled for account": the server runs JetStream, the account
+   * the connection logged in to does not have it.
+   */
   | "ApiError"
   /** The server's reply was not what JetStream promises (e.g. a PubAck for another stream). */
   | "InvalidReply"
@@ -46,8 +50,9 @@ const RETRYABLE: ReadonlySet<Reason> = new Set([
 
 /**
  * The JetStream API codes (nats-server's `server/errors.json`) of a passing state. Other 503s are
- * of a lasting one and stay final `ApiError`s: JetStream not enabled (10076), insufficient
- * resources (10023), no such account (10035), another expected sequence (10063).
+ * of a lasting one and stay final `ApiError`s: JetStream not enabled (10076), JetStream not
+ * enabled for the account (10039), insufficient resources (10023), no such account (10035),
+ * another expected sequence (10063).
  */
 const UNAVAILABLE_CODES: ReadonlySet<number> = new Set([10008, 10163, 10167])
 
@@ -93,8 +98,15 @@ export const fromUnknown = (operation: string, error: unknown): NatsError => {
       return make("Timeout")
     case "NoResponders":
     case "NoRespondersError":
-    case "JetStreamNotEnabled":
       return make("NoResponders")
+    case "JetStreamNotEnabled": {
+      // nats.js gives this name to two failures: nobody answered the JetStream API (a server
+      // without JetStream, or one passing through a leader election: retryable), and the server's
+      // own answer 10039 "JetStream not enabled for account", a lasting setting of the account.
+      // The answer is mapped as any other API error is (10039 is a final ApiError).
+      const answer = causeOf(error)
+      return apiCodeOf(answer) === undefined ? make("NoResponders") : fromUnknown(operation, answer)
+    }
     case "ClosedConnectionError":
     case "DrainingConnectionError":
       return make("ConnectionClosed")

@@ -17,13 +17,16 @@
  * disagree (the report says where); 2 the check could not run (unreadable manifest, no such
  * container, bad arguments). `dlq`: 0 done; 1 the server refused (no such stream, consumer or
  * message, not stored), a dead letter of a bulk run failed, or a replay or purge was not confirmed;
- * 2 bad arguments (`--sequence` with a filter or `--all`; a `replay` or `purge` of a stream that
- * is not a dead-letter stream; a `show` of a message that is not a dead letter; a `--since` or
- * `--until` that is not ISO 8601) or no connection (unreachable, credentials refused, no JetStream,
- * or lost during a bulk run, which then stops and says how many were done). Filters: `--consumer`,
- * `--reason`, `--subject` (a NATS subject filter), `--since`, `--until` (ISO 8601: a date,
- * `2026-12-01`, meaning midnight UTC, or a date-time with seconds optional, fractions allowed and
- * its offset required, `2026-12-01T10:00Z`, `2026-12-01T10:00:00.250+01:00`). A `purge`, and
+ * 2 bad arguments (`--sequence` below 1, or with a filter or `--all`; a `--server` that is no
+ * URL; a `replay` or `purge` of a stream that is not a dead-letter stream; a `show` of a message
+ * that is not a dead letter; a `--since` or `--until` that is not ISO 8601) or no connection
+ * (unreachable, not a NATS server, credentials refused, no JetStream on the server or for the
+ * account, or lost during a bulk run, which then stops and says how many were done). A server
+ * that does not answer fails a command: 5 seconds for connecting or for a request, then at most 1
+ * second closing the connection. Filters: `--consumer`, `--reason`, `--subject` (a NATS subject
+ * filter), `--since`, `--until` (ISO 8601: a date, `2026-12-01`, meaning midnight UTC, or a
+ * date-time with seconds optional, fractions allowed and its offset required, `2026-12-01T10:00Z`,
+ * `2026-12-01T10:00:00.250+01:00`). A `purge`, and
  * a `replay` of more than one named sequence, asks on a terminal and refuses without one unless
  * `--yes`. `recover` stores into the existing dead-letter stream; it never creates or changes it.
  * `contract check`: 0 the server fits the contract (warnings allowed), 1 it does not (the report
@@ -35,7 +38,7 @@
  * them (`NATS_TOKEN`, `NATS_USER`/`NATS_PASSWORD`, `NATS_NKEY_SEED`, `NATS_CREDS`, `NATS_TLS_*`).
  * Log lines go to stderr. `migrate` (the database at `DATABASE_URL`): 0 applied
  * or up to date, 1 failed (nothing of the failed run is applied), 130 interrupted (rolled back).
- * A usage error exits 2.
+ * A usage error exits 2. Each command's `--help` states its exit codes.
  */
 import { NodeRuntime, NodeServices } from "@effect/platform-node"
 import { Contract, DeadLetter, NatsConnection, NatsError } from "@jetworker/nats"
@@ -45,6 +48,16 @@ import * as ConfigCheck from "../ConfigCheck.ts"
 import * as Contracts from "../Contracts.ts"
 import * as Migrate from "../Migrate.ts"
 import * as DeadLetters from "../DeadLetters.ts"
+
+/**
+ * A command's --help text: the summary (also its line in the parent's list of subcommands), then
+ * the details (exit codes, bounds), each on a line of its own.
+ */
+const described = (summary: string, ...details: ReadonlyArray<string>) =>
+<Name extends string, Input, ContextInput, E, R>(
+  self: Command.Command<Name, Input, ContextInput, E, R>
+): Command.Command<Name, Input, ContextInput, E, R> =>
+  self.pipe(Command.withShortDescription(summary), Command.withDescription([summary, ...details].join("\n  ")))
 
 const check = Command.make("check", {
   manifest: Flag.FileText("manifest").pipe(
@@ -67,7 +80,7 @@ const check = Command.make("check", {
   Effect.gen(function*() {
     const ackWait = Option.isSome(input.ackWait) ? Duration.fromInput(input.ackWait.value as Duration.Input) : Option.none()
     if (Option.isSome(input.ackWait) && Option.isNone(ackWait)) {
-      yield* Console.error(`--ack-wait ${JSON.stringify(input.ackWait.value)} is not a duration (e.g. "30 seconds")`)
+      yield* Console.error(`jetworker config check: --ack-wait ${JSON.stringify(input.ackWait.value)} is not a duration (e.g. "30 seconds")`)
       process.exitCode = 2
       return
     }
@@ -84,7 +97,11 @@ const check = Command.make("check", {
     }
     yield* Console.log(input.json ? JSON.stringify(report.success, null, 2) : ConfigCheck.format(report.success))
     if (!report.success.ok) process.exitCode = 1
-  })).pipe(Command.withDescription("Check the worker's shutdown and probe settings against its deployment manifest"))
+  })).pipe(described(
+    "Check the worker's shutdown and probe settings against its deployment manifest",
+    "exit 0 the settings agree with the manifest (warnings allowed), 1 they disagree (the report says where), " +
+      "2 it could not check (an unreadable manifest, no such container, bad arguments)"
+  ))
 
 const config = Command.make("config").pipe(
   Command.withDescription("Settings of a worker process"),
@@ -93,14 +110,55 @@ const config = Command.make("config").pipe(
 
 const server = Flag.String("server").pipe(
   Flag.optional,
-  Flag.withDescription("The NATS server (default: NATS_URL, else nats://127.0.0.1:4222)")
+  Flag.withDescription("The NATS server (default: NATS_URL, else nats://127.0.0.1:4222); credentials come from NATS_USER/NATS_PASSWORD, NATS_TOKEN, NATS_NKEY_SEED or NATS_CREDS")
 )
+
+/** What a NATS command waits for at most (NatsConnection's connect and request defaults, and {@link withNats}'s drain). */
+const natsBounds = "A server that does not answer fails the command (exit 2): 5 seconds for connecting or for a request, then at most 1 second closing"
+
+/** The server a NATS command connects to, as its failures name it (without credentials). */
+const serverOf = (serverFlag: Option.Option<string>): string =>
+  NatsConnection.describeServers(Option.getOrElse(serverFlag, () => process.env.NATS_URL || "nats://127.0.0.1:4222"))
+
+/**
+ * Why the server setting is no server URL (nats.js would say only "Invalid URL"), or `undefined`;
+ * the value is shown without its credentials.
+ */
+const unparsableServer = (serverFlag: Option.Option<string>): string | undefined => {
+  const setting = Option.isSome(serverFlag) ? "--server" : "NATS_URL"
+  for (const entry of Option.getOrElse(serverFlag, () => process.env.NATS_URL || "nats://127.0.0.1:4222").split(",")) {
+    const trimmed = entry.trim()
+    // nats.js takes host:port without a scheme too.
+    if (trimmed !== "" && !URL.canParse(trimmed.includes("://") ? trimmed : `nats://${trimmed}`)) {
+      return `${setting} ${JSON.stringify(NatsConnection.describeServers(trimmed))} is not a server URL (e.g. nats://127.0.0.1:4222)`
+    }
+  }
+  return undefined
+}
+
+/** A failure's hint for an operator, when the reason alone does not say what to do. */
+const hintFor = (error: NatsError.NatsError): string =>
+  // Nobody answers the JetStream API when the server runs without JetStream (10076 from some).
+  error.reason === "NoResponders" || (error.reason === "ApiError" && error.code === 10076)
+    ? "; the server must run with JetStream (nats-server -js)"
+    : error.reason === "Timeout"
+    ? "; the server did not answer within 5 seconds"
+    : error.reason === "ApiError" && error.code === 10039
+    ? "; the server runs JetStream, but the account these credentials log in to has no JetStream: enable it for that " +
+      "account in the server's configuration (jetstream: enabled), or log in to an account that has it"
+    : ""
+
+/** Whether `error` means there is no usable connection (exit 2) rather than a refused operation (exit 1). */
+const noConnection = (error: NatsError.NatsError): boolean =>
+  error.reason === "NoResponders" || (error.reason === "ApiError" && (error.code === 10076 || error.code === 10039)) ||
+  error.reason === "ConnectionRefused" || error.reason === "ConnectionClosed" || error.reason === "Timeout"
 
 /**
  * Runs `effect` on a connection configured as `NatsConnection.layerConfig` reads the environment
  * (NATS_URL, NATS_TOKEN, NATS_USER and NATS_PASSWORD, NATS_NKEY_SEED, NATS_CREDS, NATS_TLS_*; an
  * empty variable is unset), `--server` replacing only the servers. No connection (unreachable,
- * credentials refused, lost, no JetStream answering) exits 2, a refused operation 1.
+ * credentials refused, lost, no JetStream answering or none for the account) exits 2, a refused
+ * operation 1.
  */
 const withNats = <A>(
   what: string,
@@ -108,29 +166,50 @@ const withNats = <A>(
   effect: Effect.Effect<A, NatsError.NatsError, NatsConnection.NatsConnection>
 ) =>
   Effect.scoped(Effect.gen(function*() {
+    const unparsable = unparsableServer(serverFlag)
+    if (unparsable !== undefined) {
+      yield* Console.error(`jetworker ${what}: ${unparsable}`)
+      process.exitCode = 2
+      return Option.none<A>()
+    }
+    // nats.js drops a URL's user and password (or token) without a word: the login would then be
+    // refused, or go through as nobody, with the operator sure they passed credentials.
+    const setting = Option.getOrElse(serverFlag, () => process.env.NATS_URL || "nats://127.0.0.1:4222")
+    if (setting.split(",").some((entry) => NatsConnection.describeServers(entry) !== entry.trim())) {
+      yield* Console.error(
+        `jetworker ${what}: note: the credentials in ${Option.isSome(serverFlag) ? "--server" : "NATS_URL"} are not used; ` +
+          `set NATS_USER and NATS_PASSWORD, NATS_TOKEN, NATS_NKEY_SEED or NATS_CREDS`
+      )
+    }
     // One attempt: a command reports a lost server instead of reconnecting forever as a worker does.
-    const nats = NatsConnection.layerConfig({ name: "jetworker-cli", maxReconnectAttempts: 0 })
+    // A short drain: nothing of a command waits to be sent at its end, and a server that stopped
+    // answering would otherwise hold the exit for the default 5 seconds more.
+    const nats = NatsConnection.layerConfig({ name: "jetworker-cli", maxReconnectAttempts: 0, drainTimeout: "1 second" })
     const connected = yield* Layer.build(
       Option.isSome(serverFlag)
         ? Layer.provide(nats, ConfigProvider.layer(ConfigProvider.fromEnvRecord({ ...process.env, NATS_URL: serverFlag.value })))
         : nats
     ).pipe(Effect.result)
     if (connected._tag === "Failure") {
-      yield* Console.error(`jetworker ${what}: ${connected.failure.message}`)
+      const { message } = connected.failure
+      const where = serverOf(serverFlag)
+      // Most connect failures name the server; nats.js's own (a server that is no NATS server
+      // answering, a connection closed at once) do not.
+      yield* Console.error(
+        `jetworker ${what}: ${message}${
+          connected.failure._tag === "NatsError" && !message.includes(where)
+            ? `: ${where} did not answer as a NATS server; is a nats-server running there? Set --server or NATS_URL to it`
+            : ""
+        }`
+      )
       process.exitCode = 2
       return Option.none<A>()
     }
     const result = yield* effect.pipe(Effect.provide(connected.success), Effect.result)
     if (result._tag === "Success") return Option.some(result.success)
     const error = result.failure
-    // Nobody answers the JetStream API when the server runs without JetStream.
-    const noJetStream = error.reason === "NoResponders"
-    yield* Console.error(
-      `jetworker ${what}: ${error.operation}: ${error.message}${noJetStream ? "; the server must run with JetStream (nats-server -js)" : ""}`
-    )
-    process.exitCode = noJetStream || error.reason === "ConnectionRefused" || error.reason === "ConnectionClosed" || error.reason === "Timeout"
-      ? 2
-      : 1
+    yield* Console.error(`jetworker ${what}: ${error.operation}: ${error.message}${hintFor(error)}`)
+    process.exitCode = noConnection(error) ? 2 : 1
     return Option.none<A>()
   }))
 
@@ -149,6 +228,30 @@ const filterFlags = {
 }
 
 type FilterInput = { readonly [K in keyof typeof filterFlags]: Option.Option<string> }
+
+/** A usage error found before connecting: reported, exit 2; `false` to the caller. */
+const usageError = (what: string, message: string) =>
+  Effect.as(
+    Effect.andThen(Console.error(`jetworker ${what}: ${message}`), Effect.sync(() => {
+      process.exitCode = 2
+    })),
+    false
+  )
+
+/** Whether `--sequence` names a stream sequence; one below 1 is a usage error. */
+const validSequence = (what: string, sequence: number) =>
+  sequence >= 1
+    ? Effect.succeed(true)
+    : usageError(what, `--sequence takes a stream sequence, 1 or more (as dlq list shows them), got ${sequence}`)
+
+/**
+ * Whether `value` can name a stream or consumer (what nats.js checks before sending); anything
+ * else is a usage error, not a refusal by the server (exit 1).
+ */
+const validName = (what: string, flag: string, value: string) =>
+  value !== "" && !/[.*>/\\\s]/.test(value)
+    ? Effect.succeed(true)
+    : usageError(what, `${flag} ${JSON.stringify(value)} is not a NATS name: it is empty or holds ".", "*", ">", "/", "\\" or white space`)
 
 /** The filter the flags give; a time that does not parse is reported (exit 2). */
 const filterFrom = (what: string, input: FilterInput) =>
@@ -190,6 +293,7 @@ const dlqList = Command.make("list", {
   server
 }, (input) =>
   Effect.gen(function*() {
+    if (!(yield* validName("dlq list", "--stream", input.stream))) return
     const filter = yield* filterFrom("dlq list", input)
     if (Option.isNone(filter)) return
     if (!(input.limit >= 1 && input.limit <= DeadLetters.maxSelected)) {
@@ -197,21 +301,25 @@ const dlqList = Command.make("list", {
       process.exitCode = 2
       return
     }
-    // One more than the limit tells whether more match.
+    // The page says whether more match, also at the largest --limit.
     const found = yield* withNats(
       "dlq list",
       input.server,
-      DeadLetters.list(input.stream, { from: Option.getOrUndefined(input.from), limit: input.limit + 1, filter: filter.value })
+      DeadLetters.listPage(input.stream, { from: Option.getOrUndefined(input.from), limit: input.limit, filter: filter.value })
     )
     if (Option.isNone(found)) return
-    const rows = found.value.slice(0, input.limit)
+    const { next, rows } = found.value
     yield* Console.log(input.json ? JSON.stringify(rows, null, 2) : DeadLetters.format(input.stream, rows))
-    if (found.value.length > input.limit) {
-      const more = `more dead letters match than --limit ${input.limit}; the next from --from ${rows[rows.length - 1]!.sequence + 1}`
+    if (next !== undefined) {
+      const more = `more dead letters match than --limit ${input.limit}; the next from --from ${next}`
       // On stderr under --json, which stays one JSON document.
       yield* input.json ? Console.error(`jetworker dlq list: ${more}`) : Console.log(more)
     }
-  })).pipe(Command.withDescription("List the dead letters of a dead-letter stream, with their cause"))
+  })).pipe(described(
+    "List the dead letters of a dead-letter stream, with their cause",
+    "exit 0 listed (it says when more match than --limit), 1 the server refused (no such stream), 2 bad arguments or no connection",
+    natsBounds
+  ))
 
 const dlqShow = Command.make("show", {
   stream: Flag.String("stream").pipe(Flag.withDescription("The dead-letter stream")),
@@ -220,6 +328,7 @@ const dlqShow = Command.make("show", {
   server
 }, (input) =>
   Effect.gen(function*() {
+    if (!(yield* validName("dlq show", "--stream", input.stream)) || !(yield* validSequence("dlq show", input.sequence))) return
     const read = yield* withNats("dlq show", input.server, DeadLetter.read(input.stream, input.sequence))
     if (Option.isNone(read)) return
     // Refused as replay and purge refuse it: shown as a dead letter, any stream's message would
@@ -235,7 +344,11 @@ const dlqShow = Command.make("show", {
     }
     const detail = DeadLetters.detail(read.value)
     yield* Console.log(input.json ? JSON.stringify(detail, null, 2) : DeadLetters.formatDetail(input.stream, detail))
-  })).pipe(Command.withDescription("Show one dead letter in full: cause, headers and payload"))
+  })).pipe(described(
+    "Show one dead letter in full: cause, headers and payload",
+    "exit 0 shown, 1 the server refused (no such stream or message), 2 bad arguments, not a dead letter, or no connection",
+    natsBounds
+  ))
 
 /**
  * `dlq replay` and `dlq purge` over a selection: one `--sequence`, or the filters, or `--all`;
@@ -257,9 +370,11 @@ const bulk = (action: DeadLetters.BulkResult["action"], description: string, con
   }, (input) =>
     Effect.gen(function*() {
       const what = `dlq ${action}`
+      if (!(yield* validName(what, "--stream", input.stream))) return
       const filter = yield* filterFrom(what, input)
       if (Option.isNone(filter)) return
       const single = Option.isSome(input.sequence)
+      if (single && !(yield* validSequence(what, input.sequence.value))) return
       if (single && (!DeadLetters.isEmpty(filter.value) || input.all)) {
         yield* Console.error(`jetworker ${what}: --sequence names one dead letter; it takes no filter (--consumer, --reason, --subject, --since, --until) or --all`)
         process.exitCode = 2
@@ -363,7 +478,13 @@ const bulk = (action: DeadLetters.BulkResult["action"], description: string, con
         if (single) yield* Console.error(`jetworker ${what}: ${r.failed[0]!.message}`)
         process.exitCode = 1
       }
-    })).pipe(Command.withDescription(description))
+    })).pipe(described(
+      description,
+      "exit 0 done (or nothing selected), 1 the server refused, a dead letter failed, or not confirmed, 2 bad arguments, " +
+        "not a dead-letter stream, or no connection (a run that loses it stops and says how many were done), " +
+        "130 interrupted (it says how many were done)",
+      natsBounds
+    ))
 
 const dlqReplay = bulk(
   "replay",
@@ -380,6 +501,10 @@ const dlqRecover = Command.make("recover", {
   server
 }, (input) =>
   Effect.gen(function*() {
+    if (
+      !(yield* validName("dlq recover", "--stream", input.stream)) || !(yield* validName("dlq recover", "--consumer", input.consumer)) ||
+      !(yield* validSequence("dlq recover", input.sequence))
+    ) return
     // The dead-letter stream as it is: never created (a mistyped --stream would leave a stray
     // <NAME>_DLQ) nor brought to the default limits.
     const deadLetters = DeadLetter.destination(input.stream, input.consumer).stream
@@ -400,7 +525,11 @@ const dlqRecover = Command.make("recover", {
     )
     if (Option.isNone(ack)) return
     yield* Console.log(`stored ${input.stream}#${input.sequence} as dead letter ${ack.value.stream}#${ack.value.seq}${ack.value.duplicate ? " (it was already there)" : ""}`)
-  })).pipe(Command.withDescription("Store a message the broker stopped delivering in the consumer's dead-letter stream"))
+  })).pipe(described(
+    "Store a message the broker stopped delivering in the consumer's dead-letter stream",
+    "exit 0 stored, 1 the server refused (no such stream, consumer, message or dead-letter stream), 2 bad arguments or no connection",
+    natsBounds
+  ))
 
 const dlq = Command.make("dlq").pipe(
   Command.withDescription("Inspect, replay and purge dead letters"),
@@ -437,7 +566,12 @@ const contractCheck = Command.make("check", { contract: contractFile, json: json
       input.json ? JSON.stringify({ ok, findings: findings.value }, null, 2) : Contracts.formatFindings(contract.value, findings.value)
     )
     if (!ok) process.exitCode = 1
-  })).pipe(Command.withDescription("Check the live stream and consumers against the contract: settings, timeouts, attempts, capacity"))
+  })).pipe(described(
+    "Check the live stream and consumers against the contract: settings, timeouts, attempts, capacity",
+    "exit 0 the server fits the contract (warnings allowed), 1 it does not (the report says where), " +
+      "2 it cannot check (an unreadable contract, no connection)",
+    natsBounds
+  ))
 
 const contractDiff = Command.make("diff", { contract: contractFile, json: jsonFlag, server }, (input) =>
   Effect.gen(function*() {
@@ -447,7 +581,11 @@ const contractDiff = Command.make("diff", { contract: contractFile, json: jsonFl
     if (Option.isNone(changes)) return
     yield* Console.log(input.json ? JSON.stringify(changes.value, null, 2) : Contracts.formatChanges(contract.value, changes.value))
     if (changes.value.length > 0) process.exitCode = 1
-  })).pipe(Command.withDescription("Show what contract apply would change on the server (writes nothing)"))
+  })).pipe(described(
+    "Show what contract apply would change on the server (writes nothing)",
+    "exit 0 nothing to change, 1 changes pending, 2 it cannot run (an unreadable contract, no connection)",
+    natsBounds
+  ))
 
 const contractApply = Command.make("apply", {
   contract: contractFile,
@@ -504,7 +642,12 @@ const contractApply = Command.make("apply", {
         : `applied ${done.length} change(s)\n${Contracts.formatFindings(contract.value, findings)}`
     )
     if (!ok) process.exitCode = 1
-  })).pipe(Command.withDescription("Create or update the stream and consumers to a service-owned contract"))
+  })).pipe(described(
+    "Create or update the stream and consumers to a service-owned contract",
+    "exit 0 applied (or nothing to change) and the server then fits, 1 refused (platform-owned, contradictory, a change " +
+      "the server cannot make in place, not confirmed) or errors remain, 2 it cannot run (an unreadable contract, no connection)",
+    natsBounds
+  ))
 
 const contractCommand = Command.make("contract").pipe(
   Command.withDescription("Check, diff and apply a service's contract with its stream"),
@@ -521,10 +664,20 @@ const migrate = Command.make("migrate", {
       Effect.catch(() => Effect.sync(() => {
         process.exitCode = 1
       }))
-    )).pipe(Command.withDescription("Apply jetworker's PostgreSQL migrations to DATABASE_URL"))
+    )).pipe(described(
+    "Apply jetworker's PostgreSQL migrations to DATABASE_URL",
+    "exit 0 applied or up to date, 1 failed (nothing of the failed run is applied; the reason and a next step on stderr), " +
+      "2 bad arguments, 130 interrupted (rolled back)",
+    "It gives up on a database that does not answer after 5 seconds (connecting), and on a lock another session holds after 30 seconds"
+  ))
 
 const jetworker = Command.make("jetworker").pipe(
-  Command.withDescription("Operate jetworker workers"),
+  described(
+    "Operate jetworker workers",
+    "exit 0 done (a check: passed), 1 a check failed or the server refused, 2 bad arguments or no connection, " +
+      "130 interrupted; each command's --help says which",
+    natsBounds.replace("A server", "For the NATS commands (dlq, contract), a server")
+  ),
   Command.withSubcommands([config, dlq, contractCommand, migrate])
 )
 
