@@ -46,7 +46,7 @@ export interface Settings {
   readonly batchWait: Duration.Duration
   /** `LEDGER_ATTEMPTS`, default 5: deliveries before a transient failure is dead-lettered. */
   readonly attempts: number
-  /** `LEDGER_RETRY_BASE`, default `200 millis`: first retry delay (doubling, jittered, capped at 30 s). */
+  /** `LEDGER_RETRY_BASE`, default `1 second`: first retry delay (doubling, jittered, capped at 30 s). */
   readonly retryBase: Duration.Duration
   /** `LEDGER_IN_PROCESS_RETRIES`, default 2: quick retries inside one attempt before a nak. */
   readonly inProcessRetries: number
@@ -72,7 +72,7 @@ export const settings = Config.all({
   batchSize: Config.Int("LEDGER_BATCH_SIZE").pipe(Config.withDefault(0)),
   batchWait: Config.Duration("LEDGER_BATCH_WAIT").pipe(Config.withDefault(Duration.millis(20))),
   attempts: Config.Int("LEDGER_ATTEMPTS").pipe(Config.withDefault(5)),
-  retryBase: Config.Duration("LEDGER_RETRY_BASE").pipe(Config.withDefault(Duration.millis(200))),
+  retryBase: Config.Duration("LEDGER_RETRY_BASE").pipe(Config.withDefault(Duration.seconds(1))),
   inProcessRetries: Config.Int("LEDGER_IN_PROCESS_RETRIES").pipe(Config.withDefault(2)),
   appliedStream: Config.String("LEDGER_APPLIED_STREAM").pipe(Config.withDefault("LEDGER_APPLIED")),
   appliedSubjectPrefix: Config.String("LEDGER_APPLIED_SUBJECT_PREFIX").pipe(Config.withDefault("ledger.applied")),
@@ -91,8 +91,13 @@ const classify = {
   OutboxError: "transient"
 } as const
 
-/** Attempts and backoff: exponential from `LEDGER_RETRY_BASE`, jittered, capped at 30 s. */
-const retry = (settings: Settings) =>
+/**
+ * Attempts and backoff: exponential from `LEDGER_RETRY_BASE`, jittered, capped at 30 s. With the
+ * defaults (5 attempts from 1 second) the delays between attempts add up to about 15 seconds, so a
+ * transfer rides out a database outage (a failover, a restart) of some 10 seconds without being
+ * dead-lettered; raise `LEDGER_ATTEMPTS` (and the consumer's MaxDeliver with it) for longer ones.
+ */
+export const retryPolicy = (settings: Settings) =>
   Retry.exponential({
     attempts: settings.attempts,
     base: settings.retryBase,
@@ -141,7 +146,7 @@ export const consumer = (
     // one SQL transaction: the dedup row and the transfer's effect
     handle: (event) => IdempotencyStore.commit(event.id, apply(event)),
     classify,
-    retry: retry(settings),
+    retry: retryPolicy(settings),
     concurrency: settings.concurrency,
     ordering: settings.ordering === "per-account" ? { perKey: (event) => event.from } : "unordered",
     // No drainTimeout: under Worker.runMain the shutdown budget (SHUTDOWN_BUDGET) bounds the drain.
@@ -174,7 +179,7 @@ export const batchConsumer = (
         ))
       ),
     classify,
-    retry: retry(settings),
+    retry: retryPolicy(settings),
     concurrency: settings.concurrency,
     onOutcome
   })
