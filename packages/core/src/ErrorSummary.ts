@@ -58,13 +58,92 @@ const scalarFields = (value: object): Record<string, string | number | boolean> 
   return fields
 }
 
+/** The name of `value`'s class, unless it is a plain object (or has no class). */
+const className = (value: object): string | undefined => {
+  const name: unknown = Object.getPrototypeOf(value)?.constructor?.name
+  return typeof name === "string" && name !== "" && name !== "Object" ? name : undefined
+}
+
 const tagOf = (value: unknown, fallback: string): string => {
   if (typeof value === "object" && value !== null) {
     const tag = (value as { readonly _tag?: unknown })._tag
     if (typeof tag === "string") return tag
     if (value instanceof Error) return value.name
+    // A die with an instance of some class (a library's internal wrapper, say): its class says more than the fallback.
+    return className(value) ?? fallback
   }
   return fallback
+}
+
+/** How deep, and how many entries of each object or array, {@link jsonOf} shows. */
+const MAX_JSON_DEPTH = 3
+const MAX_JSON_ENTRIES = 20
+
+/**
+ * `value` as bounded JSON, for an object that has no message of its own: depth, entries and
+ * strings are cut (`…`), cycles marked, an `Error` shown by its tag and message (which JSON would
+ * drop), values JSON cannot hold (bigint, symbol, function) named, stacks and type markers left out.
+ */
+const jsonOf = (value: unknown, depth: number, seen: Set<object>): string => {
+  switch (typeof value) {
+    case "string":
+      return JSON.stringify(value.length > MAX_FIELD_LENGTH ? `${value.slice(0, MAX_FIELD_LENGTH - 1)}…` : value)
+    case "number":
+    case "boolean":
+      return JSON.stringify(value)
+    case "bigint":
+      return JSON.stringify(`${value}n`)
+    case "symbol":
+      return JSON.stringify(value.toString())
+    case "function":
+      return JSON.stringify(`[function ${value.name === "" ? "anonymous" : value.name}]`)
+  }
+  if (typeof value !== "object" || value === null) return "null" // undefined, as JSON shows it in an array
+  if (seen.has(value)) return "\"[Circular]\""
+  if (depth >= MAX_JSON_DEPTH) return "\"…\""
+  seen.add(value)
+  try {
+    if (Array.isArray(value)) {
+      const items = value.slice(0, MAX_JSON_ENTRIES).map((item) => jsonOf(item, depth + 1, seen))
+      if (value.length > MAX_JSON_ENTRIES) items.push("\"…\"")
+      return `[${items.join(",")}]`
+    }
+    const entries: Array<readonly [string, unknown]> = value instanceof Error
+      ? [["_tag", tagOf(value, "Error")], ["message", value.message]]
+      : []
+    // One past the limit at most, so that a huge object costs no more than a small one.
+    for (const key in value) {
+      if (entries.length > MAX_JSON_ENTRIES) break
+      if (!Object.hasOwn(value, key) || key === "stack" || key.startsWith("~") || entries.some(([known]) => known === key)) continue
+      entries.push([key, (value as Record<string, unknown>)[key]])
+    }
+    const shown = entries.slice(0, MAX_JSON_ENTRIES).map(([key, field]) => `${JSON.stringify(key)}:${jsonOf(field, depth + 1, seen)}`)
+    if (entries.length > MAX_JSON_ENTRIES) shown.push("\"…\":\"…\"")
+    return `{${shown.join(",")}}`
+  } finally {
+    seen.delete(value)
+  }
+}
+
+/**
+ * An object without a message in words: its own `toString` when it has one (effect's data types
+ * do), else bounded JSON. `String` alone says "[object Object]", which tells an operator nothing.
+ */
+const describeObject = (value: object): string => {
+  try {
+    if (value.toString !== Object.prototype.toString && typeof value.toString === "function") {
+      const text = String(value)
+      if (text !== "" && !text.startsWith("[object ")) return text
+    }
+  } catch {
+    // A `toString` that throws: the JSON below still says what the object holds.
+  }
+  try {
+    return jsonOf(value, 0, new Set())
+  } catch {
+    // A getter that throws: the class is all that can be said safely.
+    return `[object ${className(value) ?? "Object"}]`
+  }
 }
 
 const messageOf = (value: unknown): string => {
@@ -72,6 +151,7 @@ const messageOf = (value: unknown): string => {
   if (typeof value === "object" && value !== null) {
     const message = (value as { readonly message?: unknown }).message
     if (typeof message === "string") return message
+    return describeObject(value)
   }
   return String(value)
 }

@@ -16,6 +16,7 @@ import { Duration, Effect, Layer } from "effect"
 import { SqlClient } from "effect/sql"
 import type { SqlError } from "effect/sql/SqlError"
 import * as DurationInput from "@jetworker/core/DurationInput"
+import { connectionLost } from "./internal/errors.ts"
 import * as PurgeLimit from "./internal/purgeLimit.ts"
 import * as Table from "./internal/table.ts"
 
@@ -28,8 +29,15 @@ export interface Options {
   readonly table?: string | undefined
 }
 
-const storeError = (operation: string) => (error: SqlError) =>
-  new AttemptStoreError({ message: `attempt store ${operation}: ${error.message}` })
+/**
+ * The store's error for a failed statement. A socket that failed under it is named as the lost
+ * connection it is (with Node's code, e.g. ECONNRESET): the driver's own message ("Socket error")
+ * does not say which.
+ */
+const storeError = (operation: string) => (error: SqlError) => {
+  const lost = connectionLost(error)
+  return new AttemptStoreError({ message: `attempt store ${operation}: ${lost === undefined ? error.message : `${lost} (${error.message})`}` })
+}
 
 /** Builds the store on the current `SqlClient`; fails when the table name is invalid. */
 export const make = (options?: Options): Effect.Effect<AttemptStoreShape, AttemptStoreError, SqlClient.SqlClient> =>

@@ -38,12 +38,14 @@ export interface FailedCleanup {
 
 /**
  * Whether `error` says the connection is gone: a connection exception (class 08), the backend
- * shut down or terminated (57P01 to 57P05), or the client's own connection error.
+ * shut down or terminated (57P01 to 57P05), the client's own connection error, or a socket that
+ * failed under the driver (Node's ECONNRESET, EPIPE..., which carry no SQLSTATE: see
+ * {@link socketCode}).
  */
 export const isConnectionLoss = (error: SqlError): boolean => {
   const code = sqlState(error)
   return code === undefined
-    ? error.reason._tag === "ConnectionError"
+    ? error.reason._tag === "ConnectionError" || socketCode(error) !== undefined
     : code.startsWith("08") || code.startsWith("57P0")
 }
 
@@ -203,8 +205,67 @@ const causeField = (error: SqlError, field: string): string | undefined => {
   return Predicate.hasProperty(cause, field) && typeof cause[field] === "string" ? cause[field] : undefined
 }
 
-/** The SQLSTATE of the error PostgreSQL reported, when there is one. */
-export const sqlState = (error: SqlError): string | undefined => causeField(error, "code")
+/** What a SQLSTATE looks like: five digits or upper-case letters. */
+const sqlStatePattern = /^[0-9A-Z]{5}$/
+
+/**
+ * Node's codes of a socket (or a stream over one) that failed or closed under the client: the
+ * connection is gone, whatever the driver made of it. `@effect/sql-pg` reports them as a
+ * `ConnectionError` whose `cause` is Node's error, with its `code` where PostgreSQL's error has
+ * its SQLSTATE.
+ */
+const socketCodes: ReadonlySet<string> = new Set([
+  "ECONNRESET",
+  "ECONNREFUSED",
+  "ECONNABORTED",
+  "EPIPE",
+  "ETIMEDOUT",
+  "ENOTCONN",
+  "ENETDOWN",
+  "ENETUNREACH",
+  "ENETRESET",
+  "EHOSTDOWN",
+  "EHOSTUNREACH",
+  "EAI_AGAIN",
+  "ERR_SOCKET_CLOSED",
+  "ERR_STREAM_DESTROYED",
+  "ERR_STREAM_PREMATURE_CLOSE",
+  "ERR_STREAM_WRITE_AFTER_END"
+])
+
+/** How deep {@link socketCode} looks into the errors the reason wraps. */
+const maxCauseDepth = 4
+
+/** Whether `value` is Node's error of a system call (it has a `syscall` or a numeric `errno`). */
+const isSystemError = (value: unknown): boolean =>
+  Predicate.hasProperty(value, "syscall") || (Predicate.hasProperty(value, "errno") && typeof value.errno === "number")
+
+/**
+ * Node's code of the socket failure under `error`, when it is one: the code of the error the
+ * reason wraps (or of one it wraps in turn, a few levels deep) when it is a {@link socketCodes}
+ * code or Node's error of a system call (`syscall`, `errno`). Never a SQLSTATE.
+ */
+export const socketCode = (error: SqlError): string | undefined => {
+  let cause: unknown = error.reason.cause
+  for (let depth = 0; depth < maxCauseDepth && Predicate.isObject(cause); depth++) {
+    const code = Predicate.hasProperty(cause, "code") && typeof cause.code === "string" ? cause.code : undefined
+    if (code !== undefined && (socketCodes.has(code) || isSystemError(cause))) return code
+    cause = Predicate.hasProperty(cause, "cause") ? cause.cause : undefined
+  }
+  return undefined
+}
+
+/**
+ * The SQLSTATE of the error PostgreSQL reported, when there is one: five digits or upper-case
+ * letters, and not Node's code of a failed socket (which the driver puts in the same place, and
+ * of which `EPIPE` has the same shape).
+ */
+export const sqlState = (error: SqlError): string | undefined => {
+  const code = causeField(error, "code")
+  if (code === undefined || !sqlStatePattern.test(code)) return undefined
+  const cause: unknown = error.reason.cause
+  return socketCodes.has(code) || isSystemError(cause) ? undefined : code
+}
 
 const uniqueViolation = "23505"
 
@@ -225,16 +286,34 @@ const violatesDedupKey = (error: SqlError, table: string): boolean => {
 export const reasonOf = (error: SqlError, table: string): Reason => {
   if (violatesDedupKey(error, table)) return "Conflict"
   const code = sqlState(error)
-  return code === undefined ? byTag[error.reason._tag] : reasonForSqlState(code)
+  if (code !== undefined) return reasonForSqlState(code)
+  // A socket that failed under a statement: the outage it is, whatever the driver's reason says.
+  return socketCode(error) === undefined ? byTag[error.reason._tag] : "Unavailable"
 }
 
+/**
+ * What happened to the connection, in words, when `error` says it is gone ({@link isConnectionLoss})
+ * and PostgreSQL did not say so itself (no SQLSTATE): "the connection to PostgreSQL was lost
+ * (ECONNRESET)", or "could not connect to PostgreSQL (ECONNREFUSED)" when it failed while
+ * connecting; otherwise `undefined`. Node's code is named, never passed off as a SQLSTATE.
+ */
+export const connectionLost = (error: SqlError): string | undefined => {
+  if (sqlState(error) !== undefined || !isConnectionLoss(error)) return undefined
+  const code = socketCode(error)
+  const what = error.reason.operation === "connect" ? "could not connect to PostgreSQL" : "the connection to PostgreSQL was lost"
+  return code === undefined ? what : `${what} (${code})`
+}
+
+/** The error in words: the SQLSTATE or the lost connection first, then the driver's and PostgreSQL's messages. */
 const detail = (error: SqlError): string => {
   const cause: unknown = error.reason.cause
   const reported = cause instanceof Error && cause.message !== "" ? cause.message : undefined
   const own = error.reason.message ?? error.reason._tag
   const text = reported === undefined || own.includes(reported) ? own : `${own}: ${reported}`
   const code = sqlState(error)
-  return code === undefined ? text : `SQLSTATE ${code}: ${text}`
+  if (code !== undefined) return `SQLSTATE ${code}: ${text}`
+  const lost = connectionLost(error)
+  return lost === undefined ? text : `${lost}: ${text}`
 }
 
 /** The `IdempotencyError` for a failure of the store's own statements (dedup insert, BEGIN, COMMIT). */
