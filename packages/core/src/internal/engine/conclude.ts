@@ -24,8 +24,9 @@ const effectCommitted = { effectCommitted: true } as const
 export type ConcludeStage<A, E extends Tagged, R> = ReturnType<typeof makeConclude<A, E, R>>
 
 /** Builds the conclude stage of one consumer run. */
-export const makeConclude = <A, E extends Tagged, R>(shared: Shared<A, E, R>, { orCountDeliveries }: PrepareStage<A, E, R>) => {
+export const makeConclude = <A, E extends Tagged, R>(shared: Shared<A, E, R>, { storeUnavailable }: PrepareStage<A, E, R>) => {
   const { definition, attemptStore, probe, hit, isTransient } = shared
+  const unrecorded = storeUnavailable("failure not recorded (deliveries are no failed attempts)", undefined)
 
   /** The verdict on a handler that returned: committed, or a duplicate the store recognised. */
   const succeeded = (message: Outcome.MessageRef, value: unknown, reports: Reports): Verdict =>
@@ -130,13 +131,18 @@ export const makeConclude = <A, E extends Tagged, R>(shared: Shared<A, E, R>, { 
       if (!transient) return Outcome.verdict("DeadLettered", { message, reason: "PermanentError", error, ...committed })
       // Without a store, `failedBefore` counts the deliveries before this one but those this run
       // saw commit unacked (see `rememberCommitted`).
-      const failed = attemptStore === undefined
+      const recorded = attemptStore === undefined
         ? failedBefore + 1
-        : yield* attemptStore.recordFailure(key).pipe(orCountDeliveries(Math.max(failedBefore + 1, delivery.deliveryCount)))
+        : yield* attemptStore.recordFailure(key).pipe(Effect.catch(unrecorded))
+      // Not recorded (the store is down): only the failures known to be real decide, those read
+      // before the run (none if the read failed too) and this one; never the delivery count, which
+      // counts releases and naks too. It sets the backoff only, growing over the outage, and the
+      // crash-loop guard (`DeliveriesExhausted`) bounds the retries.
+      const failed = recorded ?? failedBefore + 1
       if (failed >= definition.retry.attempts) {
         return Outcome.verdict("DeadLettered", { message, reason: "AttemptsExhausted", error, ...committed })
       }
-      const retryIn = yield* Retry.delayAfter(definition.retry, failed)
+      const retryIn = yield* Retry.delayAfter(definition.retry, recorded ?? Math.max(failed, delivery.deliveryCount))
       return Outcome.verdict("Released", { message, reason: "Retrying", error, retryIn, ...committed })
     })
 

@@ -65,11 +65,13 @@ export const makePrepare = <A, E extends Tagged, R>(shared: Shared<A, E, R>) => 
     eventId: undefined
   })
 
-  // Without a working attempt store the failed attempts are counted from deliveries instead.
-  const orCountDeliveries = (fallback: number) =>
-    Effect.catch((error: { readonly message: string }) =>
-      Effect.as(Effect.logWarning(`attempt store unavailable; counting deliveries: ${error.message}`), fallback)
-    )
+  // An attempt store that cannot be read or written (`PgAttemptStore` shares the handler's
+  // database, so during its outage) gives no failure count, and the delivery count is none: it also
+  // counts releases, lease losses, kills and naks. Only failures known to be real then spend the
+  // attempts; the crash-loop guard (`deliveryBound`, below MaxDeliver) still bounds the deliveries.
+  const storeUnavailable = <X>(doing: string, fallback: X) => (error: { readonly message: string }): Effect.Effect<X> =>
+    Effect.as(Effect.logWarning(`attempt store unavailable; ${doing}: ${error.message}`), fallback)
+  const unreadable = storeUnavailable("running the handler (deliveries are no failed attempts)", 0)
 
   // The verdict of a delivery whose judging died: dead-lettered with the cause.
   const defect = (message: Outcome.MessageRef, error: ErrorSummary.ErrorSummary): Verdict =>
@@ -91,17 +93,19 @@ export const makePrepare = <A, E extends Tagged, R>(shared: Shared<A, E, R>) => 
       const prepared = checked.success
       // Failed attempts so far: the store's count (read only for a redelivery: a first delivery
       // has none, unless NATS rewound its count, and then the failure's own count catches it),
-      // or without a store the deliveries before this one.
+      // or without a store the deliveries before this one. A store that cannot be read counts
+      // none: the handler runs, and fails transiently if its dependency is down too.
       if (attemptStore === undefined || delivery.deliveryCount === 1) return Effect.succeed(withinAttempts(prepared))
       return attemptStore.failures(prepared.key).pipe(
-        orCountDeliveries(delivery.deliveryCount - 1),
+        Effect.catch(unreadable),
         Effect.map((failedBefore) => withinAttempts({ ...prepared, failedBefore }))
       )
     })
 
   /**
    * The checks of `prepare` that need no I/O; `failedBefore` counts the deliveries before this
-   * one (without an attempt store) or is 0, and `prepare` reads it from the store for a redelivery.
+   * one (without an attempt store) or is 0, and `prepare` reads it from the store for a redelivery
+   * (0 when the store cannot be read: the failures known to be real).
    */
   const check = (delivery: Delivery): Result.Result<Prepared<A>, Verdict> => {
     const decoded = definition.decode(delivery.payload)
@@ -193,5 +197,5 @@ export const makePrepare = <A, E extends Tagged, R>(shared: Shared<A, E, R>) => 
     }
   }
 
-  return { messageRef, orCountDeliveries, defect, defectVerdict, prepare, checkNow }
+  return { messageRef, storeUnavailable, defect, defectVerdict, prepare, checkNow }
 }
