@@ -15,19 +15,79 @@
  * capture); the intake itself is in `internal/intake.ts` (`take`, `close`), `internal/pulls.ts`
  * (the pulls and their count) and `internal/intakeWatch.ts` (reconnects, leader changes, silence).
  *
+ * The opening requests (consumer info, the dead-letter and MaxDeliver-capture streams) ride out a
+ * NATS blip: a failure that may pass (a timeout, no responders, JetStream unavailable, the link
+ * reconnecting) is retried with a jittered backoff from 100 ms to 2 s, one warning line per retry,
+ * for at most `openRetryTimeout` (default 30 s) from the first request (a worker's `STARTUP_TIMEOUT`
+ * may cut it sooner). A final answer (a missing stream or consumer, a refused permission or request,
+ * a contract mismatch) and a connection closed for good fail `open` at once.
+ *
  * @since 0.1.0
  */
-import { type Source, Telemetry } from "@jetworker/core"
-import { Duration, Effect, Metric } from "effect"
+import { DurationInput, type Source, Telemetry } from "@jetworker/core"
+import { Clock, Duration, Effect, Metric, Schedule } from "effect"
 import * as Contract from "./Contract.ts"
 import * as DeadLetter from "./DeadLetter.ts"
 import { ackAll } from "./internal/delivery.ts"
 import { openIntake } from "./internal/intake.ts"
-import { mismatch, sourceError, withNextStep } from "./internal/sourceErrors.ts"
+import { mismatch, retryReason, sourceError, withNextStep } from "./internal/sourceErrors.ts"
 import { settingsOf } from "./internal/sourceSettings.ts"
 import * as MaxDeliveries from "./MaxDeliveries.ts"
-import { NatsConnection } from "./NatsConnection.ts"
+import { NatsConnection, type Shape as Connection } from "./NatsConnection.ts"
 import * as NatsError from "./NatsError.ts"
+
+// Long enough for a NATS reconnect or a leader election, short enough that a dependency that
+// stays away fails the start-up (and the platform restarts the process) rather than hiding.
+const openRetryDefaultMillis = 30_000
+// The longest a Node timer waits (as for the other durations).
+const maxTimerMillis = 2 ** 31 - 1
+const openRetryBaseMillis = 100
+const openRetryCapMillis = 2_000
+
+/**
+ * `effect`, an opening request `what` of source `name`, retried while its failure may pass, the
+ * connection is not closed or draining for good, and the next try starts before `deadline`.
+ */
+const retryOpening = <A, R>(
+  name: string,
+  what: string,
+  connection: Connection,
+  deadline: number,
+  effect: Effect.Effect<A, NatsError.NatsError, R>
+): Effect.Effect<A, NatsError.NatsError, R> => {
+  let retries = 0
+  const schedule = Schedule.exponential(Duration.millis(openRetryBaseMillis), 2).pipe(
+    Schedule.jittered,
+    Schedule.modifyDelay(({ duration }) => Effect.succeed(Duration.min(duration, Duration.millis(openRetryCapMillis)))),
+    Schedule.setInputType<NatsError.NatsError>(),
+    Schedule.while(({ duration, input, now }) => {
+      // A closed connection never comes back (nats.js gave up, or it is being shut down).
+      const retry = input.isRetryable && !connection.connection.isClosed() && !connection.connection.isDraining() &&
+        now + Duration.toMillis(duration) < deadline
+      if (!retry) return false
+      retries++
+      const delay = Math.round(Duration.toMillis(duration))
+      // The request that failed, when `what` (an ensure) makes several.
+      const detail = input.operation.startsWith(what) ? "" : ` (${input.operation})`
+      return Effect.as(
+        Effect.logWarning(`JetStreamSource ${name}: ${what}${detail} ${retryReason(input)}; retrying in ${delay} ms`),
+        true
+      )
+    })
+  )
+  return effect.pipe(
+    Effect.retry(schedule),
+    // Given up on a failure that may pass: say it was waited for, so the cause is not a one-off.
+    Effect.mapError((error) =>
+      retries === 0 || !error.isRetryable ? error : new NatsError.NatsError({
+        reason: error.reason,
+        operation: error.operation,
+        code: error.code,
+        message: `${error.message} (after ${retries} ${retries === 1 ? "retry" : "retries"})`
+      })
+    )
+  )
+}
 
 /** Which consumer to read, and how. */
 export interface Options {
@@ -60,6 +120,15 @@ export interface Options {
    * stream (see `MaxDeliveries`; checked every `lagInterval`). Default: true.
    */
   readonly captureMaxDeliveries?: boolean | undefined
+  /**
+   * How long `open` retries its opening requests (consumer info, the dead-letter and
+   * MaxDeliver-capture streams) when they fail in a way that may pass (a timeout, no responders,
+   * JetStream unavailable, the link reconnecting): no retry starts later than this after the
+   * first request. Retries back off from 100 ms to 2 s (jittered) and each logs a warning. A
+   * final answer, or a connection closed for good, fails `open` at once. From 0 (no retries) to
+   * 2147483647 ms (~24.8 days). Default: 30 seconds (a worker's `STARTUP_TIMEOUT` may cut it sooner).
+   */
+  readonly openRetryTimeout?: Duration.Input | undefined
 }
 
 /**
@@ -69,24 +138,37 @@ export interface Options {
  */
 export const make = (options: Options): Source.Source<NatsConnection> => {
   const settings = settingsOf(options)
+  const openRetry = options.openRetryTimeout === undefined ? Duration.millis(openRetryDefaultMillis) : DurationInput.parse(options.openRetryTimeout)
+  const openRetryMillis = openRetry === undefined ? undefined : Duration.toMillis(openRetry)
+  const openRetryProblem = openRetryMillis !== undefined && openRetryMillis >= 0 && openRetryMillis <= maxTimerMillis
+    ? undefined
+    : `openRetryTimeout must be a duration from 0 to ${maxTimerMillis} ms, got ${DurationInput.show(options.openRetryTimeout)}`
 
   const open = (open: Source.OpenOptions) =>
     Effect.gen(function*() {
       const durable = options.consumer ?? open.consumer
       const name = `${options.stream}/${durable}`
-      if (!("settleTimeoutMillis" in settings)) {
+      if (!("settleTimeoutMillis" in settings) || openRetryProblem !== undefined || openRetryMillis === undefined) {
         // The closed set of reasons has none for settings; like a mismatch, retrying cannot help.
-        return yield* mismatch(`JetStreamSource ${name}: ${settings.join("; ")}`)
+        const problems = [...("settleTimeoutMillis" in settings ? [] : settings), ...(openRetryProblem === undefined ? [] : [openRetryProblem])]
+        return yield* mismatch(`JetStreamSource ${name}: ${problems.join("; ")}`)
       }
       const { expiresMillis, settleTimeoutMillis } = settings
       const lagInterval = Duration.millis(settings.lagIntervalMillis)
       const destination = DeadLetter.destination(options.stream, durable, options.deadLetter)
       const connection = yield* NatsConnection
       const call = <A>(operation: string, f: () => Promise<A>) => Effect.mapError(NatsError.tryPromise(operation, f), sourceError)
+      const deadline = (yield* Clock.currentTimeMillis) + openRetryMillis
+      const retrying = <A>(what: string, effect: Effect.Effect<A, NatsError.NatsError, NatsConnection>) =>
+        retryOpening(name, what, connection, deadline, effect).pipe(
+          Effect.provideService(NatsConnection, connection),
+          Effect.mapError(sourceError)
+        )
 
-      const info = yield* call(`consumer info ${name}`, () => connection.manager.consumers.info(options.stream, durable)).pipe(
-        Effect.mapError((error) => withNextStep(error, options.stream, durable))
-      )
+      const info = yield* retrying(
+        "consumer info",
+        NatsError.tryPromise(`consumer info ${name}`, () => connection.manager.consumers.info(options.stream, durable))
+      ).pipe(Effect.mapError((error) => withNextStep(error, options.stream, durable)))
       const config = info.config
       // The consumer's checks are the contract's (one set, see Contract): warnings are logged,
       // the first error refuses to open.
@@ -121,16 +203,13 @@ export const make = (options: Options): Source.Source<NatsConnection> => {
         Effect.forkScoped
       )
 
-      yield* DeadLetter.ensure(destination, options.deadLetter).pipe(
-        Effect.provideService(NatsConnection, connection),
-        Effect.mapError(sourceError)
-      )
+      yield* retrying(`dead-letter stream ${destination.stream}`, DeadLetter.ensure(destination, options.deadLetter))
 
       if (maxDeliver > 0 && options.captureMaxDeliveries !== false) {
         // Captured from now on, whoever listens; stored as dead letters while this intake is open.
-        yield* MaxDeliveries.ensure(options.stream, durable).pipe(
-          Effect.provideService(NatsConnection, connection),
-          Effect.mapError(sourceError)
+        yield* retrying(
+          `MaxDeliver capture stream ${MaxDeliveries.captureStream(options.stream, durable)}`,
+          MaxDeliveries.ensure(options.stream, durable)
         )
         yield* MaxDeliveries.recoverCaptured({ stream: options.stream, consumer: durable, deadLetter: options.deadLetter }).pipe(
           Effect.provideService(NatsConnection, connection),

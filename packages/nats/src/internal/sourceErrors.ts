@@ -18,6 +18,19 @@ export const sourceError = (error: NatsError.NatsError): Source.SourceError =>
     message: `${error.operation}: ${error.message}`
   })
 
+/**
+ * What a retryable failure of an opening request says, and why waiting may help, for the one
+ * warning line `open` logs before it tries again.
+ */
+export const retryReason = (error: NatsError.NatsError): string =>
+  error.reason === "Timeout"
+    ? "timed out (the NATS link may be reconnecting)"
+    : error.reason === "NoResponders"
+    ? "had no responders (JetStream may be restarting or electing a leader)"
+    : error.reason === "Unavailable"
+    ? `was refused for now${error.code === undefined ? "" : ` (JetStream code ${error.code})`} (JetStream may be electing a leader)`
+    : "found the NATS connection down (the NATS link may be reconnecting)"
+
 /** A consumer or setting the engine cannot work with: retrying cannot help. */
 export const mismatch = (message: string) => new Source.SourceError({ reason: "ContractMismatch", message })
 
