@@ -42,10 +42,10 @@
  * @since 0.4.0
  */
 import { DurationInput, ErrorSummary, Outbox, Telemetry } from "@jetworker/core"
-import { Clock, Duration, Effect, Layer, Predicate, Result, Schedule } from "effect"
+import { Cause, Clock, Duration, Effect, Layer, Predicate, Result, Schedule } from "effect"
 import { SqlClient } from "effect/sql"
 import type { SqlError } from "effect/sql/SqlError"
-import { sqlState } from "./internal/errors.ts"
+import { connectionLost, isConnectionLoss, sqlState } from "./internal/errors.ts"
 import * as Table from "./internal/table.ts"
 
 /** Where the outbox lives. */
@@ -315,6 +315,10 @@ export const relayRound = (
     // The round's own statements are bookkeeping, run every `pollInterval` even when idle: traced,
     // an idle worker would export a trace per poll (some 15 spans a second). Only publishes are.
     const { round: done, failure } = yield* sql.withTransaction(round).pipe(
+      Effect.catchCause((cause) => {
+        const lost = lostConnection(cause)
+        return lost === undefined ? Effect.failCause(cause) : Effect.fail(lost)
+      }),
       Effect.mapError(sqlFailure("relay")),
       Effect.withTracerEnabled(false)
     )
@@ -334,7 +338,28 @@ const isMissingTable = (error: Outbox.OutboxError | Outbox.PublishFailed): boole
   error._tag === "OutboxError" && Predicate.hasProperty(error.cause, "_tag") && error.cause._tag === "SqlError" && sqlState(error.cause as SqlError) === "42P01"
 
 const sqlFailure = (what: string) => (cause: SqlError) =>
-  new Outbox.OutboxError({ message: `outbox ${what}: ${cause.message}`, cause })
+  new Outbox.OutboxError({ message: `outbox ${what}: ${connectionLost(cause) ?? cause.message}`, cause })
+
+const isSqlErrorDefect = (defect: unknown): defect is SqlError => Predicate.isTagged(defect, "SqlError")
+
+/**
+ * The first `SqlError` of a round that ended with the connection lost, or `undefined` for any
+ * other end. effect/sql rolls a failed transaction back under `orDie`, so on a dead connection the
+ * round's own failure comes with (or as) `SqlError` defects; a dead connection commits nothing, so
+ * nothing was marked sent, and the round failed as any lost statement would.
+ */
+const lostConnection = (cause: Cause.Cause<SqlError>): SqlError | undefined => {
+  let first: SqlError | undefined
+  let lost = false
+  for (const reason of cause.reasons) {
+    if (Cause.isFailReason(reason)) first ??= reason.error
+    else if (Cause.isDieReason(reason) && isSqlErrorDefect(reason.defect)) {
+      first ??= reason.defect
+      lost ||= isConnectionLoss(reason.defect)
+    } else return undefined
+  }
+  return lost ? first : undefined
+}
 
 /**
  * Deletes up to `cleanupBatch` rows sent longer than `retention` ago; returns how many. Fails with

@@ -10,13 +10,15 @@ import { assert, layer } from "@effect/vitest"
 import { PgClient } from "@effect/sql-pg"
 import { AttemptStoreError } from "@jetworker/core/AttemptStore"
 import { IdempotencyError, type Key } from "@jetworker/core/IdempotencyStore"
-import { Cause, Data, Effect, Exit, Option, Redacted, Result } from "effect"
+import * as Outbox from "@jetworker/core/Outbox"
+import { Cause, Data, Effect, Exit, Layer, Option, Redacted, Result } from "effect"
 import { SqlClient } from "effect/sql"
 import { randomUUID } from "node:crypto"
 import * as FaultProxy from "../../testing/src/FaultProxy.ts"
 import * as TestDatabase from "../../testing/src/TestDatabase.ts"
 import * as PgAttemptStore from "../src/PgAttemptStore.ts"
 import * as PgIdempotencyStore from "../src/PgIdempotencyStore.ts"
+import * as PgOutbox from "../src/PgOutbox.ts"
 import { database, dedupRows, ledgerRows, record } from "./support.ts"
 
 class Boom extends Data.TaggedError("Boom")<{ readonly message: string }> {}
@@ -224,6 +226,25 @@ layer(database(), { excludeTestServices: true })("PgIdempotencyStore when the li
       )
       assert.deepStrictEqual(results, keys.map((key) => Result.succeed(key.id)))
       for (const key of keys) assert.strictEqual(yield* ledgerRows(key.id), 1)
+    }))
+
+  it.effect("INT-NATS-007: an outbox relay round whose link is reset while it publishes fails with a typed OutboxError naming the lost connection, not a defect, and marks nothing sent", () =>
+    Effect.gen(function*() {
+      const sql = yield* SqlClient.SqlClient
+      const id = randomUUID()
+      yield* sql.withTransaction(Outbox.record({ subject: "reset.relay", id, payload: new TextEncoder().encode("{}") })).pipe(
+        Effect.provide(PgOutbox.layer())
+      )
+      const exit = yield* viaProxy((proxy) =>
+        // A publish that "succeeds" while the database link is cut (an outage in the middle of a round).
+        exitWithin(PgOutbox.relayRound().pipe(Effect.provide(Layer.succeed(Outbox.OutboxPublisher, { publish: () => proxy.cut }))))
+      )
+      assert.deepStrictEqual(defects(exit), [], String(exit))
+      const failure = failureOf(exit) as Outbox.OutboxError
+      assert.strictEqual(failure._tag, "OutboxError", String(exit))
+      assert.match(failure.message, /the connection to PostgreSQL was lost \(E[A-Z]+/)
+      const [row] = yield* sql<{ readonly sent: boolean }>`SELECT sent_at IS NOT NULL AS sent FROM jetworker_outbox WHERE id = ${id}`
+      assert.isFalse(row?.sent, "not marked sent")
     }))
 
   it.effect("BE-JOB-003: the attempt store over a reset link fails with a typed AttemptStoreError naming the lost connection", () =>
