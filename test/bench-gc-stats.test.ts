@@ -47,8 +47,9 @@ describe("bench gcStats", () => {
     const stop = GcStats.start()
     const arrays = churnThroughScavenges(2)
     const stats = stop()
-    // Each array is at least its 16 elements of 8 bytes.
-    assert.isAtLeast(stats.scavenges, 2)
+    // Each array is at least its 16 elements of 8 bytes. The young generation was emptied at least
+    // twice, by scavenges or, when V8 chose them (a CI run under load did), full collections.
+    assert.isAtLeast(stats.scavenges + stats.fullCollections, 2, JSON.stringify(stats))
     assert.isAtLeast(stats.allocated, arrays * 16 * 8)
     assert.isAbove(stats.pauseMicros, 0)
   })
