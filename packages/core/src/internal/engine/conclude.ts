@@ -15,10 +15,7 @@ import * as Retry from "../../Retry.ts"
 import type * as LeaseKeeper from "../leaseKeeper.ts"
 import type { PrepareStage } from "./prepare.ts"
 import type { Shared } from "./shared.ts"
-import { ExpiredBeforeRun, HandlerTimeout, type Prepared, type Reports, type Verdict } from "./types.ts"
-
-/** The field a failure outcome carries when the effect was committed before the failure. */
-const effectCommitted = { effectCommitted: true } as const
+import { effectCommittedIf, ExpiredBeforeRun, HandlerTimeout, type Prepared, type Reports, type Verdict } from "./types.ts"
 
 /** The conclude stage of one consumer run (`makeConclude`). */
 export type ConcludeStage<A, E extends Tagged, R> = ReturnType<typeof makeConclude<A, E, R>>
@@ -84,7 +81,7 @@ export const makeConclude = <A, E extends Tagged, R>(shared: Shared<A, E, R>, { 
       // log step after `IdempotencyStore.commit` returned. The failure outcome stays, so that
       // what failed is retried or dead-lettered rather than dropped, and says the effect is
       // applied; the redelivery (or a replay) finds it committed and runs only what followed.
-      const committed = reports.committed || reports.alreadyCommitted ? effectCommitted : undefined
+      const committed = effectCommittedIf(reports.committed || reports.alreadyCommitted)
       if (
         Option.isSome(failure) && (failure.value instanceof ExpiredBeforeRun || failure.value instanceof WorkExpired) &&
         metadata.expiresAt !== undefined

@@ -11,13 +11,10 @@ import { isExpired, type Metadata } from "../../Envelope.ts"
 import * as ErrorSummary from "../../ErrorSummary.ts"
 import * as Outcome from "../../Outcome.ts"
 import type { Shared } from "./shared.ts"
-import type { Prepared, Verdict } from "./types.ts"
+import { effectCommittedIf, type Prepared, type Verdict } from "./types.ts"
 
 /** The ordering key of every delivery of a consumer without per-key ordering (built once). */
 const noKey: Result.Result<string, ErrorSummary.ErrorSummary> = Result.succeed("")
-
-/** The field of a dead letter for a message whose effect this run saw committed. */
-const effectCommitted = { effectCommitted: true } as const
 
 /** The prepare stage of one consumer run (`makePrepare`). */
 export type PrepareStage<A, E extends Tagged, R> = ReturnType<typeof makePrepare<A, E, R>>
@@ -152,7 +149,7 @@ export const makePrepare = <A, E extends Tagged, R>(shared: Shared<A, E, R>) => 
           "DeliveriesExhausted",
           `delivered ${delivery.deliveryCount} times without settling; the bound is ${deliveryBound} deliveries`
         ),
-        ...(unwritten?.effectCommitted === true || committedOf(message) !== undefined ? effectCommitted : undefined)
+        ...effectCommittedIf(unwritten?.effectCommitted === true || committedOf(message) !== undefined)
       }))
     }
     const key = { scope: definition.name, id: metadata.id }
@@ -183,7 +180,7 @@ export const makePrepare = <A, E extends Tagged, R>(shared: Shared<A, E, R>) => 
         "AttemptsExhausted",
         `${prepared.failedBefore} failed attempts; the retry policy allows ${definition.retry.attempts}`
       ),
-      ...(unwritten?.effectCommitted === true || committedOf(prepared.message) !== undefined ? effectCommitted : undefined)
+      ...effectCommittedIf(unwritten?.effectCommitted === true || committedOf(prepared.message) !== undefined)
     }))
   }
 

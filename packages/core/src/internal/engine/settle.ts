@@ -12,10 +12,7 @@ import * as Retry from "../../Retry.ts"
 import type * as LeaseKeeper from "../leaseKeeper.ts"
 import type { RecordStage } from "./record.ts"
 import type { Shared } from "./shared.ts"
-import type { Decided, Verdict } from "./types.ts"
-
-/** The field a failure outcome carries when the effect was committed before it. */
-const effectCommitted = { effectCommitted: true } as const
+import { type Decided, effectCommittedIf, type Verdict } from "./types.ts"
 
 /** Whether `verdict` settles with an ack (an `Expired` one: when `expiredTo` is `Ack`). */
 const acks = (verdict: Verdict, expiredTo: "Ack" | "DeadLetter"): boolean =>
@@ -46,7 +43,7 @@ const withholdAck = (verdict: Verdict): Verdict =>
         ? expiredPastLease(verdict, "ack")
         : ErrorSummary.make("LeaseLost", "the lease ran out before the ack; another consumer may own the message"),
       retryIn: undefined,
-      ...(verdict._tag === "Duplicate" ? effectCommitted : undefined)
+      ...effectCommittedIf(verdict._tag === "Duplicate")
     })
 
 const finish = Outcome.settled
@@ -97,7 +94,7 @@ export const makeSettle = <A, E extends Tagged, R>(shared: Shared<A, E, R>, { re
       // An expired event says so (the next delivery finds it expired again, and dead-letters it).
       error: verdict._tag === "Expired" ? expiredPastLease(verdict, "dead letter") : verdict.error,
       retryIn: undefined,
-      ...(verdict._tag === "DeadLettered" && verdict.effectCommitted === true ? effectCommitted : undefined)
+      ...effectCommittedIf(verdict._tag === "DeadLettered" && verdict.effectCommitted === true)
     })
   }
 
@@ -344,7 +341,7 @@ export const makeSettle = <A, E extends Tagged, R>(shared: Shared<A, E, R>, { re
           reason: "DeadLetterFailed",
           error: ErrorSummary.make("DeadLetterFailed", "the dead-letter publish was not confirmed"),
           retryIn,
-          ...(verdict._tag === "DeadLettered" && verdict.effectCommitted === true ? effectCommitted : undefined)
+          ...effectCommittedIf(verdict._tag === "DeadLettered" && verdict.effectCommitted === true)
         }),
         naked,
         now() - receivedAt

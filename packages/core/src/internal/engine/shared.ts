@@ -41,8 +41,21 @@ interface CommittedDeliveries {
   notFailed: number
 }
 
-/** How many unwritten dead letters a consumer run remembers (a few dozen bytes each). */
-const unwrittenLimit = 1_024
+/** How many messages a consumer run remembers in each of its memories below (a few dozen bytes each). */
+const rememberedLimit = 1_024
+
+/** Sets `key` in `memory` as its newest entry, forgetting the oldest past `rememberedLimit`. */
+const rememberNewest = <V>(memory: Map<number, V>, key: number, value: V): void => {
+  memory.delete(key)
+  if (memory.size >= rememberedLimit) memory.delete(memory.keys().next().value!)
+  memory.set(key, value)
+}
+
+/** What `memory` holds of `message` (by its sequence), if it is about the same event. */
+const recall = <V extends { readonly eventId: string | undefined }>(memory: Map<number, V>, message: Outcome.MessageRef): V | undefined => {
+  const found = memory.get(message.sequence)
+  return found !== undefined && found.eventId === message.eventId ? found : undefined
+}
 
 /** What the stages of one consumer run share (`makeShared`). */
 export type Shared<A, E extends Tagged, R> = ReturnType<typeof makeShared<A, E, R>>
@@ -137,14 +150,11 @@ export const makeShared = <A, E extends Tagged, R>(
   const rememberUnwritten = (verdict: Verdict): void => {
     if (verdict._tag !== "DeadLettered" || verdict.reason === "DeliveriesExhausted") return
     const { sequence, eventId } = verdict.message
-    unwritten.delete(sequence)
-    if (unwritten.size >= unwrittenLimit) unwritten.delete(unwritten.keys().next().value!)
-    unwritten.set(sequence, { eventId, reason: verdict.reason, error: verdict.error, effectCommitted: verdict.effectCommitted })
+    rememberNewest(unwritten, sequence, { eventId, reason: verdict.reason, error: verdict.error, effectCommitted: verdict.effectCommitted })
   }
   const takeUnwritten = (message: Outcome.MessageRef): UnwrittenDeadLetter | undefined => {
-    const found = unwritten.get(message.sequence)
-    if (found === undefined || found.eventId !== message.eventId) return undefined
-    unwritten.delete(message.sequence)
+    const found = recall(unwritten, message)
+    if (found !== undefined) unwritten.delete(message.sequence)
     return found
   }
   // Messages whose effect a delivery of this run committed (or found committed) without acking it:
@@ -157,19 +167,12 @@ export const makeShared = <A, E extends Tagged, R>(
   // attempt store counts only failures. Bounded as `unwritten`.
   const committedBefore = new Map<number, CommittedDeliveries>()
   const rememberCommitted = (message: Outcome.MessageRef, failed: boolean): void => {
-    const { sequence, eventId } = message
-    const found = committedBefore.get(sequence)
-    const seen = found !== undefined && found.eventId === eventId ? found : { eventId, notFailed: 0 }
+    const seen = recall(committedBefore, message) ?? { eventId: message.eventId, notFailed: 0 }
     if (!failed) seen.notFailed++
-    committedBefore.delete(sequence)
-    if (committedBefore.size >= unwrittenLimit) committedBefore.delete(committedBefore.keys().next().value!)
-    committedBefore.set(sequence, seen)
+    rememberNewest(committedBefore, message.sequence, seen)
   }
   /** What this run saw committed of `message` (its sequence and event id), if anything. */
-  const committedOf = (message: Outcome.MessageRef): CommittedDeliveries | undefined => {
-    const found = committedBefore.get(message.sequence)
-    return found !== undefined && found.eventId === message.eventId ? found : undefined
-  }
+  const committedOf = (message: Outcome.MessageRef): CommittedDeliveries | undefined => recall(committedBefore, message)
   const isTransient = (error: E | HandlerTimeout | ExpiredBeforeRun): boolean =>
     error instanceof ExpiredBeforeRun || error instanceof WorkExpired || error instanceof LeaseExpired
       ? false

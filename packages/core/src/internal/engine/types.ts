@@ -150,3 +150,12 @@ export interface PreparedBatch<A> {
 
 /** Updates one metric series. */
 export type Series = (value: number) => void
+
+/**
+ * The field of a failure outcome whose event's effect is committed (`effectCommitted: true`), or
+ * nothing: spread into the outcome's fields.
+ */
+export const effectCommittedIf = (committed: boolean): { readonly effectCommitted: true } | undefined =>
+  committed ? effectCommitted : undefined
+
+const effectCommitted = { effectCommitted: true } as const
