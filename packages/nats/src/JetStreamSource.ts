@@ -24,7 +24,7 @@
  *
  * @since 0.1.0
  */
-import { DurationInput, type Source, Telemetry } from "@jetworker/core"
+import { type Source, Telemetry } from "@jetworker/core"
 import { Clock, Duration, Effect, Metric, Schedule } from "effect"
 import * as Contract from "./Contract.ts"
 import * as DeadLetter from "./DeadLetter.ts"
@@ -36,11 +36,6 @@ import * as MaxDeliveries from "./MaxDeliveries.ts"
 import { NatsConnection, type Shape as Connection } from "./NatsConnection.ts"
 import * as NatsError from "./NatsError.ts"
 
-// Long enough for a NATS reconnect or a leader election, short enough that a dependency that
-// stays away fails the start-up (and the platform restarts the process) rather than hiding.
-const openRetryDefaultMillis = 30_000
-// The longest a Node timer waits (as for the other durations).
-const maxTimerMillis = 2 ** 31 - 1
 const openRetryBaseMillis = 100
 const openRetryCapMillis = 2_000
 
@@ -138,22 +133,16 @@ export interface Options {
  */
 export const make = (options: Options): Source.Source<NatsConnection> => {
   const settings = settingsOf(options)
-  const openRetry = options.openRetryTimeout === undefined ? Duration.millis(openRetryDefaultMillis) : DurationInput.parse(options.openRetryTimeout)
-  const openRetryMillis = openRetry === undefined ? undefined : Duration.toMillis(openRetry)
-  const openRetryProblem = openRetryMillis !== undefined && openRetryMillis >= 0 && openRetryMillis <= maxTimerMillis
-    ? undefined
-    : `openRetryTimeout must be a duration from 0 to ${maxTimerMillis} ms, got ${DurationInput.show(options.openRetryTimeout)}`
 
   const open = (open: Source.OpenOptions) =>
     Effect.gen(function*() {
       const durable = options.consumer ?? open.consumer
       const name = `${options.stream}/${durable}`
-      if (!("settleTimeoutMillis" in settings) || openRetryProblem !== undefined || openRetryMillis === undefined) {
+      if (!("settleTimeoutMillis" in settings)) {
         // The closed set of reasons has none for settings; like a mismatch, retrying cannot help.
-        const problems = [...("settleTimeoutMillis" in settings ? [] : settings), ...(openRetryProblem === undefined ? [] : [openRetryProblem])]
-        return yield* mismatch(`JetStreamSource ${name}: ${problems.join("; ")}`)
+        return yield* mismatch(`JetStreamSource ${name}: ${settings.join("; ")}`)
       }
-      const { expiresMillis, settleTimeoutMillis } = settings
+      const { expiresMillis, openRetryMillis, settleTimeoutMillis } = settings
       const lagInterval = Duration.millis(settings.lagIntervalMillis)
       const destination = DeadLetter.destination(options.stream, durable, options.deadLetter)
       const connection = yield* NatsConnection

@@ -6,7 +6,7 @@
  */
 import { assert, describe, it } from "@effect/vitest"
 import { JetStreamSource, NatsConnection } from "@jetworker/nats"
-import { FaultProxy, TestStream } from "@jetworker/testing"
+import { Eventually, FaultProxy, TestStream } from "@jetworker/testing"
 import { Context, Deferred, Effect, Exit, Fiber, Layer, Logger, Scope } from "effect"
 
 const natsUrl = process.env.NATS_URL ?? "nats://127.0.0.1:4222"
@@ -35,8 +35,8 @@ describe("JetStreamSource.open across a NATS blip", () => {
       const opening = yield* JetStreamSource.make({ stream: stream.stream, consumer: stream.consumer })
         .open({ consumer: stream.consumer, prefetch: 4, attempts: 3, ordering: "Unordered" })
         .pipe(Effect.provide(viaProxy), Effect.provide(logged.layer), Effect.forkChild)
-      // The outage: about a second, during which the opening consumer info is lost.
-      yield* Effect.sleep("1 second")
+      // The outage lasts until the opening consumer info, lost in it, has timed out and is retried.
+      yield* Eventually.holds("the lost request retried", Effect.sync(() => logged.lines.some(retryLine)), "10 seconds")
       yield* proxy.restore
       const opened = yield* Fiber.await(opening).pipe(Effect.timeout("25 seconds"))
       assert.isTrue(Exit.isSuccess(opened), `open failed: ${String(opened)}\n${logged.lines.join("\n")}`)
@@ -70,7 +70,11 @@ describe("JetStreamSource.open across a NATS blip", () => {
       })
       yield* Effect.addFinalizer(() => Effect.sync(() => tap.unsubscribe()))
       yield* Effect.promise(() => connection.flush())
-      yield* Effect.forkChild(Effect.andThen(Deferred.await(cutAt), Effect.andThen(Effect.sleep("1 second"), proxy.restore)))
+      // The outage lasts until the request lost in it has timed out and is retried.
+      yield* Effect.forkChild(Effect.andThen(
+        Deferred.await(cutAt),
+        Effect.andThen(Eventually.holds("the lost request retried", Effect.sync(() => logged.lines.some(retryLine)), "10 seconds"), proxy.restore)
+      ))
       const intake = yield* JetStreamSource.make({ stream: stream.stream, consumer: stream.consumer })
         .open({ consumer: stream.consumer, prefetch: 4, attempts: 3, ordering: "Unordered" })
         .pipe(Effect.provide(viaProxy), Effect.provide(logged.layer), Effect.timeout("25 seconds"))

@@ -9,6 +9,7 @@ import { DurationInput } from "@jetworker/core"
 import { Duration } from "effect"
 import type { Check, ConsumerContract, Expectations, Finding } from "../Contract.ts"
 import * as Topology from "../Topology.ts"
+import { DEFAULT_PULL_EXPIRES_MILLIS, MAX_TIMER_MILLIS, MIN_PULL_EXPIRES_MILLIS } from "./sourceSettings.ts"
 
 const nanosToMillis = (nanos: number | undefined): number => Math.floor((nanos ?? 0) / 1_000_000)
 
@@ -148,10 +149,6 @@ export const consumerFindings = (
   return findings
 }
 
-// JetStreamSource's bounds on `pullExpires`: a pull of less leaves its idle heartbeat no room, and
-// a longer one than a Node timer can wait is refused.
-const MIN_PULL_EXPIRES_MILLIS = 1_000
-const MAX_PULL_EXPIRES_MILLIS = 2 ** 31 - 1
 
 /**
  * The most pulls one intake keeps waiting on the server at once: a pull asks for the free room once
@@ -187,12 +184,12 @@ const pullLimitFindings = (
         `update the consumer with max_batch 0 (no limit) or at least ${expect.prefetch}, or lower prefetch to ${maxBatch}`
     )
   }
-  const expires = contractMillis("pullExpires", expect.pullExpires ?? "30 seconds", "30 seconds")
-  if (typeof expires === "string" || expires < MIN_PULL_EXPIRES_MILLIS || expires > MAX_PULL_EXPIRES_MILLIS) {
+  const expires = contractMillis("pullExpires", expect.pullExpires ?? Duration.millis(DEFAULT_PULL_EXPIRES_MILLIS), "30 seconds")
+  if (typeof expires === "string" || expires < MIN_PULL_EXPIRES_MILLIS || expires > MAX_TIMER_MILLIS) {
     add(
       "error",
       "max_expires",
-      `${target}: pullExpires must be a duration from 1 second to ${MAX_PULL_EXPIRES_MILLIS} ms (JetStreamSource ` +
+      `${target}: pullExpires must be a duration from 1 second to ${MAX_TIMER_MILLIS} ms (JetStreamSource ` +
         `refuses others), got ${DurationInput.show(expect.pullExpires)}`
     )
   } else {
