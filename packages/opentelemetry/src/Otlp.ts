@@ -49,14 +49,13 @@ import { OTLPTraceExporter } from "@opentelemetry/exporter-trace-otlp-http"
 import { BatchLogRecordProcessor, LoggerProvider } from "@opentelemetry/sdk-logs"
 import { PeriodicExportingMetricReader } from "@opentelemetry/sdk-metrics"
 import { BasicTracerProvider, BatchSpanProcessor } from "@opentelemetry/sdk-trace-base"
-import { Config, ConfigProvider, Duration, Effect, Layer, Redacted } from "effect"
+import { Config, ConfigProvider, Duration, Effect, Layer } from "effect"
 import { boundedDiagLogger, secretForms } from "./internal/diagnostics.ts"
 import { endpoint, endpointProblem, exporterOff, optionalSecret, optionalString, positiveInt, protocolProblem } from "./internal/envValues.ts"
-import { parseHeaders, plainHeaders, redact } from "./internal/headers.ts"
+import { type Headers, parseHeaders, plainHeaders, redact } from "./internal/headers.ts"
 import { withUnits } from "./internal/metricUnits.ts"
 
-/** OTLP request headers by name; the values are secrets (an API key), so they are `Redacted`. */
-export type Headers = Readonly<Record<string, Redacted.Redacted<string>>>
+export type { Headers } from "./internal/headers.ts"
 
 /** The telemetry settings; `settings` reads them from the `OTEL_*` environment. */
 export interface Settings {

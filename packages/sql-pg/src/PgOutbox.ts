@@ -44,7 +44,7 @@
 import { DurationInput, ErrorSummary, Outbox, Telemetry } from "@jetworker/core"
 import { Cause, Clock, Duration, Effect, Layer, Predicate, Result, Schedule } from "effect"
 import { SqlClient } from "effect/sql"
-import type { SqlError } from "effect/sql/SqlError"
+import { isSqlError, type SqlError } from "effect/sql/SqlError"
 import { connectionLost, isConnectionLoss, sqlState } from "./internal/errors.ts"
 import * as Table from "./internal/table.ts"
 
@@ -340,8 +340,6 @@ const isMissingTable = (error: Outbox.OutboxError | Outbox.PublishFailed): boole
 const sqlFailure = (what: string) => (cause: SqlError) =>
   new Outbox.OutboxError({ message: `outbox ${what}: ${connectionLost(cause) ?? cause.message}`, cause })
 
-const isSqlErrorDefect = (defect: unknown): defect is SqlError => Predicate.isTagged(defect, "SqlError")
-
 /**
  * The first `SqlError` of a round that ended with the connection lost, or `undefined` for any
  * other end. effect/sql rolls a failed transaction back under `orDie`, so on a dead connection the
@@ -353,7 +351,7 @@ const lostConnection = (cause: Cause.Cause<SqlError>): SqlError | undefined => {
   let lost = false
   for (const reason of cause.reasons) {
     if (Cause.isFailReason(reason)) first ??= reason.error
-    else if (Cause.isDieReason(reason) && isSqlErrorDefect(reason.defect)) {
+    else if (Cause.isDieReason(reason) && isSqlError(reason.defect)) {
       first ??= reason.defect
       lost ||= isConnectionLoss(reason.defect)
     } else return undefined

@@ -5,9 +5,7 @@
 import { ErrorSummary } from "@jetworker/core"
 import type { DiagLogger } from "@opentelemetry/api"
 import { type Context, Effect, Redacted } from "effect"
-
-/** OTLP request headers by name, their values `Redacted` (`Otlp.Headers`). */
-type Headers = Readonly<Record<string, Redacted.Redacted<string>>>
+import type { Headers } from "./headers.ts"
 
 // The SDK reports failed exports through its diagnostic logger. Its lines go to the loggers in
 // effect where this layer is built (under `Worker.runMain`, the stdout JSON logger filtered by

@@ -4,8 +4,8 @@
  */
 import { Redacted } from "effect"
 
-/** OTLP request headers by name, their values `Redacted` (`Otlp.Headers`). */
-type Headers = Readonly<Record<string, Redacted.Redacted<string>>>
+/** OTLP request headers by name; the values are secrets (an API key), so they are `Redacted`. */
+export type Headers = Readonly<Record<string, Redacted.Redacted<string>>>
 
 // An HTTP header name (RFC 9110 token) and a value Node will send (no control characters).
 const HEADER_NAME = /^[!#$%&'*+\-.^_`|~0-9A-Za-z]+$/
