@@ -43,13 +43,30 @@ const oneLine = (text: string, max: number): string => {
 
 const MAX_CAUSES = 5
 
+// The engine summarises every handler error and defect, whatever value it is, so nothing here may
+// throw: each read of the value (a getter, a proxy's trap, `instanceof`) is guarded, and what
+// cannot be read falls back to what can be said safely, the class name or `[object Object]`.
+
 const scalarFields = (value: object): Record<string, string | number | boolean> => {
   const fields: Record<string, string | number | boolean> = {}
+  let keys: Array<string>
+  try {
+    keys = Object.keys(value)
+  } catch {
+    return fields // a proxy whose `ownKeys` throws
+  }
   let count = 0
-  for (const [key, field] of Object.entries(value)) {
+  for (const key of keys) {
     if (count >= MAX_FIELDS) break
+    // Skipped before the read: these getters are not called.
     if (key === "_tag" || key === "message" || key === "stack" || key === "cause") continue
     if (key.startsWith("~")) continue // a library's type marker, not information
+    let field: unknown
+    try {
+      field = (value as Record<string, unknown>)[key]
+    } catch {
+      continue // a getter that throws costs its field, not the others
+    }
     if (typeof field === "string") fields[key] = oneLine(field, MAX_FIELD_LENGTH)
     else if (typeof field === "number" || typeof field === "boolean") fields[key] = field
     else continue
@@ -58,17 +75,28 @@ const scalarFields = (value: object): Record<string, string | number | boolean> 
   return fields
 }
 
-/** The name of `value`'s class, unless it is a plain object (or has no class). */
+/** The name of `value`'s class, unless it is a plain object (or has no class, or it cannot be read). */
 const className = (value: object): string | undefined => {
-  const name: unknown = Object.getPrototypeOf(value)?.constructor?.name
-  return typeof name === "string" && name !== "" && name !== "Object" ? name : undefined
+  try {
+    const name: unknown = Object.getPrototypeOf(value)?.constructor?.name
+    return typeof name === "string" && name !== "" && name !== "Object" ? name : undefined
+  } catch {
+    return undefined
+  }
 }
 
 const tagOf = (value: unknown, fallback: string): string => {
   if (typeof value === "object" && value !== null) {
-    const tag = (value as { readonly _tag?: unknown })._tag
-    if (typeof tag === "string") return tag
-    if (value instanceof Error) return value.name
+    try {
+      const tag = (value as { readonly _tag?: unknown })._tag
+      if (typeof tag === "string") return tag
+      if (value instanceof Error) {
+        const name: unknown = value.name
+        if (typeof name === "string" && name !== "") return name
+      }
+    } catch {
+      // A `_tag` or `name` that cannot be read: the class, below, is what can be said.
+    }
     // A die with an instance of some class (a library's internal wrapper, say): its class says more than the fallback.
     return className(value) ?? fallback
   }
@@ -147,20 +175,28 @@ const describeObject = (value: object): string => {
 }
 
 const messageOf = (value: unknown): string => {
-  if (value instanceof Error) return value.message
-  if (typeof value === "object" && value !== null) {
+  if (typeof value !== "object" || value === null) return String(value)
+  try {
     const message = (value as { readonly message?: unknown }).message
     if (typeof message === "string") return message
-    return describeObject(value)
+  } catch {
+    // A `message` getter (or proxy trap) that throws: nothing else on the object can be trusted.
+    return `[object ${className(value) ?? "Object"}]`
   }
-  return String(value)
+  return describeObject(value)
 }
+
+const WRAPPING_KEYS = ["reason", "cause"] as const
 
 /** The error `value` wraps: its `reason` (effect's SqlError and its kin) or its `cause`, if an object. */
 const wrapped = (value: object): object | undefined => {
-  for (const key of ["reason", "cause"] as const) {
-    const inner = (value as Record<string, unknown>)[key]
-    if (typeof inner === "object" && inner !== null) return inner
+  for (const key of WRAPPING_KEYS) {
+    try {
+      const inner = (value as Record<string, unknown>)[key]
+      if (typeof inner === "object" && inner !== null) return inner
+    } catch {
+      // A getter that throws wraps nothing that can be read; the next key may still.
+    }
   }
   return undefined
 }

@@ -31,9 +31,10 @@ export const boundedDiagLogger = (context: Context.Context<never>, secrets: Read
       return
     }
     written++
-    const detail = args.map((a) => (a instanceof Error ? a.message : typeof a === "string" ? a : safeJson(a))).join(" ")
+    const detail = args.map(detailOf).join(" ")
     // Redacted before the cut, so no part of a secret is left at the end.
-    const error = ErrorSummary.withoutCredentials(redactIn(`${message} ${detail}`.trim(), secrets)).slice(0, 1_000)
+    const text = oneLine(`${textOf(message)} ${detail}`)
+    const error = ErrorSummary.withoutCredentials(redactIn(text, secrets)).slice(0, 1_000)
     log((level === "Error" ? Effect.logError : Effect.logWarning)("telemetry.error").pipe(Effect.annotateLogs({ error })))
   }
   const ignore = () => undefined
@@ -62,10 +63,75 @@ export const secretForms = (headers: ReadonlyArray<Headers | undefined>): Readon
 export const redactIn = (text: string, secrets: ReadonlyArray<string>): string =>
   secrets.reduce((out, secret) => out.split(secret).join("<redacted>"), text)
 
-const safeJson = (value: unknown): string => {
+// A diagnostic is an operator's log line: the message, code and data of the error it quotes, on
+// one line, never a stack trace (many lines of frames that say nothing about the export). The SDK
+// hands over errors (OTLPExporterError, with `code` and `data`), error-like objects, and its
+// default error handler's JSON of an error, `stack` included.
+
+/** One argument of a diagnostic as text: an error by its message and fields, an object as JSON, stacks left out. */
+const detailOf = (value: unknown): string => {
   try {
-    return JSON.stringify(value)
+    if (typeof value === "string") return textOf(value)
+    if (value instanceof Error) {
+      const fields = errorFields(value, false)
+      return Object.keys(fields).length === 0 ? value.message : `${value.message} ${safeJson(fields)}`
+    }
+    return safeJson(value)
   } catch {
-    return String(value)
+    // A hostile value (a getter or proxy trap that throws): nothing more can be said of it safely.
+    return "[unreadable]"
   }
 }
+
+/** `text`, or, when it is an error serialised as JSON (the SDK's default error handler's), that JSON without stacks. */
+const textOf = (text: string): string => {
+  if (!/^\s*[{[]/.test(text)) return text
+  try {
+    return safeJson(JSON.parse(text))
+  } catch {
+    return text
+  }
+}
+
+/**
+ * What JSON shows of an `Error`, which it would show as `{}`: its message (when asked), own fields
+ * (an OTLPExporterError's `code` and `data`) and cause, never its stack or name.
+ */
+const errorFields = (error: Error, withMessage: boolean): Record<string, unknown> => {
+  const fields: Record<string, unknown> = withMessage ? { message: error.message } : {}
+  for (const key of Object.keys(error)) {
+    if (key !== "stack" && key !== "message" && key !== "name") fields[key] = (error as unknown as Record<string, unknown>)[key]
+  }
+  if (error.cause !== undefined) fields.cause = error.cause
+  return fields
+}
+
+/** `value` as JSON without any `stack`, at any depth, and with the errors in it shown by {@link errorFields}. */
+const safeJson = (value: unknown): string => {
+  const seen = new Set<Error>()
+  try {
+    return JSON.stringify(value, (key, field: unknown) => {
+      if (key === "stack") return undefined
+      if (field instanceof Error) {
+        // An error that is its own cause, or its cause's, is shown once.
+        if (seen.has(field)) return "[Circular]"
+        seen.add(field)
+        return errorFields(field, true)
+      }
+      return field
+    }) ?? String(value)
+  } catch {
+    try {
+      return String(value)
+    } catch {
+      return "[unreadable]"
+    }
+  }
+}
+
+/** A V8 stack frame (`\n    at f (file.js:1:1)`), as written and as escaped in a JSON string. */
+const STACK_FRAME = /\r?\n[ \t]+at [^\r\n]*|(?:\\r)?\\n[ \t]+at (?:[^"\\]|\\[^nr])*/g
+const LINE_BREAK = /\s*[\r\n\u2028\u2029]+\s*/g
+
+/** `text` on one line: stack frames quoted in it dropped, line breaks made blanks. */
+const oneLine = (text: string): string => text.replace(STACK_FRAME, "").replace(LINE_BREAK, " ").trim()
