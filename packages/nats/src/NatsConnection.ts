@@ -3,7 +3,8 @@
  * reconnects forever by default (nats.js gives up after ~20 s otherwise); its finalizer drains it
  * within `drainTimeout` (and within the worker's close share while shutting down) and then closes it, so it must be released after everything that acks
  * through it (the consumer's scope is inner to this one). Connection status changes are logged.
- * Credentials (a token, a password, an NKey seed) are `Redacted` and never logged; TLS (with a
+ * Credentials (a token, a password, an NKey seed, also when a server URL carries the token or the
+ * user and password) are `Redacted` and never logged; TLS (with a
  * client certificate for mutual TLS) and credentials files (a user JWT and its NKey seed) are read
  * from files named in the options, and checked (as the NKey seed is) before connecting. A refused
  * credential or certificate, a TLS failure or a setting that cannot work fails the first
@@ -22,8 +23,10 @@ import {
   describeServers,
   durationSetting,
   integerSetting,
+  loginFor,
   millisOf,
   serverList,
+  serversAndCredentials,
   settingError,
   tlsFor
 } from "./internal/connectSettings.ts"
@@ -42,15 +45,25 @@ export interface Options {
   /**
    * Server URLs, e.g. `nats://127.0.0.1:4222` (a string may hold several, comma-separated); give
    * every node of a cluster. Blank entries are dropped; none left is refused. Required.
+   *
+   * A URL may carry the credentials, as other NATS clients read them: `nats://alice:pw@host:4222`
+   * logs in with user and password, `nats://mytoken@host:4222` with a token; each percent-decoded
+   * (write a reserved character as `%XX`: `@` as `%40`, `/` as `%2F`, `%` as `%25`, `:` in a user
+   * as `%3A`). They are taken out of the URL before nats.js sees it (it would ignore them), kept
+   * `Redacted` and never shown. A connection logs in with one set: URLs that carry different ones
+   * are refused, a URL without any uses that set too, and credentials in the URL together with
+   * `token`, `user`/`password`, `nkeySeed` or `credentialsFile` are refused unless they are the same
+   * user and password (or token), all before connecting with a `NatsError` that names the settings,
+   * never the secret.
    */
   readonly servers: string | ReadonlyArray<string>
   /** Connection name shown by the server. Default: `jetworker`. */
   readonly name?: string | undefined
-  /** Token authentication. */
+  /** Token authentication (or a lone `token@` in the server URL, see `servers`). */
   readonly token?: Redacted.Redacted<string> | undefined
-  /** User for user/password authentication. */
+  /** User for user/password authentication (or `user:password@` in the server URL, see `servers`). */
   readonly user?: string | undefined
-  /** Password for user/password authentication. */
+  /** Password for user/password authentication (or `user:password@` in the server URL, see `servers`). */
   readonly password?: Redacted.Redacted<string> | undefined
   /** NKey authentication: the user's seed (`SU...`). */
   readonly nkeySeed?: Redacted.Redacted<string> | undefined
@@ -198,6 +211,10 @@ export const make = (options: Options) =>
       return yield* settingError(`pingInterval must be from 1 second to 10 minutes, got ${DurationInput.show(options.pingInterval)}`)
     }
     const maxPingsOut = yield* integerSetting("maxPingsOut", options.maxPingsOut ?? 2, 100)
+    // Credentials in the URLs are taken out (nats.js would drop them, or misread the port) and
+    // checked against the options' before the NKey seed or credentials file is read.
+    const fromUrls = yield* serversAndCredentials(servers)
+    const login = yield* loginFor(options, fromUrls.credentials)
     const authenticator = yield* authenticatorFor(options)
     const tls = yield* tlsFor(options)
     const lifecycle = yield* Lifecycle.Lifecycle
@@ -209,7 +226,7 @@ export const make = (options: Options) =>
       const deadline = lifecycle.startupDeadline()
       const timeout = deadline === undefined ? connectMillis : Math.max(1, Math.min(connectMillis, deadline - now - 100))
       return connectOnce({
-            servers: [...servers],
+            servers: [...fromUrls.servers],
             name: options.name ?? "jetworker",
             maxReconnectAttempts: maxReconnects,
             reconnectTimeWait: reconnectMillis,
@@ -218,13 +235,13 @@ export const make = (options: Options) =>
             maxPingOut: maxPingsOut,
             timeout,
             noAsyncTraces: true,
-            ...(options.token === undefined ? {} : { token: Redacted.value(options.token) }),
-            ...(options.user === undefined ? {} : { user: options.user }),
-            ...(options.password === undefined ? {} : { pass: Redacted.value(options.password) }),
+            ...(login.token === undefined ? {} : { token: Redacted.value(login.token) }),
+            ...(login.user === undefined ? {} : { user: login.user }),
+            ...(login.password === undefined ? {} : { pass: Redacted.value(login.password) }),
             ...(authenticator === undefined ? {} : { authenticator }),
             ...(tls === undefined ? {} : { tls })
       })
-    }).pipe(Effect.mapError((error) => connectNextStep(error, options)))
+    }).pipe(Effect.mapError((error) => connectNextStep(error, options, fromUrls.credentials)))
     // Interruptible: a stop signal while start-up waits for the server ends the wait at once
     // (`connectOnce` closes a connection that opens after that).
     const connection = yield* Effect.acquireRelease(
@@ -340,7 +357,10 @@ export const layer = (options: Options): Layer.Layer<NatsConnection, NatsError.N
 /**
  * Like {@link layer}, configured from the environment (each variable optional): `NATS_URL` (the
  * servers, comma-separated, blank entries dropped; default `nats://127.0.0.1:4222`, also when it is
- * empty, which Effect's `ConfigProvider` reads as unset), `NATS_TOKEN`, `NATS_USER` and
+ * empty, which Effect's `ConfigProvider` reads as unset; a URL may carry the credentials,
+ * `nats://user:password@host:port` or `nats://token@host:port`, percent-decoded, as
+ * {@link Options}' `servers` says, and refused when `NATS_TOKEN`, `NATS_USER`/`NATS_PASSWORD`,
+ * `NATS_NKEY_SEED` or `NATS_CREDS` give other credentials), `NATS_TOKEN`, `NATS_USER` and
  * `NATS_PASSWORD`, `NATS_NKEY_SEED`, `NATS_CREDS` (a credentials file), `NATS_TLS_CA`,
  * `NATS_TLS_CERT` and `NATS_TLS_KEY` (PEM files). Secrets are read as `Redacted`. `options`
  * sets the rest (and wins over the environment).

@@ -110,7 +110,7 @@ const config = Command.make("config").pipe(
 
 const server = Flag.String("server").pipe(
   Flag.optional,
-  Flag.withDescription("The NATS server (default: NATS_URL, else nats://127.0.0.1:4222); credentials come from NATS_USER/NATS_PASSWORD, NATS_TOKEN, NATS_NKEY_SEED or NATS_CREDS")
+  Flag.withDescription("The NATS server (default: NATS_URL, else nats://127.0.0.1:4222); credentials come from the URL (nats://user:password@host:4222 or nats://token@host:4222, percent-encoded) or from NATS_USER/NATS_PASSWORD, NATS_TOKEN, NATS_NKEY_SEED or NATS_CREDS")
 )
 
 /** What a NATS command waits for at most (NatsConnection's connect and request defaults, and {@link withNats}'s drain). */
@@ -171,15 +171,6 @@ const withNats = <A>(
       yield* Console.error(`jetworker ${what}: ${unparsable}`)
       process.exitCode = 2
       return Option.none<A>()
-    }
-    // nats.js drops a URL's user and password (or token) without a word: the login would then be
-    // refused, or go through as nobody, with the operator sure they passed credentials.
-    const setting = Option.getOrElse(serverFlag, () => process.env.NATS_URL || "nats://127.0.0.1:4222")
-    if (setting.split(",").some((entry) => NatsConnection.describeServers(entry) !== entry.trim())) {
-      yield* Console.error(
-        `jetworker ${what}: note: the credentials in ${Option.isSome(serverFlag) ? "--server" : "NATS_URL"} are not used; ` +
-          `set NATS_USER and NATS_PASSWORD, NATS_TOKEN, NATS_NKEY_SEED or NATS_CREDS`
-      )
     }
     // One attempt: a command reports a lost server instead of reconnecting forever as a worker does.
     // A short drain: nothing of a command waits to be sent at its end, and a server that stopped

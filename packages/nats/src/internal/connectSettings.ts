@@ -37,18 +37,144 @@ export const describeServers = (servers: string | ReadonlyArray<string>): string
   (typeof servers === "string" ? servers.split(",") : servers).map(withoutCredentials).join(", ")
 
 /**
- * A server address without its user and password: everything before the last `@` of the
- * authority, with or without a scheme (`alice:pw@host:4222`), and also when the password holds an
- * unescaped `@`.
+ * A server address split into its credentials (`userinfo`: everything before the last `@` of the
+ * authority, still percent-encoded; `undefined` without an `@`) and the address without them,
+ * with or without a scheme (`alice:pw@host:4222`), and also when the password holds an unescaped `@`.
  */
-const withoutCredentials = (server: string): string => {
+const splitCredentials = (server: string): { readonly address: string; readonly userinfo: string | undefined } => {
   const trimmed = server.trim()
   const scheme = /^[a-z][a-z0-9+.-]*:\/\//i.exec(trimmed)?.[0] ?? ""
   const rest = trimmed.slice(scheme.length)
   const slash = rest.indexOf("/")
   const authority = slash === -1 ? rest : rest.slice(0, slash)
   const at = authority.lastIndexOf("@")
-  return at === -1 ? trimmed : scheme + rest.slice(at + 1)
+  return at === -1
+    ? { address: trimmed, userinfo: undefined }
+    : { address: scheme + rest.slice(at + 1), userinfo: authority.slice(0, at) }
+}
+
+/** A server address without its user and password (see {@link splitCredentials}). */
+const withoutCredentials = (server: string): string => splitCredentials(server).address
+
+/** The credentials a server URL carries, percent-decoded; the secret `Redacted`. */
+export type UrlCredentials =
+  | { readonly _tag: "UserPassword"; readonly user: string; readonly password: Redacted.Redacted<string> }
+  | { readonly _tag: "Token"; readonly token: Redacted.Redacted<string> }
+
+/** The servers without their credentials, for nats.js, and the one set of credentials they carried. */
+export interface ServersAndCredentials {
+  readonly servers: ReadonlyArray<string>
+  readonly credentials: UrlCredentials | undefined
+}
+
+const sameCredentials = (a: UrlCredentials, b: UrlCredentials): boolean =>
+  a._tag === "UserPassword"
+    ? b._tag === "UserPassword" && a.user === b.user && Redacted.value(a.password) === Redacted.value(b.password)
+    : b._tag === "Token" && Redacted.value(a.token) === Redacted.value(b.token)
+
+/** `part` percent-decoded, or a failure naming the server (without its credentials) but never `part`. */
+const decoded = (part: string, what: string, server: string): Effect.Effect<string, NatsError.NatsError> =>
+  Effect.try({
+    try: () => decodeURIComponent(part),
+    catch: () =>
+      settingError(
+        `the ${what} in the server URL ${withoutCredentials(server)} is not valid percent-encoding: ` +
+          `write a reserved character of it as %XX (e.g. @ as %40, / as %2F, : in a user as %3A, % as %25)`
+      )
+  })
+
+/** The credentials of one server URL (`user:password@`, or a lone `token@`), or `undefined` without. */
+const credentialsOf = (server: string, userinfo: string): Effect.Effect<UrlCredentials | undefined, NatsError.NatsError> => {
+  // `nats://@host` carries nothing. The password is what follows the first `:` (as in a URL).
+  if (userinfo === "") return Effect.succeed(undefined)
+  const colon = userinfo.indexOf(":")
+  if (colon === -1) {
+    return Effect.map(decoded(userinfo, "token", server), (token): UrlCredentials => ({ _tag: "Token", token: Redacted.make(token) }))
+  }
+  return Effect.flatMap(
+    Effect.all([decoded(userinfo.slice(0, colon), "user", server), decoded(userinfo.slice(colon + 1), "password", server)]),
+    ([user, password]) =>
+      // nats.js would send no credentials at all for an empty user.
+      user === ""
+        ? Effect.fail(settingError(
+          `the server URL ${withoutCredentials(server)} carries a password but no user: write user:password@host:port, ` +
+            `or token@host:port for a token`
+        ))
+        : Effect.succeed<UrlCredentials>({ _tag: "UserPassword", user, password: Redacted.make(password) })
+  )
+}
+
+/**
+ * The servers without credentials, and the credentials they carry: nats.js ignores a URL's user
+ * and password (or token) without a word, reads a numeric password as the port, and refuses a
+ * host without a dot (`localhost`) after credentials, so they are taken out here. A connection
+ * logs in with one set: URLs that carry different ones are refused (URLs without any use that one
+ * set too, as the servers of a cluster share their users).
+ */
+export const serversAndCredentials = (
+  servers: ReadonlyArray<string>
+): Effect.Effect<ServersAndCredentials, NatsError.NatsError> =>
+  Effect.gen(function*() {
+    const addresses: Array<string> = []
+    let found: { readonly server: string; readonly credentials: UrlCredentials } | undefined
+    for (const server of servers) {
+      const { address, userinfo } = splitCredentials(server)
+      addresses.push(address)
+      const credentials = userinfo === undefined ? undefined : yield* credentialsOf(server, userinfo)
+      if (credentials === undefined) continue
+      if (found === undefined) found = { server, credentials }
+      else if (!sameCredentials(found.credentials, credentials)) {
+        return yield* settingError(
+          `the server URLs ${withoutCredentials(found.server)} and ${address} carry different credentials, and a ` +
+            `connection logs in with one set: give the same credentials in each URL (or in one of them), or none in ` +
+            `the URLs and NATS_USER/NATS_PASSWORD or NATS_TOKEN`
+        )
+      }
+    }
+    return { servers: addresses, credentials: found?.credentials }
+  })
+
+/** The token, user and password to log in with. */
+export interface Login {
+  readonly token: Redacted.Redacted<string> | undefined
+  readonly user: string | undefined
+  readonly password: Redacted.Redacted<string> | undefined
+}
+
+/**
+ * The login: the options' credentials, or the server URL's. Both given is refused unless they are
+ * the same (a user and password, or a token, given twice): a silent choice would log in as someone
+ * the operator did not mean, or fail with a bare "Authorization Violation". The message names the
+ * settings, never the values.
+ */
+export const loginFor = (
+  options: Options,
+  fromUrl: UrlCredentials | undefined
+): Effect.Effect<Login, NatsError.NatsError> => {
+  const explicit = { token: options.token, user: options.user, password: options.password }
+  if (fromUrl === undefined) return Effect.succeed(explicit)
+  const given = [
+    ...(options.token === undefined ? [] : ["NATS_TOKEN (token)"]),
+    ...(options.user === undefined ? [] : ["NATS_USER (user)"]),
+    ...(options.password === undefined ? [] : ["NATS_PASSWORD (password)"]),
+    ...(options.nkeySeed === undefined ? [] : ["NATS_NKEY_SEED (nkeySeed)"]),
+    ...(options.credentialsFile === undefined ? [] : ["NATS_CREDS (credentialsFile)"])
+  ]
+  const login: Login = fromUrl._tag === "Token"
+    ? { token: fromUrl.token, user: undefined, password: undefined }
+    : { token: undefined, user: fromUrl.user, password: fromUrl.password }
+  if (given.length === 0) return Effect.succeed(login)
+  const same = options.nkeySeed === undefined && options.credentialsFile === undefined &&
+    (fromUrl._tag === "Token"
+      ? options.user === undefined && options.password === undefined && options.token !== undefined &&
+        Redacted.value(options.token) === Redacted.value(fromUrl.token)
+      : options.token === undefined && options.user === fromUrl.user && options.password !== undefined &&
+        Redacted.value(options.password) === Redacted.value(fromUrl.password))
+  return same ? Effect.succeed(login) : Effect.fail(settingError(
+    `the server URL (${describeServers(options.servers)}) carries ${fromUrl._tag === "Token" ? "a token" : "a user and password"}, ` +
+      `and ${given.join(", ")} ${given.length === 1 ? "gives" : "give"} other credentials; a connection logs in with one set: ` +
+      `give the credentials either in the URL (NATS_URL, the servers option) or in the other settings, not both`
+  ))
 }
 
 /** Whether a failed connection failed on TLS (a handshake, a certificate, TLS the server lacks). */
@@ -65,8 +191,15 @@ export const connectError = (cause: unknown): NatsError.NatsError => {
     : error
 }
 
-/** A failed first connection, with what to do about it. */
-export const connectNextStep = (error: NatsError.NatsError, options: Options): NatsError.NatsError => {
+/**
+ * A failed first connection, with what to do about it; `fromUrl`, the credentials the server URL
+ * carried (the ones to check when the server refuses the login).
+ */
+export const connectNextStep = (
+  error: NatsError.NatsError,
+  options: Options,
+  fromUrl?: UrlCredentials | undefined
+): NatsError.NatsError => {
   const where = describeServers(options.servers)
   switch (error.reason) {
     case "ConnectionRefused":
@@ -84,8 +217,11 @@ export const connectNextStep = (error: NatsError.NatsError, options: Options): N
     case "NotAuthorized":
       return new NatsError.NatsError({
         ...error,
-        message: `${error.message}: ${where} refused the credentials; check the token, the user and password, ` +
-          `the NKey seed or the credentials file (NATS_TOKEN, NATS_USER/NATS_PASSWORD, NATS_NKEY_SEED, NATS_CREDS)`
+        message: `${error.message}: ${where} refused the credentials; ` + (fromUrl === undefined
+          ? `check the token, the user and password, the NKey seed or the credentials file (NATS_TOKEN, ` +
+            `NATS_USER/NATS_PASSWORD, NATS_NKEY_SEED, NATS_CREDS)`
+          : `check the ${fromUrl._tag === "Token" ? "token" : "user and password"} in the server URL (NATS_URL, ` +
+            `the servers option; a reserved character in them percent-encoded, e.g. @ as %40)`)
       })
     default:
       if (/does not support 'tls'|tls is not available/i.test(error.message)) {
