@@ -18,14 +18,17 @@
  * The opening requests (consumer info, the dead-letter and MaxDeliver-capture streams) ride out a
  * NATS blip: a failure that may pass (a timeout, no responders, JetStream unavailable, the link
  * reconnecting) is retried with a jittered backoff from 100 ms to 2 s, one warning line per retry,
- * for at most `openRetryTimeout` (default 30 s) from the first request (a worker's `STARTUP_TIMEOUT`
- * may cut it sooner). A final answer (a missing stream or consumer, a refused permission or request,
- * a contract mismatch) and a connection closed for good fail `open` at once.
+ * for at most `openRetryTimeout` (default 30 s, on the monotonic clock) from the first request (a
+ * worker's `STARTUP_TIMEOUT` may cut it sooner). A request still waiting when the link reconnects
+ * is lost (nats.js drops its outbound buffer when it redials, and a reply sent on the old link never
+ * comes): it is given up and retried at once, not at the end of its API timeout. A final answer (a
+ * missing stream or consumer, a refused permission or request, a contract mismatch) and a
+ * connection closed for good fail `open` at once.
  *
  * @since 0.1.0
  */
 import { type Source, Telemetry } from "@jetworker/core"
-import { Clock, Duration, Effect, Metric, Schedule } from "effect"
+import { Clock, Deferred, Duration, Effect, Fiber, Metric, Schedule, type Scope, Stream } from "effect"
 import * as Contract from "./Contract.ts"
 import * as DeadLetter from "./DeadLetter.ts"
 import { ackAll } from "./internal/delivery.ts"
@@ -39,38 +42,92 @@ import * as NatsError from "./NatsError.ts"
 const openRetryBaseMillis = 100
 const openRetryCapMillis = 2_000
 
+/** The clock's monotonic time in milliseconds (an arbitrary origin: only differences mean anything). */
+const monotonicMillis = Effect.map(Clock.monotonicTimeNanos, (nanos) => Number(nanos) / 1_000_000)
+
+/** The reconnects of the link while a source opens, heard by one status listener for all its requests. */
+interface Reconnects {
+  /** Done at the first reconnect after this call. */
+  readonly next: () => Deferred.Deferred<void>
+  /** Stops listening (also done when the scope closes). */
+  readonly stop: Effect.Effect<void>
+}
+
+/** Listens to `connection`'s reconnects from now on, until `stop` or the scope's end. */
+const listenForReconnects = (connection: Connection): Effect.Effect<Reconnects, never, Scope.Scope> =>
+  Effect.gen(function*() {
+    // Registered now, before the first request is sent: nats.js queues what it reports meanwhile.
+    const status = connection.connection.status()
+    let next = Deferred.makeUnsafe<void>()
+    const listener = yield* Stream.fromAsyncIterable(status, (error) => error).pipe(
+      Stream.filter((status) => status.type === "reconnect"),
+      Stream.runForEach(() =>
+        Effect.sync(() => {
+          const reached = next
+          next = Deferred.makeUnsafe<void>()
+          Deferred.doneUnsafe(reached, Effect.void)
+        })
+      ),
+      Effect.ignore,
+      Effect.forkScoped
+    )
+    return { next: () => next, stop: Fiber.interrupt(listener) }
+  })
+
 /**
  * `effect`, an opening request `what` of source `name`, retried while its failure may pass, the
- * connection is not closed or draining for good, and the next try starts before `deadline`.
+ * connection is not closed or draining for good, and the next try starts before `deadline` (on
+ * the monotonic clock, in milliseconds). A try still running when the link reconnects is given
+ * up and retried at once: what it sent before was lost (see the module's note).
  */
 const retryOpening = <A, R>(
   name: string,
   what: string,
   connection: Connection,
+  reconnects: Reconnects,
   deadline: number,
   effect: Effect.Effect<A, NatsError.NatsError, R>
 ): Effect.Effect<A, NatsError.NatsError, R> => {
   let retries = 0
-  const schedule = Schedule.exponential(Duration.millis(openRetryBaseMillis), 2).pipe(
-    Schedule.jittered,
-    Schedule.modifyDelay(({ duration }) => Effect.succeed(Duration.min(duration, Duration.millis(openRetryCapMillis)))),
-    Schedule.setInputType<NatsError.NatsError>(),
-    Schedule.while(({ duration, input, now }) => {
-      // A closed connection never comes back (nats.js gave up, or it is being shut down).
-      const retry = input.isRetryable && !connection.connection.isClosed() && !connection.connection.isDraining() &&
-        now + Duration.toMillis(duration) < deadline
-      if (!retry) return false
-      retries++
-      const delay = Math.round(Duration.toMillis(duration))
-      // The request that failed, when `what` (an ensure) makes several.
-      const detail = input.operation.startsWith(what) ? "" : ` (${input.operation})`
-      return Effect.as(
-        Effect.logWarning(`JetStreamSource ${name}: ${what}${detail} ${retryReason(input)}; retrying in ${delay} ms`),
-        true
-      )
-    })
+  // The tries given up at a reconnect.
+  const lost = new WeakSet<NatsError.NatsError>()
+  const attempt = Effect.suspend(() =>
+    Effect.raceFirst(
+      effect,
+      Effect.flatMap(Deferred.await(reconnects.next()), () => {
+        // "Timeout": no reply came, and the request may or may not have taken effect.
+        const error = new NatsError.NatsError({
+          reason: "Timeout",
+          operation: `${what} for ${name}`,
+          message: "no reply: the NATS link reconnected while the request waited for it"
+        })
+        lost.add(error)
+        return Effect.fail(error)
+      })
+    )
   )
-  return effect.pipe(
+  const schedule = Schedule.exponential(Duration.millis(openRetryBaseMillis), 2).pipe(
+    Schedule.setInputType<NatsError.NatsError>(),
+    Schedule.jittered,
+    Schedule.modifyDelay(({ duration, input }) =>
+      Effect.succeed(lost.has(input) ? Duration.zero : Duration.min(duration, Duration.millis(openRetryCapMillis)))
+    ),
+    Schedule.while(({ duration, input }) =>
+      Effect.flatMap(monotonicMillis, (now) => {
+        // A closed connection never comes back (nats.js gave up, or it is being shut down).
+        const retry = input.isRetryable && !connection.connection.isClosed() && !connection.connection.isDraining() &&
+          now + Duration.toMillis(duration) < deadline
+        if (!retry) return Effect.succeed(false)
+        retries++
+        const delay = Math.round(Duration.toMillis(duration))
+        // The request that failed, when `what` (an ensure) makes several.
+        const detail = input.operation.startsWith(what) ? "" : ` (${input.operation})`
+        const reason = lost.has(input) ? "was lost as the NATS link reconnected" : retryReason(input)
+        return Effect.as(Effect.logWarning(`JetStreamSource ${name}: ${what}${detail} ${reason}; retrying in ${delay} ms`), true)
+      })
+    )
+  )
+  return attempt.pipe(
     Effect.retry(schedule),
     // Given up on a failure that may pass: say it was waited for, so the cause is not a one-off.
     Effect.mapError((error) =>
@@ -119,9 +176,11 @@ export interface Options {
    * How long `open` retries its opening requests (consumer info, the dead-letter and
    * MaxDeliver-capture streams) when they fail in a way that may pass (a timeout, no responders,
    * JetStream unavailable, the link reconnecting): no retry starts later than this after the
-   * first request. Retries back off from 100 ms to 2 s (jittered) and each logs a warning. A
-   * final answer, or a connection closed for good, fails `open` at once. From 0 (no retries) to
-   * 2147483647 ms (~24.8 days). Default: 30 seconds (a worker's `STARTUP_TIMEOUT` may cut it sooner).
+   * first request, on the monotonic clock (a step of the wall clock neither stretches nor cuts
+   * it). Retries back off from 100 ms to 2 s (jittered) and each logs a warning; a request still
+   * waiting when the link reconnects is lost, and retried at once. A final answer, or a
+   * connection closed for good, fails `open` at once. From 0 (no retries) to 2147483647 ms
+   * (~24.8 days). Default: 30 seconds (a worker's `STARTUP_TIMEOUT` may cut it sooner).
    */
   readonly openRetryTimeout?: Duration.Input | undefined
 }
@@ -147,9 +206,12 @@ export const make = (options: Options): Source.Source<NatsConnection> => {
       const destination = DeadLetter.destination(options.stream, durable, options.deadLetter)
       const connection = yield* NatsConnection
       const call = <A>(operation: string, f: () => Promise<A>) => Effect.mapError(NatsError.tryPromise(operation, f), sourceError)
-      const deadline = (yield* Clock.currentTimeMillis) + openRetryMillis
+      // Monotonic: a step of the wall clock during start-up would stretch or cut the retries.
+      const deadline = (yield* monotonicMillis) + openRetryMillis
+      // One listener for all the opening requests, stopped once they are done.
+      const reconnects = yield* listenForReconnects(connection)
       const retrying = <A>(what: string, effect: Effect.Effect<A, NatsError.NatsError, NatsConnection>) =>
-        retryOpening(name, what, connection, deadline, effect).pipe(
+        retryOpening(name, what, connection, reconnects, deadline, effect).pipe(
           Effect.provideService(NatsConnection, connection),
           Effect.mapError(sourceError)
         )
@@ -208,6 +270,7 @@ export const make = (options: Options): Source.Source<NatsConnection> => {
           Effect.forkScoped
         )
       }
+      yield* reconnects.stop
 
       const { take, close } = yield* openIntake({
         stream: options.stream,
