@@ -103,6 +103,44 @@ describe("jetworker CLI failures", () => {
       assert.notInclude(run.stderr, "    at ", "no stack trace")
     }).pipe(Effect.scoped), 60_000)
 
+  it.live("a failed connection's next step names --server when the flag gave the server (NATS_URL or --server when the environment did), never a library option; exit 2", () =>
+    Effect.gen(function*() {
+      const list = ["dlq", "list", "--stream", "X_DLQ"]
+      // Nothing listens at port 1: refused.
+      const refused = yield* jetworker(...list, "--server", "nats://127.0.0.1:1")
+      assert.strictEqual(refused.code, 2, refused.stdout + refused.stderr)
+      assert.include(refused.stderr, "could not connect to nats://127.0.0.1:1")
+      assert.include(refused.stderr, "Set --server to where it runs")
+      assert.notInclude(refused.stderr, "NATS_URL", "the flag, not the variable it replaced, gave the server")
+      assert.notInclude(refused.stderr, "servers option")
+
+      // A listener that closes every connection at once: nats.js's "node provided an undefined error", in words.
+      const address = yield* notNats("")
+      const closed = yield* jetworker(...list, "--server", `nats://op:url-pw-never-printed@${address}`)
+      assert.strictEqual(closed.code, 2, closed.stdout + closed.stderr)
+      assert.include(closed.stderr, `could not connect to nats://${address}`)
+      assert.include(closed.stderr, "closed the connection before sending NATS's greeting (INFO)")
+      assert.include(closed.stderr, "Set --server to where it runs")
+      assert.notInclude(closed.stderr, "NATS_URL")
+      assert.notInclude(closed.stderr, "node provided an undefined error")
+      assert.notInclude(closed.stdout + closed.stderr, "url-pw-never-printed")
+
+      // The URL's credentials refused: check them in --server.
+      const server = yield* NatsServer.make({ config: accountWithoutJetStream })
+      const wrong = yield* jetworker(...list, "--server", server.url.replace("nats://", "nats://nojs:not-the-pw-never-printed@"))
+      assert.strictEqual(wrong.code, 2, wrong.stdout + wrong.stderr)
+      assert.include(wrong.stderr, "refused the credentials; check the user and password in the server URL (--server;")
+      assert.notInclude(wrong.stderr, "NATS_URL")
+      assert.notInclude(wrong.stdout + wrong.stderr, "not-the-pw-never-printed")
+
+      // Without the flag the server came from NATS_URL: that is named, and the flag that would replace it.
+      const fromEnv = yield* jetworkerEnv({ NATS_URL: "nats://127.0.0.1:1" }, list)
+      assert.strictEqual(fromEnv.code, 2, fromEnv.stdout + fromEnv.stderr)
+      assert.include(fromEnv.stderr, "could not connect to nats://127.0.0.1:1")
+      assert.include(fromEnv.stderr, "Set NATS_URL or --server to where it runs")
+      assert.notInclude(fromEnv.stderr, "servers option")
+    }).pipe(Effect.scoped), 90_000)
+
   it.live("a server that takes the connection and then stops answering fails the command (exit 2) saying it did not answer within 5 seconds; it ends within the request bound and a short close", () =>
     Effect.gen(function*() {
       // Speaks just enough NATS to be connected to (INFO, the first PONG), then nothing.

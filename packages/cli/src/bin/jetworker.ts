@@ -136,6 +136,19 @@ const unparsableServer = (serverFlag: Option.Option<string>): string | undefined
   return undefined
 }
 
+/** The setting that gave a NATS command its server, as its messages name it. */
+const serverSettingOf = (serverFlag: Option.Option<string>): string =>
+  Option.isSome(serverFlag) ? "--server" : "NATS_URL or --server"
+
+/**
+ * A failed connection's message with its next step naming the CLI's setting: NatsConnection's
+ * name `NATS_URL` and the library's servers option (a worker's settings), in these two phrases.
+ */
+const withServerSetting = (message: string, serverFlag: Option.Option<string>): string => {
+  const setting = serverSettingOf(serverFlag)
+  return message.replaceAll("NATS_URL, or the servers option,", setting).replaceAll("NATS_URL, the servers option", setting)
+}
+
 /** A failure's hint for an operator, when the reason alone does not say what to do. */
 const hintFor = (error: NatsError.NatsError): string =>
   // Nobody answers the JetStream API when the server runs without JetStream (10076 from some).
@@ -182,14 +195,14 @@ const withNats = <A>(
         : nats
     ).pipe(Effect.result)
     if (connected._tag === "Failure") {
-      const { message } = connected.failure
+      const message = withServerSetting(connected.failure.message, serverFlag)
       const where = serverOf(serverFlag)
-      // Most connect failures name the server; nats.js's own (a server that is no NATS server
-      // answering, a connection closed at once) do not.
+      // Connect failures name the server (NatsConnection words nats.js's own); one that does not
+      // is still said to be about this server.
       yield* Console.error(
         `jetworker ${what}: ${message}${
           connected.failure._tag === "NatsError" && !message.includes(where)
-            ? `: ${where} did not answer as a NATS server; is a nats-server running there? Set --server or NATS_URL to it`
+            ? `: ${where} did not answer as a NATS server; is a nats-server running there? Set ${serverSettingOf(serverFlag)} to it`
             : ""
         }`
       )

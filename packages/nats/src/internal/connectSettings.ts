@@ -20,6 +20,13 @@ import * as NatsError from "../NatsError.ts"
 // timers, and a longer one fires at once (or, for its request timer, after 1 ms).
 const MAX_TIMER_MILLIS = 2 ** 31 - 1
 
+/**
+ * How the next steps name the setting that holds the servers. The CLI, whose servers come from
+ * `--server` or `NATS_URL`, rewrites these two phrases in the messages it prints: keep them whole.
+ */
+const SERVERS_SETTING = "NATS_URL, or the servers option,"
+const SERVERS_SETTING_LISTED = "NATS_URL, the servers option"
+
 /** `input` in milliseconds, or `undefined` when it does not parse or holds a NaN (see `DurationInput`). */
 export const millisOf = (input: Duration.Input): number | undefined => {
   const duration = DurationInput.parse(input)
@@ -173,7 +180,7 @@ export const loginFor = (
   return same ? Effect.succeed(login) : Effect.fail(settingError(
     `the server URL (${describeServers(options.servers)}) carries ${fromUrl._tag === "Token" ? "a token" : "a user and password"}, ` +
       `and ${given.join(", ")} ${given.length === 1 ? "gives" : "give"} other credentials; a connection logs in with one set: ` +
-      `give the credentials either in the URL (NATS_URL, the servers option) or in the other settings, not both`
+      `give the credentials either in the URL (${SERVERS_SETTING_LISTED}) or in the other settings, not both`
   ))
 }
 
@@ -181,19 +188,82 @@ export const loginFor = (
 const isTlsFailure = (error: NatsError.NatsError): boolean => /tls|ssl|certificate|handshake/i.test(error.message)
 
 /**
- * A failed connection attempt. A TLS failure reached the server and retrying cannot help, yet
- * nats.js reports some as a `ConnectionError` (e.g. a server without TLS): it is not "refused".
+ * What a failed first connection was when nats.js's words do not say it or name no server:
+ * recognised by {@link connectError} from what nats.js rejected with, worded by
+ * {@link connectNextStep}, which knows the servers.
  */
-export const connectError = (cause: unknown): NatsError.NatsError => {
-  const error = NatsError.fromUnknown("connect", cause)
-  return error.reason === "ConnectionRefused" && isTlsFailure(error)
-    ? new NatsError.NatsError({ reason: "Unknown", operation: error.operation, message: error.message })
-    : error
+type RawFailure =
+  /** The server took the connection and closed it before its INFO ("node provided an undefined error"). */
+  | { readonly _tag: "ClosedAtOnce" }
+  /** The first line was no INFO, or an INFO that is no JSON. */
+  | { readonly _tag: "NotNats" }
+  /** The connection was reset before the handshake (ECONNRESET, EPIPE). */
+  | { readonly _tag: "Reset"; readonly code: string }
+  /** The host name does not resolve. */
+  | { readonly _tag: "Unresolved"; readonly code: string }
+  /** No route to the host, or it never answered the TCP handshake. */
+  | { readonly _tag: "Unreachable"; readonly code: string }
+  /** The connection closed in the middle of the TLS handshake. */
+  | { readonly _tag: "TlsCutOff" }
+
+// The failures `connectError` recognised, for `connectNextStep` (which receives the same error: the
+// connection's `make` maps what `connectError` returns). A WeakMap keeps `NatsError` as it is.
+const rawFailures = new WeakMap<NatsError.NatsError, RawFailure>()
+
+const UNRESOLVED = new Set(["ENOTFOUND", "EAI_AGAIN", "EAI_NONAME", "EAI_FAIL", "EAI_NODATA"])
+const UNREACHABLE = new Set(["EHOSTUNREACH", "ENETUNREACH", "EHOSTDOWN", "ENETDOWN", "ETIMEDOUT", "EADDRNOTAVAIL"])
+
+/** Node's error code (`ECONNRESET`, `ENOTFOUND`), or `undefined`. */
+const nodeCodeOf = (cause: unknown): string | undefined => {
+  const code = typeof cause === "object" && cause !== null ? (cause as { code?: unknown }).code : undefined
+  return typeof code === "string" ? code : undefined
 }
 
 /**
- * A failed first connection, with what to do about it; `fromUrl`, the credentials the server URL
- * carried (the ones to check when the server refuses the login).
+ * What nats.js v3's node transport rejected with, recognised. Its messages are read only where it
+ * gives no name or code to tell them apart (it throws a plain `Error` for a first line that is no
+ * INFO, and a `ConnectionError` with a fixed text for a socket closed without an error).
+ */
+const rawFailureOf = (cause: unknown, error: NatsError.NatsError): RawFailure | undefined => {
+  const code = nodeCodeOf(cause)
+  const name = cause instanceof Error ? cause.name : ""
+  if (name === "ConnectionError" && /node provided an undefined error/.test(error.message)) return { _tag: "ClosedAtOnce" }
+  if (name === "SyntaxError" || (name === "Error" && error.message === "unexpected response from server")) {
+    return { _tag: "NotNats" }
+  }
+  if (code === undefined) return undefined
+  // Before the TLS test: a resolver's message holds the host name, which may hold "tls" or "ssl".
+  if (UNRESOLVED.has(code)) return { _tag: "Unresolved", code }
+  if (UNREACHABLE.has(code)) return { _tag: "Unreachable", code }
+  // Node: "Client network socket disconnected before secure TLS connection was established".
+  if (isTlsFailure(error)) return code === "ECONNRESET" ? { _tag: "TlsCutOff" } : undefined
+  if (code === "ECONNRESET" || code === "EPIPE") return { _tag: "Reset", code }
+  return undefined
+}
+
+/**
+ * A failed connection attempt. A TLS failure reached the server and retrying cannot help, yet
+ * nats.js reports some as a `ConnectionError` (e.g. a server without TLS): it is not "refused".
+ * The reason is `NatsError.fromUnknown`'s; {@link connectNextStep} words what nats.js does not.
+ */
+export const connectError = (cause: unknown): NatsError.NatsError => {
+  const mapped = NatsError.fromUnknown("connect", cause)
+  const error = mapped.reason === "ConnectionRefused" && isTlsFailure(mapped)
+    ? new NatsError.NatsError({ reason: "Unknown", operation: mapped.operation, message: mapped.message })
+    : mapped
+  const raw = rawFailureOf(cause, error)
+  if (raw !== undefined) rawFailures.set(error, raw)
+  return error
+}
+
+/** Whether nats-server runs at `where`, on its client port, and where to set it: the end of most next steps. */
+const isItThere = `is nats-server running there (with JetStream: -js), and is this its client port (4222 by default)? ` +
+  `Set ${SERVERS_SETTING} to where it runs`
+
+/**
+ * A failed first connection, with what happened in words, the servers (without credentials) and
+ * what to do about it; `fromUrl`, the credentials the server URL carried (the ones to check when
+ * the server refuses the login). The reason stays the one {@link connectError} gave.
  */
 export const connectNextStep = (
   error: NatsError.NatsError,
@@ -201,44 +271,86 @@ export const connectNextStep = (
   fromUrl?: UrlCredentials | undefined
 ): NatsError.NatsError => {
   const where = describeServers(options.servers)
+  const worded = (message: string) => new NatsError.NatsError({ ...error, message })
+  const raw = rawFailures.get(error)
+  switch (raw?._tag) {
+    case "ClosedAtOnce":
+      return worded(
+        `connection closed at once: could not connect to ${where}: something there closed the connection before ` +
+          `sending NATS's greeting (INFO), as a proxy or load balancer with no server behind it, a listener that ` +
+          `expects TLS first, or a server shutting down does; ${isItThere}`
+      )
+    case "NotNats":
+      return worded(
+        `not a NATS server: ${where} answered, but not as a NATS server (its first line was no valid INFO ` +
+          `greeting); is a nats-server running there, and is this its client port (4222 by default), not another ` +
+          `service's? Set ${SERVERS_SETTING} to where it runs`
+      )
+    case "Reset":
+      return worded(
+        `connection reset: could not connect to ${where}: it reset the connection (${raw.code}) before the NATS ` +
+          `handshake, as a firewall, a proxy with no server behind it, or a server at its limits may; ${isItThere}`
+      )
+    case "Unresolved":
+      return worded(
+        `host name not resolved: could not connect to ${where}: cannot resolve the host name (${raw.code}); check ` +
+          `the host in ${SERVERS_SETTING} and the DNS (some names resolve only inside a cluster or a container network)`
+      )
+    case "Unreachable":
+      return worded(
+        `host unreachable: could not connect to ${where}: it cannot be reached from here (${raw.code}); check the ` +
+          `address in ${SERVERS_SETTING} and the network in between (a firewall, a route, a VPN)`
+      )
+    case "TlsCutOff":
+      return worded(
+        `TLS handshake cut off: the TLS handshake with ${where} was cut off: the server, or a proxy in between, ` +
+          `closed the connection before TLS was set up; check that nats-server with TLS runs there (a plain TCP ` +
+          `proxy or another service in front of it does this), that a server which requires TLS has its CA ` +
+          `given (NATS_TLS_CA), and, when it verifies clients, the client certificate and key (NATS_TLS_CERT, NATS_TLS_KEY)`
+      )
+  }
   switch (error.reason) {
     case "ConnectionRefused":
+      return worded(
+        `${error.message}: could not connect to ${where}; is nats-server running there (with JetStream: ` +
+          `-js)? Set ${SERVERS_SETTING} to where it runs`
+      )
     case "Timeout":
-      return new NatsError.NatsError({
-        ...error,
-        message: `${error.message}: could not connect to ${where}; is nats-server running there (with JetStream: ` +
-          `-js)? Set NATS_URL, or the servers option, to where it runs` +
+      return worded(
+        `${error.message}: could not connect to ${where}: it did not complete the NATS handshake (its INFO ` +
+          `greeting, then a PONG) within the connect timeout; nothing answered there, or what took the connection ` +
+          `is no nats-server client port (4222 by default) but, e.g., its monitoring port (8222), a cluster or leaf ` +
+          `node port or a listener that expects TLS first, or the server turned the client away (at its connection ` +
+          `limit); is nats-server running there (with JetStream: -js)? Set ${SERVERS_SETTING} to where it runs` +
           // A server that verifies clients drops one without a certificate it trusts; nats.js then only times out.
-          (error.reason === "Timeout" && options.tls !== undefined
+          (options.tls !== undefined
             ? `; or the server refused this client's certificate: a server that verifies clients needs ` +
               `NATS_TLS_CERT and NATS_TLS_KEY signed by a CA it trusts`
             : "")
-      })
+      )
     case "NotAuthorized":
-      return new NatsError.NatsError({
-        ...error,
-        message: `${error.message}: ${where} refused the credentials; ` + (fromUrl === undefined
+      return worded(
+        `${error.message}: ${where} refused the credentials; ` + (fromUrl === undefined
           ? `check the token, the user and password, the NKey seed or the credentials file (NATS_TOKEN, ` +
             `NATS_USER/NATS_PASSWORD, NATS_NKEY_SEED, NATS_CREDS)`
-          : `check the ${fromUrl._tag === "Token" ? "token" : "user and password"} in the server URL (NATS_URL, ` +
-            `the servers option; a reserved character in them percent-encoded, e.g. @ as %40)`)
-      })
+          : `check the ${fromUrl._tag === "Token" ? "token" : "user and password"} in the server URL (` +
+            `${SERVERS_SETTING_LISTED}; a reserved character in them percent-encoded, e.g. @ as %40)`)
+      )
     default:
       if (/does not support 'tls'|tls is not available/i.test(error.message)) {
-        return new NatsError.NatsError({
-          ...error,
-          message: `${error.message}: ${where} does not offer TLS; turn TLS on in the server, or connect without ` +
+        return worded(
+          `${error.message}: ${where} does not offer TLS; turn TLS on in the server, or connect without ` +
             `it (leave NATS_TLS_CA, NATS_TLS_CERT and NATS_TLS_KEY, or the tls option, unset)`
-        })
+        )
       }
       return isTlsFailure(error)
-        ? new NatsError.NatsError({
-          ...error,
-          message: `${error.message}: the TLS handshake with ${where} failed; check the CA file (NATS_TLS_CA) ` +
+        ? worded(
+          `${error.message}: the TLS handshake with ${where} failed; check the CA file (NATS_TLS_CA) ` +
             `against the server's certificate, and the client certificate and key (NATS_TLS_CERT, NATS_TLS_KEY) ` +
             `when the server verifies clients`
-        })
-        : error
+        )
+        // Whatever else nats.js says (its own words), the server is named.
+        : worded(`${error.message}: could not connect to ${where}`)
   }
 }
 
