@@ -18,7 +18,15 @@ describe("attempt store outage (PostgreSQL cut)", () => {
   layer(LedgerTestLive, { excludeTestServices: true, timeout: "150 seconds" })((it) => {
     it.effect("BE-JOB-003: a transfer delivered 5 times without failing is not dead-lettered when PostgreSQL is cut on its 6th delivery: released for a retry, it commits once the link is back", () =>
       Effect.gen(function*() {
-        const { stream, settings } = yield* ledgerStream({ ackWait: Duration.seconds(10), attempts: 5, retryBase: Duration.millis(100), inProcessRetries: 0 })
+        // Not paused on PostgreSQL: this is the path of a failure that counts (a pause would hold
+        // the delivery instead, see dependency-pause-pg.test.ts), with the attempt store down too.
+        const { stream, settings } = yield* ledgerStream({
+          ackWait: Duration.seconds(10),
+          attempts: 5,
+          retryBase: Duration.millis(100),
+          inProcessRetries: 0,
+          pauseOnDependencies: false
+        })
         const schema = yield* TestDatabase.TestSchema
         const { p, a, b } = yield* twoAccounts("store-outage")
         const id = `${p}.t1`

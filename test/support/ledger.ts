@@ -34,6 +34,7 @@ export const settingsFor = (
   attempts: 5,
   retryBase: Duration.millis(50),
   inProcessRetries: 2,
+  pauseOnDependencies: true,
   replicas: 1,
   ...testApplied,
   ...overrides
@@ -76,6 +77,7 @@ export const workerEnv = (settings: LedgerWorker.Settings, schema: string, datab
   LEDGER_ATTEMPTS: String(settings.attempts),
   LEDGER_RETRY_BASE: `${Duration.toMillis(settings.retryBase)} millis`,
   LEDGER_IN_PROCESS_RETRIES: String(settings.inProcessRetries),
+  LEDGER_PAUSE_ON_DEPENDENCIES: String(settings.pauseOnDependencies),
   LEDGER_APPLIED_STREAM: settings.appliedStream,
   LEDGER_APPLIED_SUBJECT_PREFIX: settings.appliedSubjectPrefix,
   LEDGER_REPLICAS: String(settings.replicas),

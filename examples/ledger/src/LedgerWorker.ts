@@ -50,6 +50,12 @@ export interface Settings {
   readonly retryBase: Duration.Duration
   /** `LEDGER_IN_PROCESS_RETRIES`, default 2: quick retries inside one attempt before a nak. */
   readonly inProcessRetries: number
+  /**
+   * `LEDGER_PAUSE_ON_DEPENDENCIES`, default true: while PostgreSQL (or NATS) is down, take no new
+   * transfer and hold the ones that failed, without counting their failures, until it is back
+   * (see `Consumer.make`'s `dependencies`); false spends the attempts as any failure does.
+   */
+  readonly pauseOnDependencies: boolean
   /** `LEDGER_APPLIED_STREAM`, default `LEDGER_APPLIED`: where the applied events are stored. */
   readonly appliedStream: string
   /**
@@ -74,6 +80,7 @@ export const settings = Config.all({
   attempts: Config.Int("LEDGER_ATTEMPTS").pipe(Config.withDefault(5)),
   retryBase: Config.Duration("LEDGER_RETRY_BASE").pipe(Config.withDefault(Duration.seconds(1))),
   inProcessRetries: Config.Int("LEDGER_IN_PROCESS_RETRIES").pipe(Config.withDefault(2)),
+  pauseOnDependencies: Config.Boolean("LEDGER_PAUSE_ON_DEPENDENCIES").pipe(Config.withDefault(true)),
   appliedStream: Config.String("LEDGER_APPLIED_STREAM").pipe(Config.withDefault("LEDGER_APPLIED")),
   appliedSubjectPrefix: Config.String("LEDGER_APPLIED_SUBJECT_PREFIX").pipe(Config.withDefault("ledger.applied")),
   replicas: Config.Int("LEDGER_REPLICAS").pipe(Config.withDefault(1))
@@ -95,7 +102,8 @@ const classify = {
  * Attempts and backoff: exponential from `LEDGER_RETRY_BASE`, jittered, capped at 30 s. With the
  * defaults (5 attempts from 1 second) the delays between attempts add up to about 15 seconds, so a
  * transfer rides out a database outage (a failover, a restart) of some 10 seconds without being
- * dead-lettered; raise `LEDGER_ATTEMPTS` (and the consumer's MaxDeliver with it) for longer ones.
+ * dead-lettered even when nothing pauses it; with `LEDGER_PAUSE_ON_DEPENDENCIES` (the default) a
+ * failure while the database's check fails is held instead of counted, for up to 5 minutes.
  */
 export const retryPolicy = (settings: Settings) =>
   Retry.exponential({
@@ -148,6 +156,7 @@ export const consumer = (
     classify,
     retry: retryPolicy(settings),
     concurrency: settings.concurrency,
+    dependencies: { pauseOn: settings.pauseOnDependencies ? "all" : "none" },
     ordering: settings.ordering === "per-account" ? { perKey: (event) => event.from } : "unordered",
     // No drainTimeout: under Worker.runMain the shutdown budget (SHUTDOWN_BUDGET) bounds the drain.
     onOutcome
@@ -181,6 +190,7 @@ export const batchConsumer = (
     classify,
     retry: retryPolicy(settings),
     concurrency: settings.concurrency,
+    dependencies: { pauseOn: settings.pauseOnDependencies ? "all" : "none" },
     onOutcome
   })
 }

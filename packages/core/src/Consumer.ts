@@ -113,6 +113,26 @@ export interface BaseOptions<A, E extends Tagged, R, RS> {
    * when that is smaller. 1 to 10 000. Default: twice the retry policy's attempts.
    */
   readonly maxDeliveries?: number | undefined
+  /**
+   * Pausing while a dependency is down. The dependencies are the lifecycle's: under a worker
+   * (`Worker.runMain`) each `Lifecycle.resource` with a `check`, and the NATS connection; without
+   * a managed lifecycle there are none, and this does nothing. While one the consumer pauses on is
+   * down (its last check failed), the consumer's workers take no new delivery, and a delivery whose
+   * handler failed transiently (after its in-process retries) is held: its lease kept, its failure
+   * not counted as an attempt, until the dependencies are up again, when the handler runs again. A
+   * transient failure while the checks still pass probes the dependencies at once, so an outage
+   * pauses the consumer within one failure instead of one check interval. Each hold and each pause
+   * is logged (`delivery.held`, `consumer.paused`, `consumer.resumed`). A delivery is held at most
+   * `maxHold` from its first hold, after which its failure counts as usual; a shutdown ends a
+   * hold, releasing the delivery without counting. Batch consumers pause their intake but do not
+   * hold a failed batch.
+   */
+  readonly dependencies?: {
+    /** The dependencies the consumer pauses on: `"all"` (default), `"none"`, or their names. */
+    readonly pauseOn?: "all" | "none" | ReadonlyArray<string> | undefined
+    /** The longest one delivery is held, from its first hold. Default: 5 minutes. */
+    readonly maxHold?: Duration.Input | undefined
+  } | undefined
 }
 
 /** `metadata` may be omitted exactly when the decoded event already is {@link Metadata}. */
@@ -174,6 +194,23 @@ const durationOption = (
     return fallback
   }
   return duration
+}
+
+/**
+ * The dependencies a consumer pauses on: `undefined` for none, `"all"`, or their names (each a
+ * non-empty string; a list of none pauses on none).
+ */
+const pauseOnOption = (problems: Array<OptionProblem>, pauseOn: unknown): "all" | ReadonlyArray<string> | undefined => {
+  if (pauseOn === undefined || pauseOn === "all") return "all"
+  if (pauseOn === "none") return undefined
+  if (Array.isArray(pauseOn) && pauseOn.every((name) => typeof name === "string" && name !== "")) {
+    return pauseOn.length === 0 ? undefined : (pauseOn as ReadonlyArray<string>)
+  }
+  problems.push({
+    option: "dependencies.pauseOn",
+    problem: `must be "all", "none" or a list of dependency names, got ${DurationInput.show(pauseOn)}`
+  })
+  return "all"
 }
 
 /** What settles expired work; anything but the two spellings is a problem, never a silent ack. */
@@ -301,6 +338,8 @@ export const make = <A, E extends Tagged, R, RS = never>(
   const maxDeliveries = intOption(problems, "maxDeliveries", options.maxDeliveries, 2 * retry.attempts, 10_000)
   const onOutcomeTimeout = durationOption(problems, "onOutcomeTimeout", options.onOutcomeTimeout, Duration.seconds(5), false)
   const progressInterval = durationOption(problems, "progressInterval", options.progressInterval, Duration.seconds(30), true)
+  const pauseOn = pauseOnOption(problems, options.dependencies?.pauseOn)
+  const maxHold = durationOption(problems, "dependencies.maxHold", options.dependencies?.maxHold, Duration.minutes(5), false)
   const metadata = (options as { readonly metadata?: ((event: A) => Metadata) | undefined }).metadata ??
     ((event: A) => event as unknown as Metadata)
   return {
@@ -327,6 +366,8 @@ export const make = <A, E extends Tagged, R, RS = never>(
       maxDeliveries,
       ordering,
       progressInterval,
+      pauseOn,
+      maxHold,
       batch: undefined
     }
   }

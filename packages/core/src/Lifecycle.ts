@@ -27,12 +27,21 @@
 import { type Cause, Clock, Data, Deferred, Duration, Effect, Exit, Fiber } from "effect"
 import * as DurationInput from "./DurationInput.ts"
 import * as ErrorSummary from "./ErrorSummary.ts"
-import { type Component, type ComponentKind, type LifecycleShape, type Stage, type StageResult, unmanaged } from "./internal/lifecycleService.ts"
+import {
+  type Component,
+  type ComponentKind,
+  type DependencyDown,
+  type LifecycleShape,
+  type Stage,
+  type StageResult,
+  unmanaged
+} from "./internal/lifecycleService.ts"
 import { type Budget, type Share, shareEnd } from "./internal/shutdownBudget.ts"
 
 export {
   type Component,
   type ComponentKind,
+  type DependencyDown,
   Lifecycle,
   type LifecycleShape,
   type Stage,
@@ -111,6 +120,8 @@ interface ComponentState {
   readonly kind: ComponentKind
   up: boolean
   reason: string | undefined
+  /** A dependency's check, run now (shared while in flight); `undefined` without one. */
+  readonly probe: Effect.Effect<void> | undefined
 }
 
 /**
@@ -135,6 +146,23 @@ const logStage = (
       ...(failure === undefined ? {} : { error: ErrorSummary.describe(ErrorSummary.fromCause(failure)) })
     })
   )
+
+/** `effect` shared while it runs: a call made meanwhile waits for the run in flight instead of starting another. */
+const shared = (effect: Effect.Effect<void>): Effect.Effect<void> => {
+  let inFlight: Deferred.Deferred<void> | undefined
+  return Effect.suspend(() => {
+    if (inFlight !== undefined) return Deferred.await(inFlight)
+    const done = Deferred.makeUnsafe<void>()
+    inFlight = done
+    return Effect.ensuring(
+      effect,
+      Effect.sync(() => {
+        inFlight = undefined
+        Deferred.doneUnsafe(done, Exit.void)
+      })
+    )
+  })
+}
 
 /** A `startupTimeout` that is not a duration above zero; the message names the value given. */
 export class InvalidStartupTimeout extends Data.TaggedError("InvalidStartupTimeout")<{ readonly message: string }> {}
@@ -193,20 +221,32 @@ export const makeManaged = (options: ManagedOptions): Effect.Effect<Managed, Inv
         return result
       })
 
-    const component = (name: string, kind: ComponentKind) =>
+    // Fibers waiting for dependencies to be up (`dependenciesUp`): each re-checks its own names
+    // whenever a dependency comes up or goes away.
+    const dependencyWaiters = new Set<() => void>()
+    const wakeDependencyWaiters = () => {
+      for (const wake of [...dependencyWaiters]) wake()
+    }
+
+    const component = (name: string, kind: ComponentKind, probe?: Effect.Effect<void>) =>
       Effect.acquireRelease(
         Effect.sync(() => {
-          const state: ComponentState = { name, kind, up: false, reason: "starting" }
+          const state: ComponentState = { name, kind, up: false, reason: "starting", probe: probe === undefined ? undefined : shared(probe) }
           components.add(state)
           return state
         }),
-        (state) => Effect.sync(() => components.delete(state))
+        (state) =>
+          Effect.sync(() => {
+            components.delete(state)
+            wakeDependencyWaiters()
+          })
       ).pipe(
         Effect.map((state): Component => ({
           up: Effect.sync(() => {
             state.up = true
             state.reason = undefined
             noteReady()
+            if (state.kind === "dependency") wakeDependencyWaiters()
           }),
           down: (reason) =>
             Effect.sync(() => {
@@ -215,6 +255,37 @@ export const makeManaged = (options: ManagedOptions): Effect.Effect<Managed, Inv
             })
         }))
       )
+
+    const downAmong = (names: ReadonlyArray<string> | undefined): ReadonlyArray<DependencyDown> => {
+      const down: Array<DependencyDown> = []
+      for (const c of components) {
+        if (c.kind === "dependency" && !c.up && (names === undefined || names.includes(c.name))) {
+          down.push({ name: c.name, reason: c.reason ?? "down" })
+        }
+      }
+      return down
+    }
+
+    const probeDependencies = (names: ReadonlyArray<string> | undefined): Effect.Effect<ReadonlyArray<DependencyDown>> =>
+      Effect.suspend(() => {
+        const probes: Array<Effect.Effect<void>> = []
+        for (const c of components) {
+          if (c.kind === "dependency" && c.probe !== undefined && (names === undefined || names.includes(c.name))) probes.push(c.probe)
+        }
+        return Effect.as(Effect.all(probes, { concurrency: "unbounded", discard: true }), undefined)
+      }).pipe(Effect.map(() => downAmong(names)))
+
+    const dependenciesUp = (names: ReadonlyArray<string> | undefined): Effect.Effect<void> =>
+      Effect.callback<void>((resume) => {
+        if (downAmong(names).length === 0) return resume(Effect.void)
+        const wake = () => {
+          if (downAmong(names).length > 0) return
+          dependencyWaiters.delete(wake)
+          resume(Effect.void)
+        }
+        dependencyWaiters.add(wake)
+        return Effect.sync(() => dependencyWaiters.delete(wake))
+      })
 
     // Start-up lasts until the process is first ready (resources built, consumers reserving).
     let everReady = false
@@ -252,6 +323,9 @@ export const makeManaged = (options: ManagedOptions): Effect.Effect<Managed, Inv
       deadline,
       stage,
       component,
+      dependenciesDown: downAmong,
+      probeDependencies,
+      dependenciesUp,
       startupDeadline: () => (everReady || phase === "stopping" ? undefined : startupDeadline),
       startupEndsAt: startupDeadline,
       everReady: () => everReady,

@@ -87,7 +87,7 @@ const makeProcess = <A, E extends Tagged, R>(shared: Shared<A, E, R>) => {
     ).pipe(Effect.annotateLogs({ event: "consumer.progress", counts, inFlight: shared.running, pending: progress.pending ?? null }))
   })
 
-  return { one, many, summary, running: () => shared.running }
+  return { one, many, summary, running: () => shared.running, dependencyGate: shared.dependencyGate }
 }
 
 /** Runs the engine until interrupted (then drains) or until the source fails. */
@@ -150,6 +150,7 @@ export const run = <A, E extends Tagged, R>(definition: Definition<A, E, R>): Ef
       const env: RunEnvironment = {
         context: yield* Effect.context<never>(),
         clock,
+        lifecycle,
         probe: probe === Probe.noop ? undefined : probe,
         debugLogs: yield* LogLevel.isEnabled("Debug")
       }
@@ -168,6 +169,10 @@ export const run = <A, E extends Tagged, R>(definition: Definition<A, E, R>): Ef
         env
       ))
       const runFiber = FiberSet.run(inFlight)
+      // `take`, once no dependency the consumer pauses on is down (see `dependencyGate.ts`).
+      const gate = processor.dependencyGate
+      const gated = <X, Y>(take: Effect.Effect<X, Y>): Effect.Effect<X, Y> =>
+        gate.active ? Effect.suspend(() => (gate.open() ? take : Effect.andThen(gate.awaitOpen, take))) : take
       if (Duration.toMillis(definition.progressInterval) > 0) {
         yield* Effect.forkScoped(Effect.forever(Effect.andThen(Effect.sleep(definition.progressInterval), processor.summary)))
       }
@@ -210,7 +215,7 @@ export const run = <A, E extends Tagged, R>(definition: Definition<A, E, R>): Ef
             Effect.gen(function*() {
               yield* restore(slots.take)
               const deliveries: Array<Delivery> = []
-              const collected = yield* Effect.exit(restore(collect(deliveries)))
+              const collected = yield* Effect.exit(restore(gated(collect(deliveries))))
               if (deliveries.length > 0) {
                 yield* runFiber(processor.many(deliveries, batch).pipe(Effect.ensuring(releaseSlot)))
               } else {
@@ -232,7 +237,7 @@ export const run = <A, E extends Tagged, R>(definition: Definition<A, E, R>): Ef
         // the source's error, which ends the run. A worker interrupted outside shutdown (the lease
         // keeper cut its delivery) ends after settling it, and a new one takes its place.
         const turn = Slots.make(1)
-        const takeInTurn = Effect.andThen(turn.take, Effect.ensuring(intake.take, Effect.sync(turn.release)))
+        const takeInTurn = gated(Effect.andThen(turn.take, Effect.ensuring(intake.take, Effect.sync(turn.release))))
         // A worker is idle while it waits to take (shutdown interrupts it there); once shutdown has
         // begun it takes nothing more, whatever the source would still give.
         const worker: Effect.Effect<void, SourceError, R> = Effect.withFiber((self) =>
@@ -263,7 +268,7 @@ export const run = <A, E extends Tagged, R>(definition: Definition<A, E, R>): Ef
         Effect.uninterruptibleMask((restore) =>
           Effect.gen(function*() {
             yield* restore(lanes.awaitRoom)
-            const delivery = yield* restore(intake.take)
+            const delivery = yield* restore(gated(intake.take))
             const admission: Admission = { place: undefined, slot: false, entered: Deferred.makeUnsafe<void>() }
             lanes.hold()
             yield* runFiber(Effect.uninterruptibleMask((unmask) => processor.one(delivery, admission, unmask)).pipe(

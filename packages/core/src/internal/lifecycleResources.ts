@@ -20,7 +20,9 @@ export class InvalidCheckInterval extends Data.TaggedError("InvalidCheckInterval
  * a dependency component, up once built, probed every `checkInterval` (default 5 seconds; each
  * probe bounded by the same) and down while the check fails, dies or is interrupted; each change
  * is logged once (`dependency.down`, a warning with the reason, and `dependency.up`). Probing goes
- * on until the resource is closed, whatever a check did.
+ * on until the resource is closed, whatever a check did. A consumer whose handler fails while the
+ * check still passes probes it at once (one probe at a time, shared), so that an outage pauses
+ * the consumer without waiting for the next interval (see `Consumer.make`'s `dependencies`).
  *
  * A `checkInterval` that is not a positive, finite duration (a string that does not parse, a NaN,
  * zero or less, infinite) fails the layer with {@link InvalidCheckInterval} before `layer` is
@@ -51,7 +53,10 @@ export const resource = <ROut, E, RIn, X = unknown, CE = unknown>(
       yield* Effect.addFinalizer((exit) => lifecycle.stage("close", name, "close", Scope.close(inner, exit)))
       const context = yield* Layer.buildWithScope(layer, inner)
       if (options.check !== undefined && lifecycle.managed) {
-        const component = yield* lifecycle.component(name, "dependency")
+        // The probe below, also run at once when the engine asks (a handler's failure that the
+        // dependency's outage may explain): a reference, since the probe needs the component.
+        let probeNow: Effect.Effect<void> = Effect.void
+        const component = yield* lifecycle.component(name, "dependency", Effect.suspend(() => probeNow))
         yield* component.up
         // Each change is logged once (readiness alone would tell only who asks): a warning when
         // the check starts failing, with why, and a line when it passes again.
@@ -84,6 +89,7 @@ export const resource = <ROut, E, RIn, X = unknown, CE = unknown>(
             }
           })
         )
+        probeNow = probe
         yield* Effect.forkScoped(Effect.forever(Effect.andThen(Effect.sleep(interval), probe)))
       }
       return context

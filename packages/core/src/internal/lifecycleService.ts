@@ -24,6 +24,12 @@ export interface Component {
   readonly down: (reason: string) => Effect.Effect<void>
 }
 
+/** A dependency that is down, and why (its check's failure). */
+export interface DependencyDown {
+  readonly name: string
+  readonly reason: string
+}
+
 /** The lifecycle as seen from inside the process. */
 export interface LifecycleShape {
   /** Whether a worker manages the process (then stages are logged and deadlines apply). */
@@ -36,8 +42,24 @@ export interface LifecycleShape {
    * runs `effect`. Never fails.
    */
   readonly stage: <E>(stage: Stage, target: string, share: Share, effect: Effect.Effect<void, E>) => Effect.Effect<StageResult>
-  /** Registers a part whose state readiness reflects; it starts down ("starting"). */
-  readonly component: (name: string, kind: ComponentKind) => Effect.Effect<Component, never, Scope.Scope>
+  /**
+   * Registers a part whose state readiness reflects; it starts down ("starting"). A dependency
+   * may give `probe`, which checks it now and sets its state (see {@link probeDependencies}).
+   */
+  readonly component: (name: string, kind: ComponentKind, probe?: Effect.Effect<void>) => Effect.Effect<Component, never, Scope.Scope>
+  /**
+   * The dependencies that are down now, as their last check (or state change) left them: those
+   * named in `names`, or all of them when `names` is `undefined`. Unmanaged: none.
+   */
+  readonly dependenciesDown: (names: ReadonlyArray<string> | undefined) => ReadonlyArray<DependencyDown>
+  /**
+   * Checks the dependencies (those named, or all) now, each through its probe if it has one
+   * (concurrent calls share a probe in flight; a dependency without one keeps its state), and
+   * gives those down. Never fails. Unmanaged: none.
+   */
+  readonly probeDependencies: (names: ReadonlyArray<string> | undefined) => Effect.Effect<ReadonlyArray<DependencyDown>>
+  /** Waits until none of the dependencies named (or none at all) is down; at once when none is. Unmanaged: at once. */
+  readonly dependenciesUp: (names: ReadonlyArray<string> | undefined) => Effect.Effect<void>
   /**
    * Epoch millis until which start-up may wait for dependencies; `undefined` means do not wait
    * (unmanaged, or start-up is over: the process has been ready once, or is stopping).
@@ -53,6 +75,7 @@ export interface LifecycleShape {
 }
 
 const noComponent: Component = { up: Effect.void, down: () => Effect.void }
+const noneDown: ReadonlyArray<DependencyDown> = []
 
 /** The lifecycle outside a worker: nothing is bounded, logged or waited for here. */
 export const unmanaged: LifecycleShape = {
@@ -61,6 +84,9 @@ export const unmanaged: LifecycleShape = {
   stage: (_stage, _target, _share, effect) =>
     Effect.exit(effect).pipe(Effect.map((exit): StageResult => (Exit.isSuccess(exit) ? "completed" : "failed"))),
   component: () => Effect.succeed(noComponent),
+  dependenciesDown: () => noneDown,
+  probeDependencies: () => Effect.succeed(noneDown),
+  dependenciesUp: () => Effect.void,
   startupDeadline: () => undefined,
   telemetry: () => Effect.void
 }

@@ -4,14 +4,17 @@
  * after a transient failure (`attempt`), then the verdict (`conclude`). The batch path runs an
  * element alone through `attempt` too.
  */
-import { Effect, Exit } from "effect"
+import { Cause, Duration, Effect, Exit, Option } from "effect"
 import type { Tagged } from "../../Classification.ts"
 import { CurrentDelivery } from "../../CurrentDelivery.ts"
 import type { Delivery } from "../../Delivery.ts"
+import * as ErrorSummary from "../../ErrorSummary.ts"
 import { isExpired, type Metadata } from "../../Envelope.ts"
 import type * as LeaseKeeper from "../leaseKeeper.ts"
+import type { DependencyDown } from "../lifecycleService.ts"
 import type { BoundedRuns } from "./bounded.ts"
 import type { ConcludeStage } from "./conclude.ts"
+import { describeDown } from "./dependencyGate.ts"
 import { leaseDeadlineOf, noDeadline, reporter } from "./helpers.ts"
 import type { Shared } from "./shared.ts"
 import { ExpiredBeforeRun, type HandlerTimeout, noReportsYet, type Prepared, type Reports, type Verdict } from "./types.ts"
@@ -25,8 +28,22 @@ export const makeRunHandler = <A, E extends Tagged, R>(
   { supervised }: BoundedRuns<A, E, R>,
   { conclude }: ConcludeStage<A, E, R>
 ) => {
-  const { definition, env, now, wallNow, record, probe, hit, keeper, leaseMillis, handlerDuration, inProcess, timeoutMessage, isTransient } =
-    shared
+  const {
+    definition,
+    env,
+    now,
+    wallNow,
+    record,
+    probe,
+    hit,
+    keeper,
+    leaseMillis,
+    handlerDuration,
+    inProcess,
+    timeoutMessage,
+    isTransient,
+    dependencyGate
+  } = shared
 
   /** One run of the handler: skipped once the event has expired, bounded by `handlerTimeout`. */
   const runOnce = (event: A, metadata: Metadata): Effect.Effect<unknown, E | ExpiredBeforeRun | HandlerTimeout, R | CurrentDelivery> =>
@@ -101,7 +118,7 @@ export const makeRunHandler = <A, E extends Tagged, R>(
     restore: <X, Y, Z>(effect: Effect.Effect<X, Y, Z>) => Effect.Effect<X, Y, Z>,
     lease: LeaseKeeper.Lease
   ): Effect.Effect<Verdict, never, R> => {
-    const startedAt = now()
+    let startedAt = now()
     // What the store reports about this delivery's effect, whatever the handler returns.
     const reports = noReportsYet()
     const concluded = (exit: Exit.Exit<unknown, unknown>) => {
@@ -109,11 +126,71 @@ export const makeRunHandler = <A, E extends Tagged, R>(
       record(handlerDuration, now() - startedAt)
       return conclude(prepared, delivery, exit, reports, lease)
     }
+    const run = attempt(prepared.event, delivery, prepared.metadata, prepared.failedBefore + 1, reports, lease)
     // One step for the run's end, where `Effect.exit` and a `flatMap` take three.
-    return Effect.matchCauseEffect(restore(attempt(prepared.event, delivery, prepared.metadata, prepared.failedBefore + 1, reports, lease)), {
-      onSuccess: (value) => concluded(Exit.succeed(value)),
-      onFailure: (cause) => concluded(Exit.failCause(cause))
-    })
+    if (!dependencyGate.active) {
+      return Effect.matchCauseEffect(restore(run), {
+        onSuccess: (value) => concluded(Exit.succeed(value)),
+        onFailure: (cause) => concluded(Exit.failCause(cause))
+      })
+    }
+    // Paused on dependencies: a transient failure while one of them is down is held, not counted,
+    // and the handler runs again once they are back (at most `maxHold` from the first hold).
+    let holdUntil: number | undefined
+    let holdOver = false
+    const onSuccess = (value: unknown) => concluded(Exit.succeed(value))
+    const onFailure = (cause: Cause.Cause<unknown>): Effect.Effect<Verdict, never, R> =>
+      holdOver || !holdable(cause, reports, lease)
+        ? concluded(Exit.failCause(cause))
+        : Effect.flatMap(dependencyGate.probe, (down) => (down.length === 0 ? concluded(Exit.failCause(cause)) : hold(cause, down)))
+    const hold = (cause: Cause.Cause<unknown>, down: ReadonlyArray<DependencyDown>): Effect.Effect<Verdict, never, R> => {
+      const at = now()
+      holdUntil ??= at + Duration.toMillis(definition.maxHold)
+      const remaining = holdUntil - at
+      const error = ErrorSummary.fromCause(cause)
+      return Effect.andThen(
+        Effect.andThen(dependencyGate.notePaused, Effect.logInfo(
+          `delivery ${delivery.sequence} held: its handler failed (${ErrorSummary.describe(error)}) while ${describeDown(down)} ` +
+            `${down.length === 1 ? "is" : "are"} down; the failure is not counted, and the handler runs again once ` +
+            `${down.length === 1 ? "it is" : "they are"} back (held at most ${Math.max(0, Math.round(remaining))} ms more)`
+        ).pipe(Effect.annotateLogs({
+          event: "delivery.held",
+          sequence: delivery.sequence,
+          eventId: prepared.metadata.id,
+          dependencies: down.map((d) => d.name).join(","),
+          error: ErrorSummary.describe(error)
+        }))),
+        Effect.matchCauseEffect(
+          restore(Effect.flatMap(dependencyGate.awaitOpenWithin(remaining), (opened) => {
+            if (opened) {
+              startedAt = now()
+              return run
+            }
+            // Held as long as allowed: the failure counts as it would have.
+            holdOver = true
+            return Effect.andThen(
+              Effect.logWarning(
+                `delivery ${delivery.sequence} held for ${Duration.format(definition.maxHold)} (dependencies.maxHold) while ` +
+                  `its dependencies stayed down; its failure now counts`
+              ).pipe(Effect.annotateLogs({ event: "delivery.hold_ended", sequence: delivery.sequence, eventId: prepared.metadata.id })),
+              Effect.failCause(cause)
+            )
+          })),
+          { onSuccess, onFailure }
+        )
+      )
+    }
+    return Effect.matchCauseEffect(restore(run), { onSuccess, onFailure })
+  }
+
+  /**
+   * Whether a failed run may be held for its dependencies: a transient failure (or a defect) of a
+   * run whose effect did not commit, neither interrupted nor past its lease.
+   */
+  const holdable = (cause: Cause.Cause<unknown>, reports: Reports, lease: LeaseKeeper.Lease): boolean => {
+    if (lease.lost || reports.committed || reports.alreadyCommitted || Cause.hasInterrupts(cause)) return false
+    const failure = Cause.findErrorOption(cause)
+    return Option.isNone(failure) || isTransient(failure.value as E | ExpiredBeforeRun | HandlerTimeout)
   }
 
   return { attempt, runHandler }

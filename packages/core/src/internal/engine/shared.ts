@@ -17,6 +17,7 @@ import * as Retry from "../../Retry.ts"
 import type { Intake } from "../../Source.ts"
 import * as Telemetry from "../../Telemetry.ts"
 import type * as Deadlines from "../deadlines.ts"
+import * as DependencyGate from "./dependencyGate.ts"
 import type * as Lanes from "../lanes.ts"
 import type * as LeaseKeeper from "../leaseKeeper.ts"
 import * as Monotonic from "../monotonic.ts"
@@ -222,6 +223,7 @@ export const makeShared = <A, E extends Tagged, R>(
     rememberUnwritten,
     takeUnwritten,
     rememberCommitted,
-    committedOf
+    committedOf,
+    dependencyGate: DependencyGate.make(definition.name, env.lifecycle, definition.pauseOn, env.clock)
   }
 }

@@ -15,6 +15,7 @@ import type * as Probe from "../../Probe.ts"
 import type * as Retry from "../../Retry.ts"
 import type { Source } from "../../Source.ts"
 import type * as Lanes from "../lanes.ts"
+import type { LifecycleShape } from "../lifecycleService.ts"
 
 /** Why a payload was rejected before the handler ran. */
 export interface Rejection {
@@ -63,6 +64,10 @@ export interface Definition<in out A, in out E extends Tagged, out R> {
   readonly ordering: OrderingDefinition<A>
   /** How often progress is summed up in an INFO line; zero for never. */
   readonly progressInterval: Duration.Duration
+  /** The lifecycle's dependencies the consumer pauses on while down: all, those named, or none (`undefined`). */
+  readonly pauseOn: "all" | ReadonlyArray<string> | undefined
+  /** The longest one delivery is held while its dependencies are down. */
+  readonly maxHold: Duration.Duration
   /** Batch consumers only; their `handle` runs one event as a batch of one. */
   readonly batch: BatchDefinition<A, E, R> | undefined
 }
@@ -131,6 +136,8 @@ export interface Decided {
 export interface RunEnvironment {
   readonly context: Context.Context<never>
   readonly clock: Clock.Clock
+  /** The lifecycle in effect (its dependencies pause the consumer, see `dependencyGate.ts`). */
+  readonly lifecycle: LifecycleShape
   readonly probe: Probe.ProbeShape | undefined
   readonly debugLogs: boolean
 }

@@ -1,0 +1,86 @@
+/**
+ * The dependency gate of one consumer run: whether the lifecycle's dependencies the consumer
+ * pauses on (`dependencies.pauseOn`) are up. The workers ask it before each take (and wait while
+ * one is down), and the run stage asks it after a transient failure whether to hold the delivery
+ * until they are back instead of counting the failure (see `Consumer.make`'s `dependencies`).
+ * Off (`active` false) without a managed lifecycle or with `pauseOn: "none"`: then it costs
+ * nothing on the per-delivery path.
+ */
+import { Clock, Duration, Effect, Option } from "effect"
+import type { DependencyDown, LifecycleShape } from "../lifecycleService.ts"
+import * as Monotonic from "../monotonic.ts"
+
+/** The gate's view for the workers and the run stage. */
+export interface DependencyGate {
+  /** Whether the gate can ever close (a managed lifecycle, and dependencies to pause on). */
+  readonly active: boolean
+  /** Whether no dependency the consumer pauses on is down, as last checked: the intake may take. */
+  readonly open: () => boolean
+  /** Waits until the gate is open; the first to wait logs the pause, the first to pass the resumption. */
+  readonly awaitOpen: Effect.Effect<void>
+  /** Logs the pause (`consumer.paused`) unless it is logged already or the gate is open: a delivery is held. */
+  readonly notePaused: Effect.Effect<void>
+  /** Probes the dependencies now and gives those down (none when the gate is off). */
+  readonly probe: Effect.Effect<ReadonlyArray<DependencyDown>>
+  /** Waits until the gate is open, at most `millis` (logging the resumption once it is); whether it opened. */
+  readonly awaitOpenWithin: (millis: number) => Effect.Effect<boolean>
+}
+
+const inactive: DependencyGate = {
+  active: false,
+  open: () => true,
+  awaitOpen: Effect.void,
+  notePaused: Effect.void,
+  probe: Effect.succeed([]),
+  awaitOpenWithin: () => Effect.succeed(true)
+}
+
+/** What a list of dependencies down says in a log line: their names, and each one's reason. */
+export const describeDown = (down: ReadonlyArray<DependencyDown>): string =>
+  down.map((d) => `${d.name} (${d.reason})`).join(", ")
+
+/** The gate of consumer `name` on `lifecycle`'s dependencies `pauseOn` (all, those named, or none). */
+export const make = (
+  name: string,
+  lifecycle: LifecycleShape,
+  pauseOn: "all" | ReadonlyArray<string> | undefined,
+  clock: Clock.Clock
+): DependencyGate => {
+  if (!lifecycle.managed || pauseOn === undefined) return inactive
+  const names = pauseOn === "all" ? undefined : pauseOn
+  // Set by the first worker that finds the gate closed, cleared by the first that passes it: one
+  // `consumer.paused` and one `consumer.resumed` line per pause, however many workers wait.
+  let pausedAt: number | undefined
+  const open = () => lifecycle.dependenciesDown(names).length === 0
+  const notePaused = Effect.suspend(() => {
+    if (pausedAt !== undefined) return Effect.void
+    const down = lifecycle.dependenciesDown(names)
+    if (down.length === 0) return Effect.void
+    pausedAt = Monotonic.millis(clock)
+    return Effect.logWarning(
+      `consumer ${name} paused: ${describeDown(down)} down; taking no new deliveries until ${down.length === 1 ? "it is" : "they are"} back`
+    ).pipe(Effect.annotateLogs({ event: "consumer.paused", dependencies: down.map((d) => d.name).join(","), reason: describeDown(down) }))
+  })
+  const noteResumed = Effect.suspend(() => {
+    if (pausedAt === undefined) return Effect.void
+    const pausedMs = Math.round(Monotonic.millis(clock) - pausedAt)
+    pausedAt = undefined
+    return Effect.logInfo(`consumer ${name} resumed after ${pausedMs} ms paused: its dependencies are back`).pipe(
+      Effect.annotateLogs({ event: "consumer.resumed", pausedMs })
+    )
+  })
+  return {
+    active: true,
+    open,
+    awaitOpen: Effect.suspend(() =>
+      open() ? noteResumed : Effect.andThen(notePaused, Effect.andThen(lifecycle.dependenciesUp(names), noteResumed))
+    ),
+    notePaused,
+    probe: lifecycle.probeDependencies(names),
+    awaitOpenWithin: (millis) =>
+      Effect.flatMap(
+        Effect.timeoutOption(lifecycle.dependenciesUp(names), Duration.millis(Math.max(0, millis))),
+        (opened) => Option.isSome(opened) ? Effect.as(noteResumed, true) : Effect.succeed(false)
+      )
+  }
+}

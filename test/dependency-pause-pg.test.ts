@@ -1,0 +1,68 @@
+/**
+ * BE-JOB-003 against the real NATS and PostgreSQL: a PostgreSQL outage longer than the retry
+ * budget dead-letters nothing. The ledger worker runs as a child process (under `Worker.runMain`,
+ * PostgreSQL a `Lifecycle.resource` with a check) and reaches PostgreSQL through a loopback
+ * `FaultProxy`; with 2 attempts 100 ms apart the transfers published while the link is cut
+ * would be dead-lettered within a second or two (by the crash-loop guard, the attempt store being
+ * down too). Paused on its dependency, the worker holds the delivery that failed, takes nothing
+ * new, and applies every transfer once the link is back.
+ */
+import { assert, describe, layer } from "@effect/vitest"
+import { DeadLetter } from "@jetworker/nats"
+import { Eventually, FaultProxy, TestDatabase } from "@jetworker/testing"
+import { Duration, Effect } from "effect"
+import { balances, ledgerStream, transfer, transferCounts, twoAccounts, workerEnv } from "./support/ledger.ts"
+import { databaseUrl, LedgerTestLive, natsUrl } from "./support/services.ts"
+import * as W from "./support/worker.ts"
+
+describe("dependency pause (PostgreSQL cut)", () => {
+  layer(LedgerTestLive, { excludeTestServices: true, timeout: "150 seconds" })((it) => {
+    it.effect("BE-JOB-003: transfers published while PostgreSQL is cut are held, not dead-lettered (2 attempts would be spent in a second), and each is applied once when the link is back", () =>
+      Effect.gen(function*() {
+        const { stream, settings } = yield* ledgerStream({ ackWait: Duration.seconds(10), attempts: 2, retryBase: Duration.millis(100), inProcessRetries: 0 })
+        const schema = yield* TestDatabase.TestSchema
+        const { p, a, b } = yield* twoAccounts("dependency-pause")
+        const target = new URL(databaseUrl)
+        const proxy = yield* FaultProxy.make({ target: { host: target.hostname, port: Number(target.port || 5432) } })
+        const viaProxy = new URL(databaseUrl)
+        viaProxy.hostname = proxy.address.host
+        viaProxy.port = String(proxy.address.port)
+        const worker = yield* W.start(workerEnv(settings, schema.name, viaProxy.toString(), natsUrl))
+        yield* W.waitReady(worker)
+        yield* proxy.cut
+        const ids = Array.from({ length: 5 }, (_, i) => `${p}.t${i}`)
+        for (const id of ids) yield* stream.publish("eur", transfer(id, a, b, 1_00), id)
+        // The first failure probes PostgreSQL at once (its periodic check is 5 s apart): the
+        // delivery is held and the intake paused, before the 2 attempts could be spent.
+        const events = (event: string) => Effect.map(worker.logs, (lines) => lines.filter((l) => l.event === event))
+        yield* Eventually.poll("a delivery held", events("delivery.held"), (held) => held.length > 0, {
+          timeout: "30 seconds",
+          interval: "100 millis"
+        })
+        yield* Eventually.poll("the consumer paused", events("consumer.paused"), (paused) => paused.length > 0, {
+          timeout: "10 seconds",
+          interval: "100 millis"
+        })
+        const ofTransfers = Effect.map(W.outcomes(worker), (all) => all.filter((o) => ids.includes(String(o.eventId))))
+        assert.deepStrictEqual(
+          (yield* ofTransfers).filter((o) => o.tag === "DeadLettered"),
+          [],
+          "nothing dead-lettered while the link is cut"
+        )
+        yield* proxy.restore
+        yield* Eventually.holds(
+          "every transfer commits once the link is back",
+          Effect.map(ofTransfers, (o) => ids.every((id) => o.some((x) => x.eventId === id && x.tag === "Committed"))),
+          "60 seconds"
+        )
+        assert.isNotEmpty(yield* events("consumer.resumed"), "the resumption is logged")
+        yield* worker.child.kill("SIGTERM")
+        yield* worker.child.waitForExit("15 seconds")
+        const tags = (yield* ofTransfers).map((o) => o.tag)
+        assert.deepStrictEqual(tags.filter((tag) => tag !== "Committed" && tag !== "Released"), [], `outcomes: ${JSON.stringify(tags)}`)
+        assert.deepStrictEqual([...(yield* transferCounts(ids)).values()], [1, 1, 1, 1, 1])
+        assert.deepStrictEqual(yield* balances([a, b]), { [a]: 95_00n, [b]: 5_00n })
+        assert.deepStrictEqual(yield* DeadLetter.list(stream.deadLetterStream), [])
+      }), 150_000)
+  })
+})
