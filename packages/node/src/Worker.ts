@@ -29,7 +29,7 @@
  * handler never starts a shutdown (the engine turns it into an outcome). Every line the process
  * writes is one JSON object (`JsonLogger`); `LOG_LEVEL` filters all of them but the lifecycle
  * events (`worker.*`, `startup.*`, `shutdown.*`, `health.*`, `telemetry.unavailable`, and the
- * lines with `event` `dependency.*`), which are always written. There is no separate error
+ * lines with `event` `dependency.*`, `consumer.paused` or `consumer.resumed`), which are always written. There is no separate error
  * reporter: errors are log lines (and, with telemetry, spans).
  *
  * @since 0.2.0
@@ -92,7 +92,8 @@ export interface Settings {
    * `LOG_LEVEL`, default `Info`: the least severe level written (`Debug` adds a line per committed
    * and duplicate message; `Warn` keeps only problems). One of `All`, `Trace`, `Debug`, `Info`,
    * `Warn`, `Error`, `Fatal`, `None`. The lifecycle events (`worker.*`, `startup.*`, `shutdown.*`,
-   * `health.*`, `telemetry.unavailable`, and `event` `dependency.*`) are written whatever the
+   * `health.*`, `telemetry.unavailable`, and `event` `dependency.*`, `consumer.paused` or
+   * `consumer.resumed`) are written whatever the
    * level, at their own level.
    */
   readonly logLevel: LogLevel.LogLevel

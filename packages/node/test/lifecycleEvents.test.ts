@@ -20,6 +20,7 @@ const lines = Effect.all([
   Effect.logInfo("health.listening"),
   Effect.logInfo("dependency db is back").pipe(Effect.annotateLogs({ event: "dependency.up" })),
   Effect.logInfo("consumer orders: 3 Committed").pipe(Effect.annotateLogs({ event: "consumer.progress" })),
+  Effect.logInfo("consumer orders resumed after 5000 ms paused").pipe(Effect.annotateLogs({ event: "consumer.resumed" })),
   Effect.logWarning("broker command failed")
 ], { discard: true })
 
@@ -30,6 +31,7 @@ describe("LOG_LEVEL and the lifecycle events", () => {
         "Info shutdown.started",
         "Info health.listening",
         "Info dependency db is back",
+        "Info consumer orders resumed after 5000 ms paused",
         "Warn broker command failed"
       ])
     }))
@@ -39,12 +41,13 @@ describe("LOG_LEVEL and the lifecycle events", () => {
       assert.deepStrictEqual(yield* written("None", lines), [
         "Info shutdown.started",
         "Info health.listening",
-        "Info dependency db is back"
+        "Info dependency db is back",
+        "Info consumer orders resumed after 5000 ms paused"
       ])
     }))
 
   it.effect("Debug writes everything, as before", () =>
     Effect.gen(function*() {
-      assert.strictEqual((yield* written("Debug", lines)).length, 7)
+      assert.strictEqual((yield* written("Debug", lines)).length, 8)
     }))
 })

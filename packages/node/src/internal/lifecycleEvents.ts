@@ -6,7 +6,8 @@
  *
  * The lifecycle events are the lines named `worker.*`, `startup.*`, `shutdown.*` and `health.*`,
  * plus `telemetry.unavailable`, and the lines whose `event` annotation is `dependency.*` (a
- * dependency's readiness going down and back up: `Warn` must not keep the one without the other).
+ * dependency's readiness going down and back up: `Warn` must not keep the one without the other),
+ * `consumer.paused` or `consumer.resumed` (a consumer pausing on such a dependency, and resuming).
  * They are matched by name because they are written from several modules (the worker, the
  * lifecycle's stages and resources, the health server), none of which knows the level.
  * Effect drops a line below `References.MinimumLogLevel` before any logger sees it, so the fiber's
@@ -19,6 +20,7 @@ const NAMESPACES = ["worker.", "startup.", "shutdown.", "health."]
 const EVENTS = new Set(["telemetry.unavailable"])
 // Lines with a free-text message that name their event in an `event` annotation.
 const EVENT_NAMESPACES = ["dependency."]
+const EVENT_NAMES = new Set(["consumer.paused", "consumer.resumed"])
 
 /** Whether a log call (its message, or its `event` annotation) is a lifecycle event. */
 export const isLifecycleEvent = (options: Logger.Options<unknown>): boolean => {
@@ -27,7 +29,7 @@ export const isLifecycleEvent = (options: Logger.Options<unknown>): boolean => {
     return true
   }
   const event = options.fiber.getRef(References.CurrentLogAnnotations).event
-  return typeof event === "string" && EVENT_NAMESPACES.some((prefix) => event.startsWith(prefix))
+  return typeof event === "string" && (EVENT_NAMES.has(event) || EVENT_NAMESPACES.some((prefix) => event.startsWith(prefix)))
 }
 
 // Loggers that already filter, so that a set wrapped twice (the worker's, then the telemetry
