@@ -86,6 +86,55 @@ const setup = (count: number, options: { readonly concurrency: number; readonly 
     return { lifecycle, db, broker, outcomes, runs, fiber, until, events, scope }
   })
 
+/** The same with a batch consumer (batches of up to 4) whose whole batch fails while the database is down. */
+const setupBatch = (count: number) =>
+  Effect.gen(function*() {
+    const lifecycle = yield* Lifecycle.makeManaged({
+      budget: Result.getOrThrow(Lifecycle.makeBudget({})),
+      startupTimeout: "10 seconds",
+      readyWhen: "started"
+    })
+    const log = collecting()
+    const db = { up: true }
+    const scope = yield* Scope.make()
+    yield* Layer.buildWithScope(
+      Lifecycle.resource("db", Layer.empty, {
+        check: Effect.suspend(() => (db.up ? Effect.void : Effect.fail(new DatabaseDown({ message: "connection refused" })))),
+        checkInterval: "500 millis"
+      }),
+      scope
+    ).pipe(Effect.provideService(Lifecycle.Lifecycle, lifecycle), Effect.provide(log.layer))
+    yield* lifecycle.started
+    const broker = InMemoryBroker.make({ lease: "30 seconds", maxDeliver: 20 })
+    for (let i = 1; i <= count; i++) yield* broker.publish(JSON.stringify({ id: `e${i}` }))
+    const outcomes: Array<Outcome.Outcome> = []
+    const consumer = Consumer.makeBatch({
+      name: "paused-batch",
+      source: broker.source,
+      schema: Event,
+      metadata,
+      batch: { maxSize: 4, maxWait: "10 millis" },
+      handleBatch: (events) =>
+        Effect.suspend(() =>
+          db.up ? Effect.succeed(events.map(() => Result.succeed(undefined))) : Effect.fail(new DatabaseDown({ message: "connection refused" }))
+        ),
+      classify: { DatabaseDown: "transient" },
+      retry: policy,
+      concurrency: 1,
+      onOutcome: (outcome) => Effect.sync(() => void outcomes.push(outcome))
+    })
+    const fiber = yield* Effect.forkChild(
+      Consumer.run(consumer).pipe(Effect.provideService(Lifecycle.Lifecycle, lifecycle), Effect.provide(log.layer))
+    )
+    const until = (done: () => boolean, limit = 600) =>
+      Effect.gen(function*() {
+        for (let i = 0; i < limit && !done(); i++) yield* TestClock.adjust("100 millis")
+        return done()
+      })
+    const events = (event: string) => log.lines.filter((l) => l.annotations.event === event)
+    return { db, broker, outcomes, fiber, until, events, scope }
+  })
+
 const tags = (outcomes: ReadonlyArray<Outcome.Outcome>) => outcomes.map((o) => `${o._tag}${"reason" in o ? `:${o.reason}` : ""}`)
 
 describe("pausing on a dependency that is down", () => {
@@ -113,6 +162,21 @@ describe("pausing on a dependency that is down", () => {
       const line = t.events("delivery.held")[0]!
       assert.strictEqual(line.annotations.dependencies, "db")
       assert.include(String(line.message), "db (connection refused)")
+      yield* Fiber.interrupt(t.fiber)
+      yield* Scope.close(t.scope, Exit.void)
+    }))
+
+  it.effect("BE-JOB-003, BE-JOB-007: a batch that fails as a whole while the database is down: its elements, run alone, are held, not counted, and all commit once it is back", () =>
+    Effect.gen(function*() {
+      const t = yield* setupBatch(4)
+      t.db.up = false
+      assert.isTrue(yield* t.until(() => t.events("delivery.held").length >= 1), "an element held")
+      yield* TestClock.adjust("5 seconds")
+      assert.deepStrictEqual(t.outcomes, [], `no outcome while the database is down: ${JSON.stringify(tags(t.outcomes))}`)
+      t.db.up = true
+      assert.isTrue(yield* t.until(() => t.outcomes.length >= 4), "every element settled once the database is back")
+      assert.deepStrictEqual(tags(t.outcomes), Array(4).fill("Committed"))
+      assert.deepStrictEqual(t.broker.deadLetters(), [])
       yield* Fiber.interrupt(t.fiber)
       yield* Scope.close(t.scope, Exit.void)
     }))

@@ -124,8 +124,8 @@ export interface BaseOptions<A, E extends Tagged, R, RS> {
    * pauses the consumer within one failure instead of one check interval. Each hold and each pause
    * is logged (`delivery.held`, `consumer.paused`, `consumer.resumed`). A delivery is held at most
    * `maxHold` from its first hold, after which its failure counts as usual; a shutdown ends a
-   * hold, releasing the delivery without counting. Batch consumers pause their intake but do not
-   * hold a failed batch.
+   * hold, releasing the delivery without counting. In a batch consumer, a batch that fails as a
+   * whole runs its elements alone, as ever, and an element that fails alone so is held the same way.
    */
   readonly dependencies?: {
     /** The dependencies the consumer pauses on: `"all"` (default), `"none"`, or their names. */

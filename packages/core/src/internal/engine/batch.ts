@@ -22,12 +22,14 @@ import type { SettleStage } from "./settle.ts"
 import type { Shared } from "./shared.ts"
 import { type BatchDefinition, noReportsYet, type Prepared, type PreparedBatch, type Reports, type Runnable, type Verdict } from "./types.ts"
 
+const noop = (): void => undefined
+
 /** Builds the batch path of one consumer run. */
 export const makeBatchPath = <A, E extends Tagged, R>(
   shared: Shared<A, E, R>,
   { messageRef, defect, defectVerdict, prepare, checkNow }: PrepareStage<A, E, R>,
   { supervised }: BoundedRuns<A, E, R>,
-  { attempt }: RunStage<A, E, R>,
+  { attempt, heldAfter, gated }: RunStage<A, E, R>,
   { conclude }: ConcludeStage<A, E, R>,
   { settleAll }: SettleStage<A, E, R>
 ) => {
@@ -256,7 +258,16 @@ export const makeBatchPath = <A, E extends Tagged, R>(
     const failedAsWhole = (exit: Exit.Exit<unknown, unknown>, problem: string | undefined) => {
       if (runnable.length === 1) {
         const failed = Exit.isFailure(exit) ? exit : Exit.die(new Error(problem))
-        return judgeEach(runnable, ({ index, prepared, reports }) => concludeSafely(prepared, deliveries[index]!, failed, reports, leases[index]!))
+        return judgeEach(runnable, ({ index, prepared, reports }) => {
+          const delivery = deliveries[index]!
+          // Paused on dependencies, a batch of one is held as a single delivery is, and runs alone.
+          return gated && Exit.isFailure(failed)
+            ? Effect.flatMap(
+              heldAfter(failed.cause, runAlone(prepared, delivery, reports, leases[index]!), delivery, prepared, reports, leases[index]!, restore, noop),
+              (single) => concludeSafely(prepared, delivery, single, reports, leases[index]!)
+            )
+            : concludeSafely(prepared, delivery, failed, reports, leases[index]!)
+        })
       }
       return Effect.andThen(
         Effect.logWarning(
@@ -266,9 +277,17 @@ export const makeBatchPath = <A, E extends Tagged, R>(
         judgeEach(runnable, ({ index, prepared }) => {
           const delivery = deliveries[index]!
           const reports = noReportsYet()
+          const alone = runAlone(prepared, delivery, reports, leases[index]!)
           return Effect.flatMap(
-            Effect.exit(restore(attempt(prepared.event, delivery, prepared.metadata, prepared.failedBefore + 1, reports, leases[index]!))),
-            (single) => concludeSafely(prepared, delivery, single, reports, leases[index]!)
+            Effect.exit(restore(alone)),
+            (single) =>
+              // Paused on dependencies, an element that fails alone is held as a single delivery is.
+              gated && Exit.isFailure(single)
+                ? Effect.flatMap(
+                  heldAfter(single.cause, alone, delivery, prepared, reports, leases[index]!, restore, noop),
+                  (held) => concludeSafely(prepared, delivery, held, reports, leases[index]!)
+                )
+                : concludeSafely(prepared, delivery, single, reports, leases[index]!)
           )
         })
       )
@@ -286,6 +305,10 @@ export const makeBatchPath = <A, E extends Tagged, R>(
           : failedAsWhole(exit, undefined))
     }))
   }
+  /** An element run alone, as a batch of one with the consumer's in-process retries. */
+  const runAlone = (prepared: Prepared<A>, delivery: Delivery, reports: Reports, lease: LeaseKeeper.Lease) =>
+    attempt(prepared.event, delivery, prepared.metadata, prepared.failedBefore + 1, reports, lease)
+
   const batchTimeoutMessage = `batch handler ran longer than ${Duration.format(definition.handlerTimeout)}`
 
   // One span per batch; its elements' outcomes are in their own log lines and metrics. A batch

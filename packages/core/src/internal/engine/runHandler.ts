@@ -127,60 +127,79 @@ export const makeRunHandler = <A, E extends Tagged, R>(
       return conclude(prepared, delivery, exit, reports, lease)
     }
     const run = attempt(prepared.event, delivery, prepared.metadata, prepared.failedBefore + 1, reports, lease)
-    // One step for the run's end, where `Effect.exit` and a `flatMap` take three.
-    if (!dependencyGate.active) {
-      return Effect.matchCauseEffect(restore(run), {
-        onSuccess: (value) => concluded(Exit.succeed(value)),
-        onFailure: (cause) => concluded(Exit.failCause(cause))
-      })
-    }
-    // Paused on dependencies: a transient failure while one of them is down is held, not counted,
-    // and the handler runs again once they are back (at most `maxHold` from the first hold).
+    // One step for the run's end, where `Effect.exit` and a `flatMap` take three. Paused on
+    // dependencies, a transient failure while one of them is down is held, not counted, and the
+    // handler runs again once they are back (see `heldAfter`).
+    return Effect.matchCauseEffect(restore(run), {
+      onSuccess: (value) => concluded(Exit.succeed(value)),
+      onFailure: dependencyGate.active
+        ? (cause) =>
+          Effect.flatMap(
+            heldAfter(cause, run, delivery, prepared, reports, lease, restore, () => {
+              startedAt = now()
+            }),
+            concluded
+          )
+        : (cause) => concluded(Exit.failCause(cause))
+    })
+  }
+
+  /**
+   * The exit to judge a run by, after it failed with `cause`: that failure, unless it may be held
+   * (see {@link holdable}) and a dependency the consumer pauses on is down (probed now). Then the
+   * delivery is held, its lease kept by the keeper, until the dependencies are back, and `run`
+   * runs again (`onRerun` first), as often as it fails so, within `maxHold` from the first hold;
+   * past it, the last failure. A hold is interruptible (`restore`): shutdown or a lost lease ends
+   * it with the interruption.
+   */
+  const heldAfter = (
+    cause: Cause.Cause<unknown>,
+    run: Effect.Effect<unknown, unknown, R>,
+    delivery: Delivery,
+    prepared: Prepared<A>,
+    reports: Reports,
+    lease: LeaseKeeper.Lease,
+    restore: <X, Y, Z>(effect: Effect.Effect<X, Y, Z>) => Effect.Effect<X, Y, Z>,
+    onRerun: () => void
+  ): Effect.Effect<Exit.Exit<unknown, unknown>, never, R> => {
     let holdUntil: number | undefined
-    let holdOver = false
-    const onSuccess = (value: unknown) => concluded(Exit.succeed(value))
-    const onFailure = (cause: Cause.Cause<unknown>): Effect.Effect<Verdict, never, R> =>
-      holdOver || !holdable(cause, reports, lease)
-        ? concluded(Exit.failCause(cause))
-        : Effect.flatMap(dependencyGate.probe, (down) => (down.length === 0 ? concluded(Exit.failCause(cause)) : hold(cause, down)))
-    const hold = (cause: Cause.Cause<unknown>, down: ReadonlyArray<DependencyDown>): Effect.Effect<Verdict, never, R> => {
+    const afterFailure = (failure: Cause.Cause<unknown>): Effect.Effect<Exit.Exit<unknown, unknown>, never, R> =>
+      !holdable(failure, reports, lease)
+        ? Effect.succeed(Exit.failCause(failure))
+        : Effect.flatMap(dependencyGate.probe, (down) => (down.length === 0 ? Effect.succeed(Exit.failCause(failure)) : hold(failure, down)))
+    const hold = (failure: Cause.Cause<unknown>, down: ReadonlyArray<DependencyDown>): Effect.Effect<Exit.Exit<unknown, unknown>, never, R> => {
       const at = now()
       holdUntil ??= at + Duration.toMillis(definition.maxHold)
       const remaining = holdUntil - at
-      const error = ErrorSummary.fromCause(cause)
+      const error = ErrorSummary.describe(ErrorSummary.fromCause(failure))
+      const held = Effect.logInfo(
+        `delivery ${delivery.sequence} held: its handler failed (${error}) while ${describeDown(down)} ` +
+          `${down.length === 1 ? "is" : "are"} down; the failure is not counted, and the handler runs again once ` +
+          `${down.length === 1 ? "it is" : "they are"} back (held at most ${Math.max(0, Math.round(remaining))} ms more)`
+      ).pipe(Effect.annotateLogs({
+        event: "delivery.held",
+        sequence: delivery.sequence,
+        eventId: prepared.metadata.id,
+        dependencies: down.map((d) => d.name).join(","),
+        error
+      }))
+      const ended = Effect.logWarning(
+        `delivery ${delivery.sequence} held for ${Duration.format(definition.maxHold)} (dependencies.maxHold) while ` +
+          `its dependencies stayed down; its failure now counts`
+      ).pipe(Effect.annotateLogs({ event: "delivery.hold_ended", sequence: delivery.sequence, eventId: prepared.metadata.id }))
       return Effect.andThen(
-        Effect.andThen(dependencyGate.notePaused, Effect.logInfo(
-          `delivery ${delivery.sequence} held: its handler failed (${ErrorSummary.describe(error)}) while ${describeDown(down)} ` +
-            `${down.length === 1 ? "is" : "are"} down; the failure is not counted, and the handler runs again once ` +
-            `${down.length === 1 ? "it is" : "they are"} back (held at most ${Math.max(0, Math.round(remaining))} ms more)`
-        ).pipe(Effect.annotateLogs({
-          event: "delivery.held",
-          sequence: delivery.sequence,
-          eventId: prepared.metadata.id,
-          dependencies: down.map((d) => d.name).join(","),
-          error: ErrorSummary.describe(error)
-        }))),
-        Effect.matchCauseEffect(
-          restore(Effect.flatMap(dependencyGate.awaitOpenWithin(remaining), (opened) => {
-            if (opened) {
-              startedAt = now()
-              return run
-            }
-            // Held as long as allowed: the failure counts as it would have.
-            holdOver = true
-            return Effect.andThen(
-              Effect.logWarning(
-                `delivery ${delivery.sequence} held for ${Duration.format(definition.maxHold)} (dependencies.maxHold) while ` +
-                  `its dependencies stayed down; its failure now counts`
-              ).pipe(Effect.annotateLogs({ event: "delivery.hold_ended", sequence: delivery.sequence, eventId: prepared.metadata.id })),
-              Effect.failCause(cause)
-            )
-          })),
-          { onSuccess, onFailure }
-        )
+        Effect.andThen(dependencyGate.notePaused, held),
+        Effect.flatMap(Effect.exit(restore(dependencyGate.awaitOpenWithin(remaining))), (waited) => {
+          // Interrupted while held (shutdown, a lost lease): that ends it.
+          if (Exit.isFailure(waited)) return Effect.succeed<Exit.Exit<unknown, unknown>>(waited)
+          // Held as long as allowed: the failure counts as it would have.
+          if (!waited.value) return Effect.as(ended, Exit.failCause(failure))
+          onRerun()
+          return Effect.flatMap(Effect.exit(restore(run)), (exit) => (Exit.isSuccess(exit) ? Effect.succeed(exit) : afterFailure(exit.cause)))
+        })
       )
     }
-    return Effect.matchCauseEffect(restore(run), { onSuccess, onFailure })
+    return afterFailure(cause)
   }
 
   /**
@@ -193,5 +212,5 @@ export const makeRunHandler = <A, E extends Tagged, R>(
     return Option.isNone(failure) || isTransient(failure.value as E | ExpiredBeforeRun | HandlerTimeout)
   }
 
-  return { attempt, runHandler }
+  return { attempt, runHandler, heldAfter, gated: dependencyGate.active }
 }
