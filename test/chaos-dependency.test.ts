@@ -19,17 +19,24 @@ import * as W from "./support/worker.ts"
 
 const seed = Number(process.env.JW_CHAOS_SEED ?? Date.now() % 1_000_000)
 
+/** The ledger one transfer per transaction, and in batch mode (batches of up to 8, two at a time per worker). */
+const modes = [
+  { label: "one transfer per transaction", overrides: { concurrency: 4 } },
+  { label: "in batch mode", overrides: { concurrency: 2, batchSize: 8, batchWait: Duration.millis(20) } }
+] as const
+
 describe("chaos with database outages", () => {
   layer(LedgerTestLive, { excludeTestServices: true, timeout: "180 seconds" })((it) => {
-    it.effect(`BE-JOB-003: three workers, killed at random while the database link is cut again and again, apply every transfer exactly once and dead-letter none (seed ${seed})`, () =>
+    for (const mode of modes) {
+    it.effect(`BE-JOB-003: three workers, killed at random while the database link is cut again and again, apply every transfer exactly once and dead-letter none, ${mode.label} (seed ${seed})`, () =>
       Effect.gen(function*() {
         const random = generator(seed)
         const { stream, settings } = yield* ledgerStream({
           ackWait: Duration.seconds(5),
-          concurrency: 4,
           attempts: 2,
           retryBase: Duration.millis(100),
-          inProcessRetries: 0
+          inProcessRetries: 0,
+          ...mode.overrides
         })
         const schema = yield* TestDatabase.TestSchema
         const p = uniquePrefix("chaos-db")
@@ -108,5 +115,6 @@ describe("chaos with database outages", () => {
         // The outages met deliveries (in the workers still alive at the end, at least one).
         assert.isNotEmpty(held, `seed ${seed}: a delivery was held during an outage`)
       }), 180_000)
+    }
   })
 })
