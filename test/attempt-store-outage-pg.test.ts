@@ -8,10 +8,10 @@
  */
 import { assert, describe, layer } from "@effect/vitest"
 import { DeadLetter, NatsConnection } from "@jetworker/nats"
-import { Eventually, FaultProxy, TestDatabase } from "@jetworker/testing"
+import { Eventually, TestDatabase } from "@jetworker/testing"
 import { Duration, Effect } from "effect"
 import { balances, ledgerStream, transfer, transferCounts, twoAccounts, workerEnv } from "./support/ledger.ts"
-import { databaseUrl, LedgerTestLive, natsUrl } from "./support/services.ts"
+import { databaseProxy, LedgerTestLive, natsUrl } from "./support/services.ts"
 import * as W from "./support/worker.ts"
 
 describe("attempt store outage (PostgreSQL cut)", () => {
@@ -42,12 +42,8 @@ describe("attempt store outage (PostgreSQL cut)", () => {
           assert.strictEqual(msg!.info.deliveryCount, delivery)
           msg!.nak(delivery === 5 ? 12_000 : 0)
         }
-        const target = new URL(databaseUrl)
-        const proxy = yield* FaultProxy.make({ target: { host: target.hostname, port: Number(target.port || 5432) } })
-        const viaProxy = new URL(databaseUrl)
-        viaProxy.hostname = proxy.address.host
-        viaProxy.port = String(proxy.address.port)
-        const worker = yield* W.start(workerEnv(settings, schema.name, viaProxy.toString(), natsUrl))
+        const { proxy, url } = yield* databaseProxy
+        const worker = yield* W.start(workerEnv(settings, schema.name, url, natsUrl))
         yield* W.waitReady(worker)
         yield* proxy.cut
         const ofTransfer = Effect.map(W.outcomes(worker), (all) => all.filter((o) => o.eventId === id))

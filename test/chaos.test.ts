@@ -11,7 +11,19 @@ import { assert, describe, layer } from "@effect/vitest"
 import { DeadLetter } from "@jetworker/nats"
 import { Eventually, TestDatabase } from "@jetworker/testing"
 import { Duration, Effect, Fiber } from "effect"
-import { appliedCopies, balances, expectedBalances, ledgerStream, openAccount, transfer, transferCounts, uniquePrefix, workerEnv } from "./support/ledger.ts"
+import {
+  appliedCopies,
+  balances,
+  expectedBalances,
+  ledgerStream,
+  openAccount,
+  quickShutdown,
+  randomTransfers,
+  transfer,
+  transferCounts,
+  uniquePrefix,
+  workerEnv
+} from "./support/ledger.ts"
 import { databaseUrl, LedgerTestLive, natsUrl } from "./support/services.ts"
 import { generator } from "./support/random.ts"
 import * as W from "./support/worker.ts"
@@ -36,20 +48,8 @@ describe("chaos", () => {
         const p = uniquePrefix("chaos")
         const accounts = Array.from({ length: 8 }, (_, i) => `${p}.acct${i}`)
         for (const account of accounts) yield* openAccount(account, "EUR", 1_000_00)
-        const transfers = Array.from({ length: 300 }, (_, i) => {
-          const from = accounts[Math.floor(random() * accounts.length)]!
-          let to = accounts[Math.floor(random() * accounts.length)]!
-          if (to === from) to = accounts[(accounts.indexOf(from) + 1) % accounts.length]!
-          return { id: `${p}.t${i}`, from, to, amount: 1 + Math.floor(random() * 100) }
-        })
-        const env = {
-          ...workerEnv(settings, schema.name, databaseUrl, natsUrl),
-          SHUTDOWN_BUDGET: "5 seconds",
-          SHUTDOWN_READINESS_GRACE: "0 millis",
-          SHUTDOWN_CLOSE: "1 second",
-          SHUTDOWN_TELEMETRY: "500 millis",
-          SHUTDOWN_RESERVE: "500 millis"
-        }
+        const transfers = randomTransfers(random, accounts, p, 300)
+        const env = { ...workerEnv(settings, schema.name, databaseUrl, natsUrl), ...quickShutdown }
         // Workers live in their own scopes so that a killed one can be replaced.
         const workers: Array<W.Worker> = []
         for (let i = 0; i < 3; i++) workers.push(yield* W.start(env))

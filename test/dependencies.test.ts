@@ -5,10 +5,10 @@
  * with one `dependency.up` line.
  */
 import { assert, describe, layer } from "@effect/vitest"
-import { Eventually, FaultProxy, TestDatabase } from "@jetworker/testing"
+import { Eventually, TestDatabase } from "@jetworker/testing"
 import { Effect } from "effect"
 import { ledgerStream, workerEnv } from "./support/ledger.ts"
-import { databaseUrl, LedgerTestLive, natsUrl } from "./support/services.ts"
+import { databaseProxy, LedgerTestLive, natsUrl } from "./support/services.ts"
 import * as W from "./support/worker.ts"
 
 describe("dependencies", () => {
@@ -17,12 +17,8 @@ describe("dependencies", () => {
       Effect.gen(function*() {
         const { settings } = yield* ledgerStream()
         const schema = yield* TestDatabase.TestSchema
-        const target = new URL(databaseUrl)
-        const proxy = yield* FaultProxy.make({ target: { host: target.hostname, port: Number(target.port || 5432) } })
-        const viaProxy = new URL(databaseUrl)
-        viaProxy.hostname = proxy.address.host
-        viaProxy.port = String(proxy.address.port)
-        const worker = yield* W.start({ ...workerEnv(settings, schema.name, viaProxy.toString(), natsUrl), HEALTH_HOST: "127.0.0.1" })
+        const { proxy, url } = yield* databaseProxy
+        const worker = yield* W.start({ ...workerEnv(settings, schema.name, url, natsUrl), HEALTH_HOST: "127.0.0.1" })
         yield* W.waitReady(worker)
         yield* proxy.cut
         const unready = yield* Eventually.poll("readiness 503", worker.get("/healthz/ready"), (r) => r.status === 503, {

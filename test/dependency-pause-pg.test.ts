@@ -9,10 +9,10 @@
  */
 import { assert, describe, layer } from "@effect/vitest"
 import { DeadLetter } from "@jetworker/nats"
-import { Eventually, FaultProxy, TestDatabase } from "@jetworker/testing"
+import { Eventually, TestDatabase } from "@jetworker/testing"
 import { Duration, Effect } from "effect"
 import { balances, ledgerStream, transfer, transferCounts, twoAccounts, workerEnv } from "./support/ledger.ts"
-import { databaseUrl, LedgerTestLive, natsUrl } from "./support/services.ts"
+import { databaseProxy, LedgerTestLive, natsUrl } from "./support/services.ts"
 import * as W from "./support/worker.ts"
 
 describe("dependency pause (PostgreSQL cut)", () => {
@@ -22,12 +22,8 @@ describe("dependency pause (PostgreSQL cut)", () => {
         const { stream, settings } = yield* ledgerStream({ ackWait: Duration.seconds(10), attempts: 2, retryBase: Duration.millis(100), inProcessRetries: 0 })
         const schema = yield* TestDatabase.TestSchema
         const { p, a, b } = yield* twoAccounts("dependency-pause")
-        const target = new URL(databaseUrl)
-        const proxy = yield* FaultProxy.make({ target: { host: target.hostname, port: Number(target.port || 5432) } })
-        const viaProxy = new URL(databaseUrl)
-        viaProxy.hostname = proxy.address.host
-        viaProxy.port = String(proxy.address.port)
-        const worker = yield* W.start(workerEnv(settings, schema.name, viaProxy.toString(), natsUrl))
+        const { proxy, url } = yield* databaseProxy
+        const worker = yield* W.start(workerEnv(settings, schema.name, url, natsUrl))
         yield* W.waitReady(worker)
         yield* proxy.cut
         const ids = Array.from({ length: 5 }, (_, i) => `${p}.t${i}`)

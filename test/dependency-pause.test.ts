@@ -7,7 +7,7 @@
  * it with a release. In-memory broker, test clock, a dependency whose check reads a flag.
  */
 import { assert, describe, it } from "@effect/vitest"
-import { Consumer, Lifecycle, type Outcome, Retry } from "@jetworker/core"
+import { type Classification, Consumer, Lifecycle, type Outcome, Retry } from "@jetworker/core"
 import { InMemoryBroker } from "@jetworker/testing"
 import { Data, DateTime, Effect, Exit, Fiber, Layer, Logger, Result, Schema, Scope } from "effect"
 import { TestClock } from "effect/testing"
@@ -31,10 +31,10 @@ const collecting = () => {
 
 /**
  * A started managed lifecycle with dependency "db" (checked every 500 ms: its check passes while
- * `db.up`), an in-memory broker with `count` messages, and a consumer of them whose handler fails
- * with `DatabaseDown` while the database is down.
+ * `db.up`), an in-memory broker with `count` messages, and `run`, which runs a consumer of them
+ * under the lifecycle, collecting its outcomes and log lines.
  */
-const setup = (count: number, options: { readonly concurrency: number; readonly dependencies?: Consumer.Options<{ readonly id: string }, DatabaseDown, never>["dependencies"] }) =>
+const setup = (count: number) =>
   Effect.gen(function*() {
     const lifecycle = yield* Lifecycle.makeManaged({
       budget: Result.getOrThrow(Lifecycle.makeBudget({})),
@@ -43,10 +43,11 @@ const setup = (count: number, options: { readonly concurrency: number; readonly 
     })
     const log = collecting()
     const db = { up: true }
+    const databaseDown = () => new DatabaseDown({ message: "connection refused" })
     const scope = yield* Scope.make()
     yield* Layer.buildWithScope(
       Lifecycle.resource("db", Layer.empty, {
-        check: Effect.suspend(() => (db.up ? Effect.void : Effect.fail(new DatabaseDown({ message: "connection refused" })))),
+        check: Effect.suspend(() => (db.up ? Effect.void : Effect.fail(databaseDown()))),
         checkInterval: "500 millis"
       }),
       scope
@@ -55,27 +56,9 @@ const setup = (count: number, options: { readonly concurrency: number; readonly 
     const broker = InMemoryBroker.make({ lease: "30 seconds", maxDeliver: 20 })
     for (let i = 1; i <= count; i++) yield* broker.publish(JSON.stringify({ id: `e${i}` }))
     const outcomes: Array<Outcome.Outcome> = []
-    const runs: Array<string> = []
-    const consumer = Consumer.make({
-      name: "paused",
-      source: broker.source,
-      schema: Event,
-      metadata,
-      handle: (event) =>
-        Effect.suspend(() => {
-          runs.push(event.id)
-          return db.up ? Effect.void : Effect.fail(new DatabaseDown({ message: "connection refused" }))
-        }),
-      classify: { DatabaseDown: "transient" },
-      retry: policy,
-      concurrency: options.concurrency,
-      prefetch: 1,
-      ...(options.dependencies === undefined ? {} : { dependencies: options.dependencies }),
-      onOutcome: (outcome) => Effect.sync(() => void outcomes.push(outcome))
-    })
-    const fiber = yield* Effect.forkChild(
-      Consumer.run(consumer).pipe(Effect.provideService(Lifecycle.Lifecycle, lifecycle), Effect.provide(log.layer))
-    )
+    const onOutcome = (outcome: Outcome.Outcome) => Effect.sync(() => void outcomes.push(outcome))
+    const run = <A, E extends Classification.Tagged>(consumer: Consumer.Consumer<A, E, never>) =>
+      Effect.forkChild(Consumer.run(consumer).pipe(Effect.provideService(Lifecycle.Lifecycle, lifecycle), Effect.provide(log.layer)))
     /** Steps the test clock 100 ms at a time until `done` (at most `limit` steps). */
     const until = (done: () => boolean, limit = 600) =>
       Effect.gen(function*() {
@@ -83,56 +66,52 @@ const setup = (count: number, options: { readonly concurrency: number; readonly 
         return done()
       })
     const events = (event: string) => log.lines.filter((l) => l.annotations.event === event)
-    return { lifecycle, db, broker, outcomes, runs, fiber, until, events, scope }
+    return { lifecycle, db, databaseDown, broker, outcomes, onOutcome, run, until, events, scope }
   })
 
-/** The same with a batch consumer (batches of up to 4) whose whole batch fails while the database is down. */
-const setupBatch = (count: number) =>
+/** `setup` with a consumer whose handler fails with `DatabaseDown` while the database is down. */
+const withConsumer = (count: number, options: { readonly concurrency: number; readonly dependencies?: Consumer.Options<{ readonly id: string }, DatabaseDown, never>["dependencies"] }) =>
   Effect.gen(function*() {
-    const lifecycle = yield* Lifecycle.makeManaged({
-      budget: Result.getOrThrow(Lifecycle.makeBudget({})),
-      startupTimeout: "10 seconds",
-      readyWhen: "started"
-    })
-    const log = collecting()
-    const db = { up: true }
-    const scope = yield* Scope.make()
-    yield* Layer.buildWithScope(
-      Lifecycle.resource("db", Layer.empty, {
-        check: Effect.suspend(() => (db.up ? Effect.void : Effect.fail(new DatabaseDown({ message: "connection refused" })))),
-        checkInterval: "500 millis"
-      }),
-      scope
-    ).pipe(Effect.provideService(Lifecycle.Lifecycle, lifecycle), Effect.provide(log.layer))
-    yield* lifecycle.started
-    const broker = InMemoryBroker.make({ lease: "30 seconds", maxDeliver: 20 })
-    for (let i = 1; i <= count; i++) yield* broker.publish(JSON.stringify({ id: `e${i}` }))
-    const outcomes: Array<Outcome.Outcome> = []
-    const consumer = Consumer.makeBatch({
+    const t = yield* setup(count)
+    const runs: Array<string> = []
+    const fiber = yield* t.run(Consumer.make({
+      name: "paused",
+      source: t.broker.source,
+      schema: Event,
+      metadata,
+      handle: (event) =>
+        Effect.suspend(() => {
+          runs.push(event.id)
+          return t.db.up ? Effect.void : Effect.fail(t.databaseDown())
+        }),
+      classify: { DatabaseDown: "transient" },
+      retry: policy,
+      concurrency: options.concurrency,
+      prefetch: 1,
+      ...(options.dependencies === undefined ? {} : { dependencies: options.dependencies }),
+      onOutcome: t.onOutcome
+    }))
+    return { ...t, runs, fiber }
+  })
+
+/** `setup` with a batch consumer (batches of up to 4) whose whole batch fails while the database is down. */
+const withBatchConsumer = (count: number) =>
+  Effect.gen(function*() {
+    const t = yield* setup(count)
+    const fiber = yield* t.run(Consumer.makeBatch({
       name: "paused-batch",
-      source: broker.source,
+      source: t.broker.source,
       schema: Event,
       metadata,
       batch: { maxSize: 4, maxWait: "10 millis" },
       handleBatch: (events) =>
-        Effect.suspend(() =>
-          db.up ? Effect.succeed(events.map(() => Result.succeed(undefined))) : Effect.fail(new DatabaseDown({ message: "connection refused" }))
-        ),
+        Effect.suspend(() => (t.db.up ? Effect.succeed(events.map(() => Result.succeed(undefined))) : Effect.fail(t.databaseDown()))),
       classify: { DatabaseDown: "transient" },
       retry: policy,
       concurrency: 1,
-      onOutcome: (outcome) => Effect.sync(() => void outcomes.push(outcome))
-    })
-    const fiber = yield* Effect.forkChild(
-      Consumer.run(consumer).pipe(Effect.provideService(Lifecycle.Lifecycle, lifecycle), Effect.provide(log.layer))
-    )
-    const until = (done: () => boolean, limit = 600) =>
-      Effect.gen(function*() {
-        for (let i = 0; i < limit && !done(); i++) yield* TestClock.adjust("100 millis")
-        return done()
-      })
-    const events = (event: string) => log.lines.filter((l) => l.annotations.event === event)
-    return { db, broker, outcomes, fiber, until, events, scope }
+      onOutcome: t.onOutcome
+    }))
+    return { ...t, fiber }
   })
 
 const tags = (outcomes: ReadonlyArray<Outcome.Outcome>) => outcomes.map((o) => `${o._tag}${"reason" in o ? `:${o.reason}` : ""}`)
@@ -140,7 +119,7 @@ const tags = (outcomes: ReadonlyArray<Outcome.Outcome>) => outcomes.map((o) => `
 describe("pausing on a dependency that is down", () => {
   it.effect("BE-JOB-003: handlers failing while the database is down are held, not counted (1 attempt would dead-letter them), the intake takes nothing new, and every message commits once the database is back", () =>
     Effect.gen(function*() {
-      const t = yield* setup(6, { concurrency: 2 })
+      const t = yield* withConsumer(6, { concurrency: 2 })
       t.db.up = false
       // The check still passes (its next probe is 500 ms away): the first failure probes it at once.
       assert.isTrue(yield* t.until(() => t.events("delivery.held").length >= 1), "a delivery held")
@@ -168,7 +147,7 @@ describe("pausing on a dependency that is down", () => {
 
   it.effect("BE-JOB-003, BE-JOB-007: a batch that fails as a whole while the database is down: its elements, run alone, are held, not counted, and all commit once it is back", () =>
     Effect.gen(function*() {
-      const t = yield* setupBatch(4)
+      const t = yield* withBatchConsumer(4)
       t.db.up = false
       assert.isTrue(yield* t.until(() => t.events("delivery.held").length >= 1), "an element held")
       yield* TestClock.adjust("5 seconds")
@@ -183,7 +162,7 @@ describe("pausing on a dependency that is down", () => {
 
   it.effect("BE-JOB-003: with pauseOn \"none\" the same outage counts the failure: dead-lettered AttemptsExhausted", () =>
     Effect.gen(function*() {
-      const t = yield* setup(1, { concurrency: 1, dependencies: { pauseOn: "none" } })
+      const t = yield* withConsumer(1, { concurrency: 1, dependencies: { pauseOn: "none" } })
       t.db.up = false
       assert.isTrue(yield* t.until(() => t.outcomes.length >= 1))
       assert.deepStrictEqual(tags(t.outcomes), ["DeadLettered:AttemptsExhausted"])
@@ -194,7 +173,7 @@ describe("pausing on a dependency that is down", () => {
 
   it.effect("BE-JOB-003: a hold lasts at most maxHold; then the failure counts as usual (logged delivery.hold_ended)", () =>
     Effect.gen(function*() {
-      const t = yield* setup(1, { concurrency: 1, dependencies: { maxHold: "3 seconds" } })
+      const t = yield* withConsumer(1, { concurrency: 1, dependencies: { maxHold: "3 seconds" } })
       t.db.up = false
       assert.isTrue(yield* t.until(() => t.events("delivery.held").length >= 1))
       // The hold began within the last 100 ms step.
@@ -209,7 +188,7 @@ describe("pausing on a dependency that is down", () => {
 
   it.effect("BE-JOB-003: a shutdown ends a hold: the delivery is released (Interrupted), not counted", () =>
     Effect.gen(function*() {
-      const t = yield* setup(1, { concurrency: 1 })
+      const t = yield* withConsumer(1, { concurrency: 1 })
       t.db.up = false
       assert.isTrue(yield* t.until(() => t.events("delivery.held").length >= 1))
       // Interrupting the run drains for `drainTimeout` (10 s), then interrupts the held delivery.

@@ -157,3 +157,24 @@ export const expectedBalances = (
   }
   return expected
 }
+
+/**
+ * `count` transfers between `accounts` drawn from `random` (a seeded generator): each from one
+ * account to another, of 1 to 100 minor units, with ids `<prefix>.t<i>`.
+ */
+export const randomTransfers = (random: () => number, accounts: ReadonlyArray<string>, prefix: string, count: number) =>
+  Array.from({ length: count }, (_, i) => {
+    const from = accounts[Math.floor(random() * accounts.length)]!
+    let to = accounts[Math.floor(random() * accounts.length)]!
+    if (to === from) to = accounts[(accounts.indexOf(from) + 1) % accounts.length]!
+    return { id: `${prefix}.t${i}`, from, to, amount: 1 + Math.floor(random() * 100) }
+  })
+
+/** A worker's shutdown budget for chaos tests: short, so that a stopped worker is gone in a few seconds. */
+export const quickShutdown = {
+  SHUTDOWN_BUDGET: "5 seconds",
+  SHUTDOWN_READINESS_GRACE: "0 millis",
+  SHUTDOWN_CLOSE: "1 second",
+  SHUTDOWN_TELEMETRY: "500 millis",
+  SHUTDOWN_RESERVE: "500 millis"
+} as const

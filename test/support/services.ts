@@ -4,8 +4,8 @@
  */
 import { Migrations, PgIdempotencyStore, PgOutbox } from "@jetworker/sql-pg"
 import { NatsConnection } from "@jetworker/nats"
-import { TestDatabase } from "@jetworker/testing"
-import { Layer } from "effect"
+import { FaultProxy, TestDatabase } from "@jetworker/testing"
+import { Effect, Layer } from "effect"
 import * as LedgerMigrations from "../../examples/ledger/src/LedgerMigrations.ts"
 
 /** The NATS server under test. */
@@ -34,3 +34,16 @@ export const LedgerTestLive = Layer.mergeAll(
     Layer.provideMerge(TestDatabase.layer())
   )
 )
+
+/**
+ * A `FaultProxy` on loopback in front of the PostgreSQL under test, and the database URL through
+ * it (for a worker whose link to the database a test cuts); closed with the scope.
+ */
+export const databaseProxy = Effect.gen(function*() {
+  const target = new URL(databaseUrl)
+  const proxy = yield* FaultProxy.make({ target: { host: target.hostname, port: Number(target.port || 5432) } })
+  const viaProxy = new URL(databaseUrl)
+  viaProxy.hostname = proxy.address.host
+  viaProxy.port = String(proxy.address.port)
+  return { proxy, url: viaProxy.toString() }
+})
