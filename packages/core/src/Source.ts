@@ -47,6 +47,17 @@ export interface Intake {
   readonly close: Effect.Effect<void>
 }
 
+/**
+ * How a source's intake stands, as it reports it to the engine through `OpenOptions.onHealth`:
+ * `Stalled` while the broker does not answer it (no message can be taken meanwhile), with a
+ * `reason` an operator can read on the readiness probe; `Healthy` once it answers again.
+ *
+ * @since 0.2.0
+ */
+export type Health =
+  | { readonly _tag: "Healthy" }
+  | { readonly _tag: "Stalled"; readonly reason: string }
+
 /** What the engine tells a source when it opens it. */
 export interface OpenOptions {
   /** The name of the consumer opening it (`Consumer.make`'s `name`); a source may default to it. */
@@ -65,6 +76,16 @@ export interface OpenOptions {
    * a source that cannot ensure that fails to open with `ContractMismatch`.
    */
   readonly ordering: "Unordered" | "PerKey" | "Sequential"
+  /**
+   * Optional: where the source reports its intake's health, from `open` on until it is closed.
+   * The engine shows a `Stalled` consumer down on the readiness probe, with the reason, and a
+   * `Healthy` one up again (a stall reported while opening shows once the consumer has started;
+   * once it is stopping, reports change nothing). It never fails and returns at once, so a source
+   * may run it from a client's callback. A source that cannot tell ignores it.
+   *
+   * @since 0.2.0
+   */
+  readonly onHealth?: ((health: Health) => Effect.Effect<void>) | undefined
 }
 
 /** A broker-side consumer the engine can open; `R` is what opening it needs (e.g. a connection). */

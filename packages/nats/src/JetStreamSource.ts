@@ -279,7 +279,8 @@ export const make = (options: Options): Source.Source<NatsConnection> => {
         prefetch: open.prefetch,
         expiresMillis,
         settleTimeoutMillis,
-        destination
+        destination,
+        onHealth: open.onHealth
       })
       return { lease, maxDeliver: maxDeliver > 0 ? maxDeliver : undefined, take, ackAll, close } satisfies Source.Intake
     })

@@ -38,7 +38,7 @@ import type { Tagged } from "../Classification.ts"
 import type { Delivery } from "../Delivery.ts"
 import * as Lifecycle from "../Lifecycle.ts"
 import * as Probe from "../Probe.ts"
-import type { SourceError } from "../Source.ts"
+import type { Health, SourceError } from "../Source.ts"
 import * as Deadlines from "./deadlines.ts"
 import { makeBatchPath } from "./engine/batch.ts"
 import { makeBounded } from "./engine/bounded.ts"
@@ -97,13 +97,26 @@ export const run = <A, E extends Tagged, R>(definition: Definition<A, E, R>): Ef
       const lifecycle = yield* Lifecycle.Lifecycle
       // Readiness counts this consumer as starting until its intake is open.
       const component = yield* lifecycle.component(definition.name, "consumer")
+      // Set once shutdown has begun: a worker whose take then fails ends quietly.
+      let closing = false
+      // The source's last report: a stall shows on readiness from when the consumer has started
+      // (before, it is "starting") until it stops (then "stopping" stays).
+      let stalled: string | undefined
+      let started = false
+      const onHealth = (health: Health): Effect.Effect<void> =>
+        Effect.suspend(() => {
+          stalled = health._tag === "Stalled" ? health.reason : undefined
+          if (!started || closing) return Effect.void
+          return stalled === undefined ? component.up : component.down(stalled)
+        })
       const intake = yield* definition.source.open({
         consumer: definition.name,
         prefetch: definition.prefetch,
         concurrency: definition.concurrency,
         attempts: definition.retry.attempts,
         handlerTimeout: definition.handlerTimeout,
-        ordering: definition.ordering._tag
+        ordering: definition.ordering._tag,
+        onHealth
       })
       const slots = Slots.make(definition.concurrency)
       const releaseSlot = Effect.sync(slots.release)
@@ -116,8 +129,6 @@ export const run = <A, E extends Tagged, R>(definition: Definition<A, E, R>): Ef
       const outcomeDeadlines = definition.onOutcome === undefined ? Deadlines.none : yield* Deadlines.make(definition.onOutcomeTimeout, clock)
       // The workers (or, with per-key ordering and for batches, the deliveries and batches) running.
       const inFlight = yield* FiberSet.make<void, SourceError>()
-      // Set once shutdown has begun: a worker whose take then fails ends quietly.
-      let closing = false
       // The workers waiting for a delivery (without per-key ordering and batches): shutdown ends their wait.
       const idleWorkers = new Set<Fiber.Fiber<unknown, unknown>>()
       // Runs before the FiberSet's own finalizer (which interrupts what is left) and before the
@@ -176,7 +187,8 @@ export const run = <A, E extends Tagged, R>(definition: Definition<A, E, R>): Ef
       if (Duration.toMillis(definition.progressInterval) > 0) {
         yield* Effect.forkScoped(Effect.forever(Effect.andThen(Effect.sleep(definition.progressInterval), processor.summary)))
       }
-      yield* component.up
+      started = true
+      yield* (stalled === undefined ? component.up : component.down(stalled))
       yield* Effect.logInfo(
         `consumer ${definition.name} started on ${definition.source.name} ` +
           `(concurrency ${definition.concurrency}, prefetch ${definition.prefetch}, lease ${Duration.format(intake.lease)}, ` +

@@ -21,6 +21,8 @@ export interface IntakeOptions {
   readonly expiresMillis: number
   readonly settleTimeoutMillis: number
   readonly destination: DeadLetter.Destination
+  /** The engine's `OpenOptions.onHealth`: told when the intake stalls and when it pulls again. */
+  readonly onHealth?: ((health: Source.Health) => Effect.Effect<void>) | undefined
 }
 
 /** The intake's `take` and `close` (also run when the scope closes); it pulls from now on. */
@@ -54,7 +56,10 @@ export const openIntake = (
           (level === "Info" ? Effect.logInfo(message) : Effect.logWarning(message)).pipe(
             Effect.annotateLogs({ event, consumer: durable, stream, ...fields })
           )
-        )
+        ),
+      reportHealth: (health) => {
+        if (options.onHealth !== undefined) void Effect.runForkWith(services)(options.onHealth(health))
+      }
     }
     const state = initialState()
     const settling = { connection, settleTimeoutMillis: options.settleTimeoutMillis, destination: options.destination }

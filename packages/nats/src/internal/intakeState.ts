@@ -31,6 +31,8 @@ export interface IntakeEnv {
   readonly logWarning: (message: string) => void
   /** One of the intake's events an operator watches for, annotated with `event` and the consumer's name. */
   readonly logEvent: (level: "Info" | "Warning", event: string, message: string, fields?: Record<string, unknown>) => void
+  /** Tells the engine how the intake stands (`OpenOptions.onHealth`), for the readiness probe. */
+  readonly reportHealth: (health: Source.Health) => void
 }
 
 /** An open pull: the server fills them in order, so arrivals are counted against the oldest. */

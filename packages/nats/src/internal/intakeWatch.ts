@@ -88,6 +88,12 @@ export const startWatchdog = (env: IntakeEnv, state: IntakeState, pulls: Pulls):
           "the pulls are written off and the consumer checked before pulling again",
         { silenceMs, pulled: state.requested }
       )
+      // Readiness says so too, until `intake.resumed`: no message can be taken meanwhile.
+      env.reportHealth({
+        _tag: "Stalled",
+        reason: `intake stalled: the consumer ${env.name} has not answered a pull for ${silenceMs} ms; ` +
+          "checking it before pulling again"
+      })
       state.stalledSince ??= state.lastHeard
       pulls.writeOff()
       pulls.pause()

@@ -96,6 +96,7 @@ export const makePulls = (env: IntakeEnv, state: IntakeState): Pulls => {
             const stalledMs = Math.round(performance.now() - state.stalledSince)
             state.stalledSince = undefined
             env.logEvent("Info", "intake.resumed", `${name}: the consumer answers again after ${stalledMs} ms stalled; pulling again`, { stalledMs })
+            env.reportHealth({ _tag: "Healthy" })
           }
           pump()
         },

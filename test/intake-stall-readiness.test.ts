@@ -1,0 +1,89 @@
+/**
+ * A stalled JetStream intake on the readiness probe (a copy of `cluster-intake.test.ts`'s stall,
+ * on the NATS under test, with a consumer running under a managed lifecycle): while the consumer
+ * answers no pull (`intake.stalled`) the consumer's component is down with a reason an operator
+ * can read, and it is up again once the intake pulls again (`intake.resumed`). The log lines stay
+ * as they were.
+ */
+import { assert, describe, layer } from "@effect/vitest"
+import { Consumer, Envelope, Lifecycle } from "@jetworker/core"
+import { JetStreamSource, NatsConnection } from "@jetworker/nats"
+import { Eventually, FaultProxy, TestStream } from "@jetworker/testing"
+import { Effect, Fiber, Layer, Logger, Result, Schema } from "effect"
+import { NatsLive, natsUrl } from "./support/services.ts"
+
+const Event = Envelope.schema("test.job", Schema.Struct({ n: Schema.Number }))
+
+/** Log lines with their level and annotations, and the layer that collects them (replacing the others). */
+const collecting = () => {
+  const lines: Array<{ readonly level: string; readonly message: unknown; readonly annotations: Readonly<Record<string, unknown>> }> = []
+  const logger = Logger.map(Logger.formatStructured, (entry) => {
+    lines.push({ level: entry.level, message: entry.message, annotations: entry.annotations })
+  })
+  return { lines, layer: Logger.layer([logger]), events: (event: string) => lines.filter((l) => l.annotations.event === event) }
+}
+
+describe("a stalled JetStream intake on the readiness probe", () => {
+  layer(NatsLive, { excludeTestServices: true, timeout: "60 seconds" })((it) => {
+    it.effect("while the intake is stalled (intake.stalled) its consumer is down with the reason, and up again once it pulls again (intake.resumed)", () =>
+      Effect.gen(function*() {
+        const test = yield* TestStream.make({ ackWait: "60 seconds" })
+        const { consumer, stream } = test
+        const target = new URL(natsUrl)
+        // A link that freezes without breaking: the server keeps the pull, the intake hears nothing.
+        const proxy = yield* FaultProxy.make({ target: { host: target.hostname, port: Number(target.port || 4222) } })
+        const worker = yield* Layer.build(NatsConnection.layer({ servers: `nats://127.0.0.1:${proxy.port}` }))
+        const logged = collecting()
+        const lifecycle = yield* Lifecycle.makeManaged({ budget: Result.getOrThrow(Lifecycle.makeBudget()), startupTimeout: "30 seconds" })
+        yield* lifecycle.started
+        const component = () => lifecycle.readiness().components.find((c) => c.name === consumer)
+        // Heartbeats every 1 s: a pull is silent after 2.5 s.
+        const running = yield* Effect.forkChild(
+          Consumer.run(Consumer.make({
+            name: consumer,
+            source: JetStreamSource.make({ stream, consumer, captureMaxDeliveries: false, pullExpires: "2 seconds" }),
+            schema: Event,
+            handle: () => Effect.void,
+            classify: {},
+            concurrency: 1,
+            prefetch: 4
+          })).pipe(
+            Effect.provideService(Lifecycle.Lifecycle, lifecycle),
+            Effect.provide(worker),
+            Effect.provide(logged.layer)
+          )
+        )
+        yield* Eventually.holds("the consumer ready", Effect.sync(() => lifecycle.readiness().ready), "15 seconds")
+        yield* Eventually.holds("the intake's pull waits on the server", Effect.map(test.info, (i) => i.num_waiting >= 1), "10 seconds")
+        yield* proxy.pause
+        yield* Eventually.holds("the stall logged", Effect.sync(() => logged.events("intake.stalled").length > 0), "15 seconds")
+        // Reported as the stall is logged: no poll needed.
+        const down = component()
+        assert.isFalse(lifecycle.readiness().ready, JSON.stringify(lifecycle.readiness()))
+        assert.strictEqual(down?.up, false, JSON.stringify(down))
+        assert.match(
+          down?.reason ?? "",
+          new RegExp(`^intake stalled: the consumer ${stream}/${consumer} has not answered a pull for \\d+ ms`),
+          JSON.stringify(down)
+        )
+        yield* proxy.resume
+        yield* Eventually.holds("the resumption logged", Effect.sync(() => logged.events("intake.resumed").length > 0), "15 seconds")
+        assert.deepStrictEqual(component(), { name: consumer, kind: "consumer", up: true, reason: undefined })
+        assert.isTrue(lifecycle.readiness().ready)
+
+        // The lines as before.
+        const stalled = logged.events("intake.stalled")[0]!
+        assert.strictEqual(stalled.level, "WARN")
+        assert.strictEqual(stalled.annotations.consumer, consumer)
+        const silence = stalled.annotations.silenceMs
+        assert.isTrue(typeof silence === "number" && silence >= 2_500, `silenceMs ${String(silence)}`)
+        const resumed = logged.events("intake.resumed")[0]!
+        assert.strictEqual(resumed.level, "INFO")
+        assert.strictEqual(resumed.annotations.consumer, consumer)
+        const stalledMs = resumed.annotations.stalledMs
+        assert.isTrue(typeof stalledMs === "number" && stalledMs >= (silence as number), `stalledMs ${String(stalledMs)}`)
+
+        yield* Fiber.interrupt(running).pipe(Effect.timeout("15 seconds"))
+      }).pipe(Effect.scoped), 60_000)
+  })
+})
