@@ -15,7 +15,10 @@ export type Reason =
   | "NoResponders"
   /** The connection is closed or draining. */
   | "ConnectionClosed"
-  /** The server could not be reached. */
+  /**
+   * The server could not be reached: refused, or the connection reset, the network or route
+   * missing, a DNS server not answering (`ECONNRESET`, `EHOSTUNREACH`, `EAI_AGAIN`, ...).
+   */
   | "ConnectionRefused"
   /** The stream does not exist. */
   | "StreamNotFound"
@@ -87,6 +90,32 @@ const apiCodeOf = (error: unknown): number | undefined => {
 const causeOf = (error: unknown): unknown =>
   typeof error === "object" && error !== null ? (error as { cause?: unknown }).cause : undefined
 
+/**
+ * Node's socket and resolver codes of a passing state: the peer reset or refused the connection,
+ * the network or the route is not there yet, a DNS server did not answer (`EAI_AGAIN`; a name
+ * that does not exist, `ENOTFOUND`, is lasting). A worker starting beside a proxy with no server
+ * behind it yet, or in a network that is still coming up, waits for them as for a refusal.
+ */
+const PASSING_SOCKET_CODES: ReadonlySet<string> = new Set([
+  "ECONNRESET",
+  "ECONNREFUSED",
+  "EPIPE",
+  "ETIMEDOUT",
+  "EHOSTUNREACH",
+  "ENETUNREACH",
+  "EAI_AGAIN"
+])
+
+/** Node's error code (`ECONNRESET`) of `error` or of its cause, or `undefined`. */
+const socketCodeOf = (error: unknown): string | undefined => {
+  for (const candidate of [error, causeOf(error)]) {
+    if (typeof candidate !== "object" || candidate === null) continue
+    const code = (candidate as { code?: unknown }).code
+    if (typeof code === "string") return code
+  }
+  return undefined
+}
+
 /** Maps anything nats.js threw or rejected with to a {@link NatsError}. */
 export const fromUnknown = (operation: string, error: unknown): NatsError => {
   const name = nameOf(error)
@@ -131,6 +160,8 @@ export const fromUnknown = (operation: string, error: unknown): NatsError => {
   if (code === 10014) return make("ConsumerNotFound", code)
   if (code !== undefined && UNAVAILABLE_CODES.has(code)) return make("Unavailable", code)
   if (name === "JetStreamApiError" || code !== undefined) return make("ApiError", code)
+  const socketCode = socketCodeOf(error)
+  if (socketCode !== undefined && PASSING_SOCKET_CODES.has(socketCode)) return make("ConnectionRefused")
   return make("Unknown")
 }
 

@@ -96,12 +96,13 @@ describe("NatsConnection: a first connection that fails in nats.js's own words",
       }
     }).pipe(Effect.scoped), 30_000)
 
-  it.live("a listener that resets the connection: said in words with the code; its reason is kept (Unknown)", () =>
+  it.live("a listener that resets the connection: said in words with the code; retryable (ConnectionRefused: a start-up waits for it)", () =>
     Effect.gen(function*() {
       const port = yield* fakeServer((socket) => void socket.resetAndDestroy())
       const error = yield* failure(`nats://op:${secret}@127.0.0.1:${port}`)
       named(error, port)
-      assert.strictEqual(error.reason, "Unknown")
+      assert.strictEqual(error.reason, "ConnectionRefused")
+      assert.isTrue(error.isRetryable)
       assert.include(error.message, `could not connect to nats://127.0.0.1:${port}`)
       assert.include(error.message, "reset the connection (ECONNRESET)")
       assert.include(error.message, "Set NATS_URL, or the servers option, to where it runs")
@@ -136,12 +137,12 @@ describe("NatsConnection: a first connection that fails in nats.js's own words",
       }
     }).pipe(Effect.scoped), 30_000)
 
-  it("a host that cannot be reached (no route, a dropped SYN): said in words with the code, the server named", () => {
+  it("a host that cannot be reached (no route, a dropped SYN): said in words with the code, the server named; retryable (a network still coming up)", () => {
     const options = { servers: "nats://op:pw@10.255.255.1:4222" }
     for (const code of ["EHOSTUNREACH", "ENETUNREACH", "ETIMEDOUT"]) {
       const raw = Object.assign(new Error(`connect ${code} 10.255.255.1:4222`), { code })
       const error = connectNextStep(connectError(raw), options)
-      assert.strictEqual(error.reason, "Unknown", code)
+      assert.strictEqual(error.reason, "ConnectionRefused", code)
       assert.include(error.message, `could not connect to nats://10.255.255.1:4222: it cannot be reached from here (${code})`)
       assert.notInclude(error.message, ":pw@")
     }
