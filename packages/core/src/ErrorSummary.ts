@@ -85,14 +85,17 @@ const className = (value: object): string | undefined => {
   }
 }
 
+/** How long a tag may be: a tag names a kind of error, and an operator filters on it. */
+const MAX_TAG = 100
+
 const tagOf = (value: unknown, fallback: string): string => {
   if (typeof value === "object" && value !== null) {
     try {
       const tag = (value as { readonly _tag?: unknown })._tag
-      if (typeof tag === "string") return tag
+      if (typeof tag === "string") return tag.length > MAX_TAG ? oneLine(tag, MAX_TAG) : tag
       if (value instanceof Error) {
         const name: unknown = value.name
-        if (typeof name === "string" && name !== "") return name
+        if (typeof name === "string" && name !== "") return name.length > MAX_TAG ? oneLine(name, MAX_TAG) : name
       }
     } catch {
       // A `_tag` or `name` that cannot be read: the class, below, is what can be said.

@@ -129,4 +129,13 @@ describe("ErrorSummary of a hostile error value", () => {
       { tag: "Error", message: "dup", fields: { code: "23505" } }
     ])
   })
+
+  it("a huge tag or name is cut to 100 characters, on one line", () => {
+    const huge = ErrorSummary.fromError({ _tag: `Tag${"x".repeat(10_000)}\nmore`, message: "m" })
+    assert.isAtMost(huge.tag.length, 100)
+    assert.isTrue(huge.tag.startsWith("Tagxxx"))
+    const named = ErrorSummary.fromError(Object.assign(new Error("m"), { name: "N".repeat(5_000) }))
+    assert.isAtMost(named.tag.length, 100)
+    assert.strictEqual(ErrorSummary.fromError({ _tag: "Short", message: "m" }).tag, "Short")
+  })
 })

@@ -91,7 +91,7 @@ describe("Otlp", () => {
       const inner = new Error("socket hang up")
       diag.error("export failed:", Object.assign(new Error("Bad Request", { cause: inner }), { code: 400, data: "bad body" }))
       // What the SDK's default global error handler logs: the error flattened to JSON, stack and all.
-      diag.error(JSON.stringify({ stack, message: "Service Unavailable", code: "503", data: "busy" }))
+      diag.error(JSON.stringify({ stack, message: "Service Unavailable", code: "503", data: "busy", constructor: "class OTLPExporterError extends Error { constructor(message, code, data) { super(message) } }" }))
       // A nested cause with a stack, several levels down.
       diag.warn("export retried:", { message: "retrying", cause: { message: "reset", code: "ECONNRESET", stack, cause: { stack } } })
       // A stack as a plain string.
@@ -106,6 +106,7 @@ describe("Otlp", () => {
         assert.notInclude(error, "file.js", error)
         assert.notInclude(error, "\n", error)
         assert.notInclude(error, "stack", error)
+        assert.notInclude(error, "constructor", error)
         assert.notInclude(error, password, error)
       }
       const [plain, withCause, flattened, nested, text, quoted] = errors

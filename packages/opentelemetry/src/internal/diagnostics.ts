@@ -111,7 +111,9 @@ const safeJson = (value: unknown): string => {
   const seen = new Set<Error>()
   try {
     return JSON.stringify(value, (key, field: unknown) => {
-      if (key === "stack") return undefined
+      // A stack, and the source of an error's class (the SDK's JSON of an error copies inherited
+      // properties, `constructor` among them), say nothing about the export.
+      if (key === "stack" || key === "constructor") return undefined
       if (field instanceof Error) {
         // An error that is its own cause, or its cause's, is shown once.
         if (seen.has(field)) return "[Circular]"
