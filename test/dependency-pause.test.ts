@@ -9,7 +9,7 @@
 import { assert, describe, it } from "@effect/vitest"
 import { type Classification, Consumer, Lifecycle, type Outcome, Retry } from "@jetworker/core"
 import { InMemoryBroker } from "@jetworker/testing"
-import { Data, DateTime, Effect, Exit, Fiber, Layer, Logger, Result, Schema, Scope } from "effect"
+import { Data, DateTime, Effect, Exit, Fiber, Layer, Logger, Metric, Result, Schema, Scope } from "effect"
 import { TestClock } from "effect/testing"
 
 const Event = Schema.Struct({ id: Schema.String })
@@ -114,6 +114,13 @@ const withBatchConsumer = (count: number) =>
     return { ...t, fiber }
   })
 
+/** Gauge `id` (`jetworker.held`, `jetworker.paused`) of consumer `name`. */
+const gauge = (id: string, name: string) =>
+  Effect.map(Metric.snapshot, (snapshots) => {
+    const found = snapshots.find((m) => m.id === id && m.attributes?.consumer === name)
+    return found === undefined ? undefined : Number((found.state as { readonly value: number | bigint }).value)
+  })
+
 const tags = (outcomes: ReadonlyArray<Outcome.Outcome>) => outcomes.map((o) => `${o._tag}${"reason" in o ? `:${o.reason}` : ""}`)
 
 describe("pausing on a dependency that is down", () => {
@@ -131,6 +138,8 @@ describe("pausing on a dependency that is down", () => {
       assert.isAtMost(held.size, 2)
       assert.deepStrictEqual([...new Set(t.runs)].sort(), [...held].sort(), "only the held deliveries ran")
       assert.lengthOf(t.events("consumer.paused"), 1, "the pause is logged once")
+      assert.strictEqual(yield* gauge("jetworker.paused", "paused"), 1, "jetworker.paused is 1 while paused")
+      assert.strictEqual(yield* gauge("jetworker.held", "paused"), held.size, "jetworker.held counts the held deliveries")
       const status = t.lifecycle.readiness().components.find((c) => c.name === "db")
       assert.isFalse(status?.up, "the dependency is down on the readiness probe")
       t.db.up = true
@@ -138,6 +147,8 @@ describe("pausing on a dependency that is down", () => {
       assert.deepStrictEqual(tags(t.outcomes), Array(6).fill("Committed"))
       assert.deepStrictEqual(t.broker.deadLetters(), [])
       assert.lengthOf(t.events("consumer.resumed"), 1, "the resumption is logged once")
+      assert.strictEqual(yield* gauge("jetworker.paused", "paused"), 0)
+      assert.strictEqual(yield* gauge("jetworker.held", "paused"), 0)
       const line = t.events("delivery.held")[0]!
       assert.strictEqual(line.annotations.dependencies, "db")
       assert.include(String(line.message), "db (connection refused)")

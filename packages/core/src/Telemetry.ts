@@ -72,6 +72,19 @@ export const inFlight = Metric.gauge("jetworker.in_flight", {
   description: "Deliveries being processed now, by consumer"
 })
 
+/**
+ * Deliveries held now while a dependency the consumer pauses on is down (their failures not
+ * counted; see `Consumer.make`'s `dependencies`), by `consumer`.
+ */
+export const held = Metric.gauge("jetworker.held", {
+  description: "Deliveries held while a dependency is down, by consumer"
+})
+
+/** 1 while the consumer is paused on a dependency that is down (it takes no new delivery), else 0, by `consumer`. */
+export const paused = Metric.gauge("jetworker.paused", {
+  description: "1 while the consumer is paused on a dependency that is down, else 0, by consumer"
+})
+
 /** Deliveries whose server delivery count is above 1, by `consumer`. */
 export const redeliveries = Metric.counter("jetworker.redeliveries", {
   description: "Deliveries that were redelivered by the broker (delivery count above 1), by consumer",

@@ -12,6 +12,8 @@ const units: ReadonlyMap<string, string> = new Map([
   [Telemetry.outcomes.id, "{delivery}"],
   [Telemetry.handlerDuration.id, "ms"],
   [Telemetry.inFlight.id, "{delivery}"],
+  [Telemetry.held.id, "{delivery}"],
+  [Telemetry.paused.id, "{consumer}"],
   [Telemetry.redeliveries.id, "{delivery}"],
   [Telemetry.retries.id, "{attempt}"],
   [Telemetry.expired.id, "{delivery}"],

@@ -39,12 +39,16 @@ const inactive: DependencyGate = {
 export const describeDown = (down: ReadonlyArray<DependencyDown>): string =>
   down.map((d) => `${d.name} (${d.reason})`).join(", ")
 
-/** The gate of consumer `name` on `lifecycle`'s dependencies `pauseOn` (all, those named, or none). */
+/**
+ * The gate of consumer `name` on `lifecycle`'s dependencies `pauseOn` (all, those named, or none);
+ * `recordPaused` sets the consumer's `jetworker.paused` gauge (1 while paused, 0 after).
+ */
 export const make = (
   name: string,
   lifecycle: LifecycleShape,
   pauseOn: "all" | ReadonlyArray<string> | undefined,
-  clock: Clock.Clock
+  clock: Clock.Clock,
+  recordPaused: (value: number) => void
 ): DependencyGate => {
   if (!lifecycle.managed || pauseOn === undefined) return inactive
   const names = pauseOn === "all" ? undefined : pauseOn
@@ -57,6 +61,7 @@ export const make = (
     const down = lifecycle.dependenciesDown(names)
     if (down.length === 0) return Effect.void
     pausedAt = Monotonic.millis(clock)
+    recordPaused(1)
     return Effect.logWarning(
       `consumer ${name} paused: ${describeDown(down)} down; taking no new deliveries until ${down.length === 1 ? "it is" : "they are"} back`
     ).pipe(Effect.annotateLogs({ event: "consumer.paused", dependencies: down.map((d) => d.name).join(","), reason: describeDown(down) }))
@@ -65,6 +70,7 @@ export const make = (
     if (pausedAt === undefined) return Effect.void
     const pausedMs = Math.round(Monotonic.millis(clock) - pausedAt)
     pausedAt = undefined
+    recordPaused(0)
     return Effect.logInfo(`consumer ${name} resumed after ${pausedMs} ms paused: its dependencies are back`).pipe(
       Effect.annotateLogs({ event: "consumer.resumed", pausedMs })
     )

@@ -42,7 +42,8 @@ export const makeRunHandler = <A, E extends Tagged, R>(
     inProcess,
     timeoutMessage,
     isTransient,
-    dependencyGate
+    dependencyGate,
+    heldGauge
   } = shared
 
   /** One run of the handler: skipped once the event has expired, bounded by `handlerTimeout`. */
@@ -187,9 +188,17 @@ export const makeRunHandler = <A, E extends Tagged, R>(
         `delivery ${delivery.sequence} held for ${Duration.format(definition.maxHold)} (dependencies.maxHold) while ` +
           `its dependencies stayed down; its failure now counts`
       ).pipe(Effect.annotateLogs({ event: "delivery.hold_ended", sequence: delivery.sequence, eventId: prepared.metadata.id }))
+      // Counted in `jetworker.held` while it waits, however the wait ends.
+      const waiting = Effect.suspend(() => {
+        record(heldGauge, ++shared.held)
+        return Effect.ensuring(
+          restore(dependencyGate.awaitOpenWithin(remaining)),
+          Effect.sync(() => record(heldGauge, --shared.held))
+        )
+      })
       return Effect.andThen(
         Effect.andThen(dependencyGate.notePaused, held),
-        Effect.flatMap(Effect.exit(restore(dependencyGate.awaitOpenWithin(remaining))), (waited) => {
+        Effect.flatMap(Effect.exit(waiting), (waited) => {
           // Interrupted while held (shutdown, a lost lease): that ends it.
           if (Exit.isFailure(waited)) return Effect.succeed<Exit.Exit<unknown, unknown>>(waited)
           // Held as long as allowed: the failure counts as it would have.

@@ -224,6 +224,9 @@ export const makeShared = <A, E extends Tagged, R>(
     takeUnwritten,
     rememberCommitted,
     committedOf,
-    dependencyGate: DependencyGate.make(definition.name, env.lifecycle, definition.pauseOn, env.clock)
+    dependencyGate: DependencyGate.make(definition.name, env.lifecycle, definition.pauseOn, env.clock, series(Telemetry.paused, {})),
+    heldGauge: series(Telemetry.held, {}),
+    // The deliveries held now (see `runHandler.ts`, `heldAfter`): the `jetworker.held` gauge.
+    held: 0
   }
 }
