@@ -16,6 +16,8 @@ import {
   balances,
   expectedBalances,
   ledgerStream,
+  chaosModes as modes,
+  chaosSeed,
   openAccount,
   quickShutdown,
   randomTransfers,
@@ -29,13 +31,8 @@ import { generator } from "./support/random.ts"
 import * as W from "./support/worker.ts"
 
 
-const seed = Number(process.env.JW_CHAOS_SEED ?? Date.now() % 1_000_000)
+const seed = chaosSeed()
 
-/** The ledger one transfer per transaction, and in batch mode (batches of up to 8, two at a time per worker). */
-const modes = [
-  { label: "one transfer per transaction", overrides: { concurrency: 4 } },
-  { label: "in batch mode", overrides: { concurrency: 2, batchSize: 8, batchWait: Duration.millis(20) } }
-] as const
 
 describe("chaos", () => {
   layer(LedgerTestLive, { excludeTestServices: true, timeout: "180 seconds" })((it) => {

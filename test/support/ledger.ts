@@ -178,3 +178,12 @@ export const quickShutdown = {
   SHUTDOWN_TELEMETRY: "500 millis",
   SHUTDOWN_RESERVE: "500 millis"
 } as const
+
+/** A chaos test's seed: `JW_CHAOS_SEED` replays a schedule, else one from the clock. */
+export const chaosSeed = (): number => Number(process.env.JW_CHAOS_SEED ?? Date.now() % 1_000_000)
+
+/** The ledger one transfer per transaction, and in batch mode (batches of up to 8, two at a time per worker). */
+export const chaosModes = [
+  { label: "one transfer per transaction", overrides: { concurrency: 4 } },
+  { label: "in batch mode", overrides: { concurrency: 2, batchSize: 8, batchWait: Duration.millis(20) } }
+] as const
