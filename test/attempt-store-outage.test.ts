@@ -68,60 +68,72 @@ const runUntil = (run: Effect.Effect<never, unknown>, done: () => boolean) =>
 
 const policy = Retry.exponential({ attempts: 5, base: "1 second", cap: "30 seconds", jitter: false, inProcessRetries: 0 })
 
+/**
+ * Message e1 on a broker with MaxDeliver `maxDeliver` (default 20), delivered `nakedBefore` times
+ * to another client of the durable first, consumed by `name` under `policy` with the handler
+ * `handle(run)` (`run` from 1; `Flaky` is transient) and the attempt store double reading `read`,
+ * on the test clock until `done(outcomes)`.
+ */
+const underOutage = (options: {
+  readonly name: string
+  readonly maxDeliver?: number
+  readonly nakedBefore: number
+  readonly read: number | undefined
+  readonly handle: (run: number) => Effect.Effect<void, Flaky>
+  readonly done: (outcomes: ReadonlyArray<Outcome.Outcome>) => boolean
+}) =>
+  Effect.gen(function*() {
+    const broker = InMemoryBroker.make({ lease: "30 seconds", maxDeliver: options.maxDeliver ?? 20 })
+    yield* broker.publish(JSON.stringify({ id: "e1" }))
+    if (options.nakedBefore > 0) yield* nakedElsewhere(broker, options.nakedBefore)
+    const { store, calls } = storeDouble(options.read)
+    const outcomes: Array<Outcome.Outcome> = []
+    let runs = 0
+    const consumer = Consumer.make({
+      name: options.name,
+      source: broker.source,
+      schema: Event,
+      metadata,
+      handle: () => Effect.suspend(() => options.handle(++runs)),
+      classify: { Flaky: "transient" },
+      retry: policy,
+      onOutcome: (outcome) => Effect.sync(() => outcomes.push(outcome))
+    })
+    yield* runUntil(Effect.provideService(Consumer.run(consumer), AttemptStore.AttemptStore, store), () => options.done(outcomes))
+    return { broker, outcomes, calls, runs: () => runs }
+  })
+
+const databaseUnreachable = () => Effect.fail(new Flaky({ message: "database unreachable" }))
+
 describe("attempt store outage", () => {
   it.effect("BE-JOB-003: 5 deliveries that were no failures, store unreadable: delivery 6 runs the handler and commits (not AttemptsExhausted before it runs)", () =>
     Effect.gen(function*() {
-      const broker = InMemoryBroker.make({ lease: "30 seconds", maxDeliver: 20 })
-      yield* broker.publish(JSON.stringify({ id: "e1" }))
-      yield* nakedElsewhere(broker, 5)
-      const { store, calls } = storeDouble(undefined)
-      const outcomes: Array<Outcome.Outcome> = []
-      let runs = 0
-      const consumer = Consumer.make({
+      const { broker, outcomes, calls, runs } = yield* underOutage({
         name: "outage-commit",
-        source: broker.source,
-        schema: Event,
-        metadata,
-        handle: () => Effect.sync(() => void runs++),
-        classify: {},
-        retry: policy,
-        onOutcome: (outcome) => Effect.sync(() => outcomes.push(outcome))
+        nakedBefore: 5,
+        read: undefined,
+        handle: () => Effect.void,
+        done: (outcomes) => outcomes.length >= 1
       })
-      yield* runUntil(Effect.provideService(Consumer.run(consumer), AttemptStore.AttemptStore, store), () => outcomes.length >= 1)
       assert.deepStrictEqual(
         outcomes.map((o) => [o._tag, reasonOf(o), o.message.deliveryCount]),
         [["Committed", "", 6]],
         `dead-lettered on deliveries that were no failures: ${JSON.stringify(outcomes)}`
       )
-      assert.strictEqual(runs, 1, "the handler ran")
+      assert.strictEqual(runs(), 1, "the handler ran")
       assert.strictEqual(calls.failures, 1, "the store was asked")
       assert.deepStrictEqual(broker.deadLetters(), [])
     }))
 
   it.effect("BE-JOB-003: 3 deliveries that were no failures, store down throughout, the handler failing: released with a growing backoff, never AttemptsExhausted on the delivery count; DeliveriesExhausted at the crash-loop bound (2 x attempts = 10, below MaxDeliver 20)", () =>
     Effect.gen(function*() {
-      const broker = InMemoryBroker.make({ lease: "30 seconds", maxDeliver: 20 })
-      yield* broker.publish(JSON.stringify({ id: "e1" }))
-      yield* nakedElsewhere(broker, 3)
-      const { store } = storeDouble(undefined)
-      const outcomes: Array<Outcome.Outcome> = []
-      let runs = 0
-      const consumer = Consumer.make({
+      const { broker, outcomes, runs } = yield* underOutage({
         name: "outage-bound",
-        source: broker.source,
-        schema: Event,
-        metadata,
-        handle: () =>
-          Effect.suspend(() => {
-            runs++
-            return Effect.fail(new Flaky({ message: "database unreachable" }))
-          }),
-        classify: { Flaky: "transient" },
-        retry: policy,
-        onOutcome: (outcome) => Effect.sync(() => outcomes.push(outcome))
+        nakedBefore: 3,
+        read: undefined,
+        handle: databaseUnreachable,
+        done: (outcomes) => outcomes.some((o) => o._tag !== "Released")
       })
-      const settled = () => outcomes.some((o) => o._tag !== "Released")
-      yield* runUntil(Effect.provideService(Consumer.run(consumer), AttemptStore.AttemptStore, store), settled)
       const released = outcomes.filter((o) => o._tag === "Released")
       assert.deepStrictEqual(
         outcomes.map((o) => [o._tag, reasonOf(o), o.message.deliveryCount]),
@@ -131,7 +143,7 @@ describe("attempt store outage", () => {
         ],
         `not bounded by the crash-loop guard alone: ${JSON.stringify(outcomes.map((o) => [o._tag, reasonOf(o), o.message.deliveryCount]))}`
       )
-      assert.strictEqual(runs, 7, "the handler ran on every delivery up to the bound")
+      assert.strictEqual(runs(), 7, "the handler ran on every delivery up to the bound")
       // The backoff grows with the delivery count (1 s doubling, capped at 30 s), spreading the
       // deliveries left over a longer outage.
       assert.deepStrictEqual(
@@ -143,65 +155,33 @@ describe("attempt store outage", () => {
 
   it.effect("BE-JOB-003: store down throughout, the handler failing, MaxDeliver 8 (below 2 x attempts + 1): dead-lettered DeliveriesExhausted on the broker's last delivery, the bound MaxDeliver - 1 = 7", () =>
     Effect.gen(function*() {
-      const broker = InMemoryBroker.make({ lease: "30 seconds", maxDeliver: 8 })
-      yield* broker.publish(JSON.stringify({ id: "e1" }))
-      const { store } = storeDouble(undefined)
-      const outcomes: Array<Outcome.Outcome> = []
-      let runs = 0
-      const consumer = Consumer.make({
+      const { broker, outcomes, runs } = yield* underOutage({
         name: "outage-max-deliver",
-        source: broker.source,
-        schema: Event,
-        metadata,
-        handle: () =>
-          Effect.suspend(() => {
-            runs++
-            return Effect.fail(new Flaky({ message: "database unreachable" }))
-          }),
-        classify: { Flaky: "transient" },
-        retry: policy,
-        onOutcome: (outcome) => Effect.sync(() => outcomes.push(outcome))
+        maxDeliver: 8,
+        nakedBefore: 0,
+        read: undefined,
+        handle: databaseUnreachable,
+        done: (outcomes) => outcomes.some((o) => o._tag !== "Released")
       })
-      yield* runUntil(
-        Effect.provideService(Consumer.run(consumer), AttemptStore.AttemptStore, store),
-        () => outcomes.some((o) => o._tag !== "Released")
-      )
       assert.deepStrictEqual(outcomes.at(-1) && [outcomes.at(-1)!._tag, reasonOf(outcomes.at(-1)!), outcomes.at(-1)!.message.deliveryCount], [
         "DeadLettered",
         "DeliveriesExhausted",
         8
       ])
-      assert.strictEqual(runs, 7, "the handler ran on each delivery up to the bound")
+      assert.strictEqual(runs(), 7, "the handler ran on each delivery up to the bound")
       assert.deepStrictEqual(broker.deadLetters().map((letter) => letter.reason), ["DeliveriesExhausted"])
       assert.isTrue(broker.quiescent(), "settled for good")
     }))
 
   it.effect("BE-JOB-003: the store reads 1 failure, recording the next fails on delivery 6 (5 were no failures): released for a retry, which commits", () =>
     Effect.gen(function*() {
-      const broker = InMemoryBroker.make({ lease: "30 seconds", maxDeliver: 20 })
-      yield* broker.publish(JSON.stringify({ id: "e1" }))
-      yield* nakedElsewhere(broker, 5)
-      const { store, calls } = storeDouble(1)
-      const outcomes: Array<Outcome.Outcome> = []
-      let runs = 0
-      const consumer = Consumer.make({
+      const { broker, outcomes, calls } = yield* underOutage({
         name: "outage-record",
-        source: broker.source,
-        schema: Event,
-        metadata,
-        handle: () =>
-          Effect.suspend(() => {
-            runs++
-            return runs === 1 ? Effect.fail(new Flaky({ message: "database unreachable" })) : Effect.void
-          }),
-        classify: { Flaky: "transient" },
-        retry: policy,
-        onOutcome: (outcome) => Effect.sync(() => outcomes.push(outcome))
+        nakedBefore: 5,
+        read: 1,
+        handle: (run) => (run === 1 ? databaseUnreachable() : Effect.void),
+        done: (outcomes) => outcomes.some((o) => o._tag !== "Released")
       })
-      yield* runUntil(
-        Effect.provideService(Consumer.run(consumer), AttemptStore.AttemptStore, store),
-        () => outcomes.some((o) => o._tag !== "Released")
-      )
       assert.deepStrictEqual(
         outcomes.map((o) => [o._tag, reasonOf(o), o.message.deliveryCount]),
         [["Released", "Retrying", 6], ["Committed", "", 7]],
@@ -247,22 +227,13 @@ describe("attempt store outage", () => {
 
   it.effect("BE-JOB-003: the store reads 4 failures and recording the 5th fails: dead-lettered AttemptsExhausted (the failures known are real)", () =>
     Effect.gen(function*() {
-      const broker = InMemoryBroker.make({ lease: "30 seconds", maxDeliver: 20 })
-      yield* broker.publish(JSON.stringify({ id: "e1" }))
-      yield* nakedElsewhere(broker, 1)
-      const { store } = storeDouble(4)
-      const outcomes: Array<Outcome.Outcome> = []
-      const consumer = Consumer.make({
+      const { broker, outcomes } = yield* underOutage({
         name: "outage-known",
-        source: broker.source,
-        schema: Event,
-        metadata,
-        handle: () => Effect.fail(new Flaky({ message: "database unreachable" })),
-        classify: { Flaky: "transient" },
-        retry: policy,
-        onOutcome: (outcome) => Effect.sync(() => outcomes.push(outcome))
+        nakedBefore: 1,
+        read: 4,
+        handle: databaseUnreachable,
+        done: (outcomes) => outcomes.length >= 1
       })
-      yield* runUntil(Effect.provideService(Consumer.run(consumer), AttemptStore.AttemptStore, store), () => outcomes.length >= 1)
       assert.deepStrictEqual(outcomes.map((o) => [o._tag, reasonOf(o), o.message.deliveryCount]), [["DeadLettered", "AttemptsExhausted", 2]])
       assert.deepStrictEqual(broker.deadLetters().map((letter) => letter.reason), ["AttemptsExhausted"])
     }))

@@ -11,26 +11,16 @@
 import { assert, describe, it } from "@effect/vitest"
 import { Consumer, IdempotencyStore, type Outcome, Retry } from "@jetworker/core"
 import { InMemoryBroker, InMemoryIdempotencyStore } from "@jetworker/testing"
-import { DateTime, Effect, Fiber, Schema } from "effect"
-import { TestClock } from "effect/testing"
+import { DateTime, Effect, Schema } from "effect"
+import { runUntil as runConsumerUntil } from "./support/testClock.ts"
 
 const Event = Schema.Struct({ id: Schema.String })
 const metadata = (event: { readonly id: string }) => ({ id: event.id, time: DateTime.makeUnsafe(0) })
 
 const reasonOf = (outcome: Outcome.Outcome) => "reason" in outcome ? outcome.reason : "ackWithheld" in outcome ? outcome.ackWithheld ?? "" : ""
 
-/** Runs `run` on the test clock until `done` (bounded), then stops it. */
-const runUntil = (run: Effect.Effect<never, unknown>, done: () => boolean) =>
-  Effect.gen(function*() {
-    const fiber = yield* Effect.forkChild(run)
-    for (let i = 0; i < 2_000 && !done(); i++) yield* TestClock.adjust("10 millis")
-    let stopped = false
-    yield* Effect.forkChild(Effect.ensuring(Fiber.interrupt(fiber), Effect.sync(() => {
-      stopped = true
-    })))
-    for (let i = 0; i < 1_000 && !stopped; i++) yield* TestClock.adjust("10 millis")
-    assert.isTrue(stopped, "the consumer stopped")
-  })
+/** Runs `run` on the test clock until `done`, then stops it (see `support/testClock.ts`). */
+const runUntil = (run: Effect.Effect<never, unknown>, done: () => boolean) => runConsumerUntil(run, done, 2000)
 
 /**
  * A consumer whose handler commits its event through the store, after `slowRuns` runs that take

@@ -9,8 +9,8 @@
 import { assert, describe, it } from "@effect/vitest"
 import { Consumer, Expiry, type Outcome, Retry, type Source } from "@jetworker/core"
 import { InMemoryBroker } from "@jetworker/testing"
-import { Clock, DateTime, Effect, Fiber, Schema } from "effect"
-import { TestClock } from "effect/testing"
+import { Clock, DateTime, Effect, Schema } from "effect"
+import { runUntil as runConsumerUntil } from "./support/testClock.ts"
 
 const Event = Schema.Struct({ id: Schema.String, expiresAt: Schema.Number })
 const metadata = (event: { readonly id: string; readonly expiresAt: number }) => ({
@@ -23,18 +23,8 @@ const reasonOf = (outcome: Outcome.Outcome) => "reason" in outcome ? outcome.rea
 const errorOf = (outcome: Outcome.Outcome) =>
   "error" in outcome && outcome.error !== undefined ? `${outcome.error.tag}: ${outcome.error.message}` : ""
 
-/** Runs `run` on the test clock until `done` (bounded), then stops it. */
-const runUntil = (run: Effect.Effect<never, unknown>, done: () => boolean) =>
-  Effect.gen(function*() {
-    const fiber = yield* Effect.forkChild(run)
-    for (let i = 0; i < 1_000 && !done(); i++) yield* TestClock.adjust("10 millis")
-    let stopped = false
-    yield* Effect.forkChild(Effect.ensuring(Fiber.interrupt(fiber), Effect.sync(() => {
-      stopped = true
-    })))
-    for (let i = 0; i < 1_000 && !stopped; i++) yield* TestClock.adjust("10 millis")
-    assert.isTrue(stopped, "the consumer stopped")
-  })
+/** Runs `run` on the test clock until `done`, then stops it (see `support/testClock.ts`). */
+const runUntil = (run: Effect.Effect<never, unknown>, done: () => boolean) => runConsumerUntil(run, done, 1000)
 
 /**
  * A consumer whose handler waits 560 ms of the 600 ms lease (the lease is never extended), then

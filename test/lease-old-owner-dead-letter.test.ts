@@ -9,10 +9,10 @@
  * the keeper's next check) is hit exactly.
  */
 import { assert, describe, it } from "@effect/vitest"
-import { Consumer, type Outcome, Retry, type Source } from "@jetworker/core"
+import { type Classification, Consumer, type Outcome, Retry, type Source } from "@jetworker/core"
 import { InMemoryBroker } from "@jetworker/testing"
-import { Clock, Data, DateTime, Duration, Effect, Fiber, Result, Schema } from "effect"
-import { TestClock } from "effect/testing"
+import { Clock, Data, DateTime, Duration, Effect, Result, Schema } from "effect"
+import { runUntil as runConsumerUntil } from "./support/testClock.ts"
 
 const Event = Schema.Struct({ id: Schema.String })
 const metadata = (event: { readonly id: string }) => ({ id: event.id, time: DateTime.makeUnsafe(0) })
@@ -28,17 +28,37 @@ const reasonOf = (outcome: Outcome.Outcome | undefined) => outcome !== undefined
 const errorOf = (outcome: Outcome.Outcome | undefined) =>
   outcome !== undefined && "error" in outcome && outcome.error !== undefined ? outcome.error.message : ""
 
-/** Runs `run` on the test clock until `done` (bounded), then stops it. */
-const runUntil = (run: Effect.Effect<never, unknown>, done: () => boolean) =>
+/** Runs `run` on the test clock until `done`, then stops it (see `support/testClock.ts`). */
+const runUntil = (run: Effect.Effect<never, unknown>, done: () => boolean) => runConsumerUntil(run, done, 1000)
+
+/**
+ * One message on a broker that confirms no lease extension (lease 600 ms: the keeper takes it lost
+ * at its check at 600 ms), consumed by `name` with a handler that runs `handle(run)` (`run` from 1)
+ * and a policy of `attempts` attempts, until its first two outcomes.
+ */
+const oldOwner = <E extends Classification.Tagged>(options: {
+  readonly name: string
+  readonly attempts: number
+  readonly classify: Consumer.Options<{ readonly id: string }, E, never>["classify"]
+  readonly handle: (run: number) => Effect.Effect<void, E>
+}) =>
   Effect.gen(function*() {
-    const fiber = yield* Effect.forkChild(run)
-    for (let i = 0; i < 1_000 && !done(); i++) yield* TestClock.adjust("10 millis")
-    let stopped = false
-    yield* Effect.forkChild(Effect.ensuring(Fiber.interrupt(fiber), Effect.sync(() => {
-      stopped = true
-    })))
-    for (let i = 0; i < 1_000 && !stopped; i++) yield* TestClock.adjust("10 millis")
-    assert.isTrue(stopped, "the consumer stopped")
+    const broker = InMemoryBroker.make({ lease: "600 millis", maxDeliver: 10, faults: { extendFails: 1 } })
+    yield* broker.publish(JSON.stringify({ id: "e1" }))
+    const outcomes: Array<Outcome.Outcome> = []
+    let runs = 0
+    const consumer = Consumer.make({
+      name: options.name,
+      source: broker.source,
+      schema: Event,
+      metadata,
+      handle: () => Effect.suspend(() => options.handle(++runs)),
+      classify: options.classify,
+      retry: Retry.exponential({ attempts: options.attempts, base: "1 second", inProcessRetries: 0 }),
+      onOutcome: (outcome) => Effect.sync(() => outcomes.push(outcome))
+    })
+    yield* runUntil(Consumer.run(consumer), () => outcomes.length >= 2)
+    return { broker, outcomes, runs: () => runs }
   })
 
 describe("an old owner's dead letter", () => {
@@ -47,26 +67,15 @@ describe("an old owner's dead letter", () => {
       // Every extension fails, so the lease is not renewed; the keeper checks every 100 ms (a
       // sixth of the lease) and takes it lost at its check at 600 ms. The first run fails at
       // 560 ms, the redelivery's (at 600 ms) at once.
-      const broker = InMemoryBroker.make({ lease: "600 millis", maxDeliver: 10, faults: { extendFails: 1 } })
-      yield* broker.publish(JSON.stringify({ id: "e1" }))
-      const outcomes: Array<Outcome.Outcome> = []
-      let runs = 0
-      const consumer = Consumer.make({
+      const { broker, outcomes } = yield* oldOwner({
         name: "old-owner-dead-letter",
-        source: broker.source,
-        schema: Event,
-        metadata,
-        handle: () =>
-          Effect.suspend(() => {
-            runs++
-            const fail = Effect.fail(new Invalid({ message: "amount is negative" }))
-            return runs === 1 ? Effect.andThen(Effect.sleep("560 millis"), fail) : fail
-          }),
+        attempts: 5,
         classify: { Invalid: "permanent" },
-        retry: Retry.exponential({ attempts: 5, base: "1 second", inProcessRetries: 0 }),
-        onOutcome: (outcome) => Effect.sync(() => outcomes.push(outcome))
+        handle: (run) => {
+          const fail = Effect.fail(new Invalid({ message: "amount is negative" }))
+          return run === 1 ? Effect.andThen(Effect.sleep("560 millis"), fail) : fail
+        }
       })
-      yield* runUntil(Consumer.run(consumer), () => outcomes.length >= 2)
       const first = outcomes[0]
       assert.isDefined(first, "an outcome for the first delivery")
       assert.deepStrictEqual(settlingCommands(broker, 1), [], `the old owner's dead letter or term reached the broker: ${JSON.stringify(first)}`)
@@ -84,26 +93,13 @@ describe("an old owner's dead letter", () => {
 
   it.effect("BE-JOB-006: a last attempt's transient failure found past 90% of the lease stores no dead letter and sends no term; the next delivery dead-letters it AttemptsExhausted, once", () =>
     Effect.gen(function*() {
-      const broker = InMemoryBroker.make({ lease: "600 millis", maxDeliver: 10, faults: { extendFails: 1 } })
-      yield* broker.publish(JSON.stringify({ id: "e1" }))
-      const outcomes: Array<Outcome.Outcome> = []
-      let runs = 0
-      const consumer = Consumer.make({
+      const { broker, outcomes, runs } = yield* oldOwner({
         name: "old-owner-last-attempt",
-        source: broker.source,
-        schema: Event,
-        metadata,
-        handle: () =>
-          Effect.suspend(() => {
-            runs++
-            return Effect.andThen(Effect.sleep("560 millis"), Effect.fail(new Flaky({ message: "try again" })))
-          }),
-        classify: { Flaky: "transient" },
         // The first delivery is the last attempt.
-        retry: Retry.exponential({ attempts: 1, base: "1 second", inProcessRetries: 0 }),
-        onOutcome: (outcome) => Effect.sync(() => outcomes.push(outcome))
+        attempts: 1,
+        classify: { Flaky: "transient" },
+        handle: () => Effect.andThen(Effect.sleep("560 millis"), Effect.fail(new Flaky({ message: "try again" })))
       })
-      yield* runUntil(Consumer.run(consumer), () => outcomes.length >= 2)
       const first = outcomes[0]
       assert.isDefined(first, "an outcome for the first delivery")
       assert.deepStrictEqual(settlingCommands(broker, 1), [], `the old owner's dead letter or term reached the broker: ${JSON.stringify(first)}`)
@@ -113,38 +109,25 @@ describe("an old owner's dead letter", () => {
         outcomes.slice(1).map((o) => [o._tag, reasonOf(o), o.message.deliveryCount]),
         [["DeadLettered", "AttemptsExhausted", 2]]
       )
-      assert.strictEqual(runs, 1, "the handler ran the policy's one attempt")
+      assert.strictEqual(runs(), 1, "the handler ran the policy's one attempt")
       assert.deepStrictEqual(broker.deadLetters().map((letter) => [letter.reason, letter.message.deliveryCount]), [["AttemptsExhausted", 2]])
       assert.isTrue(broker.quiescent(), "settled for good")
     }))
 
   it.effect("BE-JOB-006: without an attempt store, a last attempt's permanent failure found past 90% of the lease is withheld; the next delivery, beyond the attempts, dead-letters it PermanentError without running the handler", () =>
     Effect.gen(function*() {
-      const broker = InMemoryBroker.make({ lease: "600 millis", maxDeliver: 10, faults: { extendFails: 1 } })
-      yield* broker.publish(JSON.stringify({ id: "e1" }))
-      const outcomes: Array<Outcome.Outcome> = []
-      let runs = 0
-      const consumer = Consumer.make({
+      const { broker, outcomes, runs } = yield* oldOwner({
         name: "old-owner-last-permanent",
-        source: broker.source,
-        schema: Event,
-        metadata,
-        handle: () =>
-          Effect.suspend(() => {
-            runs++
-            return Effect.andThen(Effect.sleep("560 millis"), Effect.fail(new Invalid({ message: "amount is negative" })))
-          }),
+        attempts: 1,
         classify: { Invalid: "permanent" },
-        retry: Retry.exponential({ attempts: 1, base: "1 second", inProcessRetries: 0 }),
-        onOutcome: (outcome) => Effect.sync(() => outcomes.push(outcome))
+        handle: () => Effect.andThen(Effect.sleep("560 millis"), Effect.fail(new Invalid({ message: "amount is negative" })))
       })
-      yield* runUntil(Consumer.run(consumer), () => outcomes.length >= 2)
       assert.deepStrictEqual(settlingCommands(broker, 1), [], "the old owner's dead letter or term reached the broker")
       assert.deepStrictEqual(
         outcomes.map((o) => [o._tag, reasonOf(o), o.message.deliveryCount, errorOf(o)]),
         [["Released", "LeaseLost", 1, "amount is negative"], ["DeadLettered", "PermanentError", 2, "amount is negative"]]
       )
-      assert.strictEqual(runs, 1, "the handler ran the policy's one attempt")
+      assert.strictEqual(runs(), 1, "the handler ran the policy's one attempt")
       assert.deepStrictEqual(broker.deadLetters().map((letter) => [letter.reason, letter.message.deliveryCount]), [["PermanentError", 2]])
       assert.isTrue(broker.quiescent(), "settled for good")
     }))
