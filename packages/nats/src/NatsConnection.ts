@@ -27,6 +27,7 @@ import {
   millisOf,
   serverList,
   serversAndCredentials,
+  serversSettingOf,
   settingError,
   tlsFor
 } from "./internal/connectSettings.ts"
@@ -57,6 +58,12 @@ export interface Options {
    * never the secret.
    */
   readonly servers: string | ReadonlyArray<string>
+  /**
+   * How the operator gives `servers`, as the next steps of a failed connection name it (`Set … to
+   * where it runs`): a tool whose servers come from its own flag says so, e.g. `--server`. One line
+   * of at most 100 characters. Default: `NATS_URL, or the servers option` (a worker's settings).
+   */
+  readonly serversSetting?: string | undefined
   /** Connection name shown by the server. Default: `jetworker`. */
   readonly name?: string | undefined
   /** Token authentication (or a lone `token@` in the server URL, see `servers`). */
@@ -189,11 +196,18 @@ const connectOnce = (options: ConnectionOptions): Effect.Effect<Connection, Nats
 export const make = (options: Options) =>
   Effect.gen(function*() {
     // Without a server nats.js would connect to its default, 127.0.0.1:4222, whatever was meant.
+    const setting = options.serversSetting
+    if (setting !== undefined && !(setting.trim() !== "" && setting.length <= 100 && !/[\r\n]/.test(setting))) {
+      return yield* settingError(
+        `serversSetting must be one line of 1 to 100 characters naming how the servers are given (e.g. --server), ` +
+          `got ${JSON.stringify(setting.slice(0, 100))}${setting.length > 100 ? "…" : ""}`
+      )
+    }
     const servers = serverList(options.servers)
     if (servers.length === 0) {
       return yield* settingError(
-        `servers is empty (got ${DurationInput.show(options.servers)}): set NATS_URL, or the servers option, to the server URLs, ` +
-          `comma-separated (e.g. nats://127.0.0.1:4222)`
+        `servers is empty (got ${DurationInput.show(options.servers)}): set ${serversSettingOf(options).inSentence} to the ` +
+          `server URLs, comma-separated (e.g. nats://127.0.0.1:4222)`
       )
     }
     const apiTimeoutMillis = yield* durationSetting("apiTimeout", options.apiTimeout, 5_000, 1)

@@ -140,15 +140,6 @@ const unparsableServer = (serverFlag: Option.Option<string>): string | undefined
 const serverSettingOf = (serverFlag: Option.Option<string>): string =>
   Option.isSome(serverFlag) ? "--server" : "NATS_URL or --server"
 
-/**
- * A failed connection's message with its next step naming the CLI's setting: NatsConnection's
- * name `NATS_URL` and the library's servers option (a worker's settings), in these two phrases.
- */
-const withServerSetting = (message: string, serverFlag: Option.Option<string>): string => {
-  const setting = serverSettingOf(serverFlag)
-  return message.replaceAll("NATS_URL, or the servers option,", setting).replaceAll("NATS_URL, the servers option", setting)
-}
-
 /** A failure's hint for an operator, when the reason alone does not say what to do. */
 const hintFor = (error: NatsError.NatsError): string =>
   // Nobody answers the JetStream API when the server runs without JetStream (10076 from some).
@@ -188,14 +179,20 @@ const withNats = <A>(
     // One attempt: a command reports a lost server instead of reconnecting forever as a worker does.
     // A short drain: nothing of a command waits to be sent at its end, and a server that stopped
     // answering would otherwise hold the exit for the default 5 seconds more.
-    const nats = NatsConnection.layerConfig({ name: "jetworker-cli", maxReconnectAttempts: 0, drainTimeout: "1 second" })
+    const nats = NatsConnection.layerConfig({
+      name: "jetworker-cli",
+      maxReconnectAttempts: 0,
+      drainTimeout: "1 second",
+      // A failed connection's next step names the CLI's setting, not a worker's.
+      serversSetting: serverSettingOf(serverFlag)
+    })
     const connected = yield* Layer.build(
       Option.isSome(serverFlag)
         ? Layer.provide(nats, ConfigProvider.layer(ConfigProvider.fromEnvRecord({ ...process.env, NATS_URL: serverFlag.value })))
         : nats
     ).pipe(Effect.result)
     if (connected._tag === "Failure") {
-      const message = withServerSetting(connected.failure.message, serverFlag)
+      const message = connected.failure.message
       const where = serverOf(serverFlag)
       // Connect failures name the server (NatsConnection words nats.js's own); one that does not
       // is still said to be about this server.

@@ -21,11 +21,14 @@ import * as NatsError from "../NatsError.ts"
 const MAX_TIMER_MILLIS = 2 ** 31 - 1
 
 /**
- * How the next steps name the setting that holds the servers. The CLI, whose servers come from
- * `--server` or `NATS_URL`, rewrites these two phrases in the messages it prints: keep them whole.
+ * How the next steps name the setting that holds the servers: `options.serversSetting` (a tool's
+ * own flag, e.g. `--server`), else a worker's, in a sentence (`Set … to where it runs`) and in a
+ * list (`(…)`).
  */
-const SERVERS_SETTING = "NATS_URL, or the servers option,"
-const SERVERS_SETTING_LISTED = "NATS_URL, the servers option"
+export const serversSettingOf = (options: Pick<Options, "serversSetting">) =>
+  options.serversSetting === undefined
+    ? { inSentence: "NATS_URL, or the servers option,", listed: "NATS_URL, the servers option" }
+    : { inSentence: options.serversSetting, listed: options.serversSetting }
 
 /** `input` in milliseconds, or `undefined` when it does not parse or holds a NaN (see `DurationInput`). */
 export const millisOf = (input: Duration.Input): number | undefined => {
@@ -180,7 +183,7 @@ export const loginFor = (
   return same ? Effect.succeed(login) : Effect.fail(settingError(
     `the server URL (${describeServers(options.servers)}) carries ${fromUrl._tag === "Token" ? "a token" : "a user and password"}, ` +
       `and ${given.join(", ")} ${given.length === 1 ? "gives" : "give"} other credentials; a connection logs in with one set: ` +
-      `give the credentials either in the URL (${SERVERS_SETTING_LISTED}) or in the other settings, not both`
+      `give the credentials either in the URL (${serversSettingOf(options).listed}) or in the other settings, not both`
   ))
 }
 
@@ -257,8 +260,9 @@ export const connectError = (cause: unknown): NatsError.NatsError => {
 }
 
 /** Whether nats-server runs at `where`, on its client port, and where to set it: the end of most next steps. */
-const isItThere = `is nats-server running there (with JetStream: -js), and is this its client port (4222 by default)? ` +
-  `Set ${SERVERS_SETTING} to where it runs`
+const isItThere = (setting: string) =>
+  `is nats-server running there (with JetStream: -js), and is this its client port (4222 by default)? ` +
+  `Set ${setting} to where it runs`
 
 /**
  * A failed first connection, with what happened in words, the servers (without credentials) and
@@ -273,33 +277,34 @@ export const connectNextStep = (
   const where = describeServers(options.servers)
   const worded = (message: string) => new NatsError.NatsError({ ...error, message })
   const raw = rawFailures.get(error)
+  const { inSentence: setting, listed } = serversSettingOf(options)
   switch (raw?._tag) {
     case "ClosedAtOnce":
       return worded(
         `connection closed at once: could not connect to ${where}: something there closed the connection before ` +
           `sending NATS's greeting (INFO), as a proxy or load balancer with no server behind it, a listener that ` +
-          `expects TLS first, or a server shutting down does; ${isItThere}`
+          `expects TLS first, or a server shutting down does; ${isItThere(setting)}`
       )
     case "NotNats":
       return worded(
         `not a NATS server: ${where} answered, but not as a NATS server (its first line was no valid INFO ` +
           `greeting); is a nats-server running there, and is this its client port (4222 by default), not another ` +
-          `service's? Set ${SERVERS_SETTING} to where it runs`
+          `service's? Set ${setting} to where it runs`
       )
     case "Reset":
       return worded(
         `connection reset: could not connect to ${where}: it reset the connection (${raw.code}) before the NATS ` +
-          `handshake, as a firewall, a proxy with no server behind it, or a server at its limits may; ${isItThere}`
+          `handshake, as a firewall, a proxy with no server behind it, or a server at its limits may; ${isItThere(setting)}`
       )
     case "Unresolved":
       return worded(
         `host name not resolved: could not connect to ${where}: cannot resolve the host name (${raw.code}); check ` +
-          `the host in ${SERVERS_SETTING} and the DNS (some names resolve only inside a cluster or a container network)`
+          `the host in ${setting} and the DNS (some names resolve only inside a cluster or a container network)`
       )
     case "Unreachable":
       return worded(
         `host unreachable: could not connect to ${where}: it cannot be reached from here (${raw.code}); check the ` +
-          `address in ${SERVERS_SETTING} and the network in between (a firewall, a route, a VPN)`
+          `address in ${setting} and the network in between (a firewall, a route, a VPN)`
       )
     case "TlsCutOff":
       return worded(
@@ -313,7 +318,7 @@ export const connectNextStep = (
     case "ConnectionRefused":
       return worded(
         `${error.message}: could not connect to ${where}; is nats-server running there (with JetStream: ` +
-          `-js)? Set ${SERVERS_SETTING} to where it runs`
+          `-js)? Set ${setting} to where it runs`
       )
     case "Timeout":
       return worded(
@@ -321,7 +326,7 @@ export const connectNextStep = (
           `greeting, then a PONG) within the connect timeout; nothing answered there, or what took the connection ` +
           `is no nats-server client port (4222 by default) but, e.g., its monitoring port (8222), a cluster or leaf ` +
           `node port or a listener that expects TLS first, or the server turned the client away (at its connection ` +
-          `limit); is nats-server running there (with JetStream: -js)? Set ${SERVERS_SETTING} to where it runs` +
+          `limit); is nats-server running there (with JetStream: -js)? Set ${setting} to where it runs` +
           // A server that verifies clients drops one without a certificate it trusts; nats.js then only times out.
           (options.tls !== undefined
             ? `; or the server refused this client's certificate: a server that verifies clients needs ` +
@@ -334,7 +339,7 @@ export const connectNextStep = (
           ? `check the token, the user and password, the NKey seed or the credentials file (NATS_TOKEN, ` +
             `NATS_USER/NATS_PASSWORD, NATS_NKEY_SEED, NATS_CREDS)`
           : `check the ${fromUrl._tag === "Token" ? "token" : "user and password"} in the server URL (` +
-            `${SERVERS_SETTING_LISTED}; a reserved character in them percent-encoded, e.g. @ as %40)`)
+            `${listed}; a reserved character in them percent-encoded, e.g. @ as %40)`)
       )
     default:
       if (/does not support 'tls'|tls is not available/i.test(error.message)) {
