@@ -10,7 +10,7 @@
 import { PgClient } from "@effect/sql-pg"
 import { Consumer, Envelope, IdempotencyStore, Lifecycle, type Outcome, Outbox, Retry } from "@jetworker/core"
 import { Contract, JetStreamSource, NatsConnection, Publisher, Topology } from "@jetworker/nats"
-import { Migrations, PgAttemptStore, PgIdempotencyStore, PgOutbox } from "@jetworker/sql-pg"
+import { Migrations, PgAttemptStore, PgIdempotencyStore, PgOutbox, PgTransaction } from "@jetworker/sql-pg"
 import { Config, Duration, Effect, Layer, Redacted } from "effect"
 import { SqlClient } from "effect/sql"
 import { applyTransfer, lockAccounts } from "./Ledger.ts"
@@ -179,14 +179,13 @@ export const batchConsumer = (
     schema: TransferEvent,
     metadata,
     batch: { maxSize: settings.batchSize, maxWait: settings.batchWait },
-    // every account locked first, in id order, so that concurrent batches cannot deadlock
+    // every account locked first, in id order, so that concurrent batches cannot deadlock; a lost
+    // connection ends the transaction with the batch's typed failure, not a failed rollback's defect
     handleBatch: (events) =>
-      SqlClient.SqlClient.use((sql) =>
-        sql.withTransaction(Effect.andThen(
-          lockAccounts(events),
-          IdempotencyStore.commitBatch(events.map((event) => ({ id: event.id, effect: apply(event) })))
-        ))
-      ),
+      PgTransaction.withTransaction(Effect.andThen(
+        lockAccounts(events),
+        IdempotencyStore.commitBatch(events.map((event) => ({ id: event.id, effect: apply(event) })))
+      )),
     classify,
     retry: retryPolicy(settings),
     concurrency: settings.concurrency,

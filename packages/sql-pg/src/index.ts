@@ -12,5 +12,7 @@ export * as Migrations from "./Migrations.ts"
 export * as PgAttemptStore from "./PgAttemptStore.ts"
 /** The PostgreSQL idempotency store and its bounded clean-up. */
 export * as PgIdempotencyStore from "./PgIdempotencyStore.ts"
+/** A transaction around a handler's own statements and commits, typed to the end when the connection is lost. */
+export * as PgTransaction from "./PgTransaction.ts"
 /** The transactional outbox: events recorded in a transaction, published afterwards by its relay. */
 export * as PgOutbox from "./PgOutbox.ts"

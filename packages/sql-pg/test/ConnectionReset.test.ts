@@ -13,12 +13,14 @@ import { IdempotencyError, type Key } from "@jetworker/core/IdempotencyStore"
 import * as Outbox from "@jetworker/core/Outbox"
 import { Cause, Data, Effect, Exit, Layer, Option, Redacted, Result } from "effect"
 import { SqlClient } from "effect/sql"
+import type { SqlError } from "effect/sql/SqlError"
 import { randomUUID } from "node:crypto"
 import * as FaultProxy from "../../testing/src/FaultProxy.ts"
 import * as TestDatabase from "../../testing/src/TestDatabase.ts"
 import * as PgAttemptStore from "../src/PgAttemptStore.ts"
 import * as PgIdempotencyStore from "../src/PgIdempotencyStore.ts"
 import * as PgOutbox from "../src/PgOutbox.ts"
+import * as PgTransaction from "../src/PgTransaction.ts"
 import { database, dedupRows, ledgerRows, record } from "./support.ts"
 
 class Boom extends Data.TaggedError("Boom")<{ readonly message: string }> {}
@@ -176,6 +178,72 @@ layer(database(), { excludeTestServices: true })("PgIdempotencyStore when the li
       assert.include(failure.message, key.id)
       assert.notInclude(failure.message, "SQLSTATE E")
       assert.strictEqual(yield* dedupRows(key), 0)
+    }))
+
+  it.effect("BE-JOB-002: a handler's own transaction around commitBatch (rows locked first), whose link is reset in an element, ends with the batch's typed failure under PgTransaction.withTransaction; effect/sql's withTransaction adds its failed rollback as a SqlError defect", () =>
+    Effect.gen(function*() {
+      const run = (transaction: <A, E, R>(effect: Effect.Effect<A, E, R>) => Effect.Effect<A, E | SqlError, R | SqlClient.SqlClient>) => {
+        const key = freshKey()
+        return viaProxy((proxy) =>
+          Effect.gen(function*() {
+            const store = yield* PgIdempotencyStore.make()
+            const sql = yield* SqlClient.SqlClient
+            return yield* exitWithin(transaction(Effect.andThen(
+              sql`SELECT 1`,
+              store.commitBatch([{ key, effect: Effect.andThen(record(key.id), proxy.cut) }])
+            )))
+          })
+        ).pipe(Effect.map((exit) => ({ exit, key })))
+      }
+      const plain = yield* run((effect) => SqlClient.SqlClient.use((sql) => sql.withTransaction(effect)))
+      assert.isNotEmpty(defects(plain.exit), `effect/sql's rollback on the lost connection: ${String(plain.exit)}`)
+      const typed = yield* run(PgTransaction.withTransaction)
+      assert.deepStrictEqual(defects(typed.exit), [], String(typed.exit))
+      const failure = assertConnectionLost(failureOf(typed.exit))
+      assert.include(failure.message, "ECONNRESET")
+      assert.strictEqual(yield* dedupRows(typed.key), 0)
+      assert.strictEqual(yield* ledgerRows(typed.key.id), 0)
+    }))
+
+  it.effect("BE-JOB-002: PgTransaction.withTransaction whose effect runs a statement after the link was reset ends with that statement's SqlError alone, or the effect's own error", () =>
+    Effect.gen(function*() {
+      const lostStatement = yield* viaProxy((proxy) =>
+        Effect.gen(function*() {
+          const sql = yield* SqlClient.SqlClient
+          return yield* exitWithin(PgTransaction.withTransaction(Effect.gen(function*() {
+            yield* sql`SELECT 1`
+            yield* proxy.cut
+            yield* sql`SELECT 2`
+          })))
+        })
+      )
+      assert.deepStrictEqual(defects(lostStatement), [], String(lostStatement))
+      assert.strictEqual((failureOf(lostStatement) as { readonly _tag: string })._tag, "SqlError")
+      const boom = new Boom({ message: "transfer rejected" })
+      const own = yield* viaProxy((proxy) =>
+        Effect.gen(function*() {
+          const sql = yield* SqlClient.SqlClient
+          return yield* exitWithin(PgTransaction.withTransaction(Effect.gen(function*() {
+            yield* sql`SELECT 1`
+            yield* proxy.cut
+            return yield* boom
+          })))
+        })
+      )
+      assert.deepStrictEqual(own, Exit.fail(boom))
+      // The effect's own defect stays one.
+      const bug = new Error("a bug")
+      const died = yield* viaProxy((proxy) =>
+        Effect.gen(function*() {
+          const sql = yield* SqlClient.SqlClient
+          return yield* exitWithin(PgTransaction.withTransaction(Effect.gen(function*() {
+            yield* sql`SELECT 1`
+            yield* proxy.cut
+            return yield* Effect.die(bug)
+          })))
+        })
+      )
+      assert.include(defects(died), bug, String(died))
     }))
 
   it.effect("BE-JOB-002: commitAll whose effect ran and whose link is reset before COMMIT is answered fails with IdempotencyError Unavailable, not a defect", () =>
