@@ -205,44 +205,22 @@ layer(database(), { excludeTestServices: true })("PgIdempotencyStore when the li
       assert.strictEqual(yield* ledgerRows(typed.key.id), 0)
     }))
 
-  it.effect("BE-JOB-002: PgTransaction.withTransaction whose effect runs a statement after the link was reset ends with that statement's SqlError alone, or the effect's own error", () =>
+  it.effect("BE-JOB-002: PgTransaction.withTransaction whose effect runs a statement after the link was reset ends with that statement's SqlError alone, or the effect's own error; its own defect stays one", () =>
     Effect.gen(function*() {
-      const lostStatement = yield* viaProxy((proxy) =>
-        Effect.gen(function*() {
-          const sql = yield* SqlClient.SqlClient
-          return yield* exitWithin(PgTransaction.withTransaction(Effect.gen(function*() {
-            yield* sql`SELECT 1`
-            yield* proxy.cut
-            yield* sql`SELECT 2`
-          })))
-        })
-      )
+      /** The exit of a transaction that runs a statement, has its link reset, and then ends with `end`. */
+      const afterCut = <E>(end: Effect.Effect<unknown, E, SqlClient.SqlClient>) =>
+        viaProxy((proxy) =>
+          exitWithin(PgTransaction.withTransaction(SqlClient.SqlClient.use((sql) =>
+            Effect.andThen(sql`SELECT 1`, Effect.andThen(proxy.cut, end))
+          )))
+        )
+      const lostStatement = yield* afterCut(SqlClient.SqlClient.use((sql) => sql`SELECT 2`))
       assert.deepStrictEqual(defects(lostStatement), [], String(lostStatement))
       assert.strictEqual((failureOf(lostStatement) as { readonly _tag: string })._tag, "SqlError")
       const boom = new Boom({ message: "transfer rejected" })
-      const own = yield* viaProxy((proxy) =>
-        Effect.gen(function*() {
-          const sql = yield* SqlClient.SqlClient
-          return yield* exitWithin(PgTransaction.withTransaction(Effect.gen(function*() {
-            yield* sql`SELECT 1`
-            yield* proxy.cut
-            return yield* boom
-          })))
-        })
-      )
-      assert.deepStrictEqual(own, Exit.fail(boom))
-      // The effect's own defect stays one.
+      assert.deepStrictEqual(yield* afterCut(Effect.fail(boom)), Exit.fail(boom))
       const bug = new Error("a bug")
-      const died = yield* viaProxy((proxy) =>
-        Effect.gen(function*() {
-          const sql = yield* SqlClient.SqlClient
-          return yield* exitWithin(PgTransaction.withTransaction(Effect.gen(function*() {
-            yield* sql`SELECT 1`
-            yield* proxy.cut
-            return yield* Effect.die(bug)
-          })))
-        })
-      )
+      const died = yield* afterCut(Effect.die(bug))
       assert.include(defects(died), bug, String(died))
     }))
 
