@@ -149,9 +149,11 @@ describe("batch results", () => {
         const firstOf = (id: string) => outcomes.find((o) => o.message.eventId === id)!
         assert.deepStrictEqual([firstOf(ok1)._tag, firstOf(ok3)._tag], ["Committed", "Committed"], JSON.stringify(outcomes))
         assert.deepStrictEqual([firstOf(ok1).message.deliveryCount, firstOf(ok3).message.deliveryCount], [1, 1])
-        // Alone, the poison ends as a single delivery's self-interruption does: released, no attempt spent.
+        // Alone, the poison ends as a single delivery's self-interruption does: a failed attempt,
+        // released for a retry under the policy (not at once, without spending one).
         const poisoned = firstOf(poison)
-        assert.deepStrictEqual([poisoned._tag, poisoned._tag === "Released" ? poisoned.reason : ""], ["Released", "Interrupted"])
+        assert.deepStrictEqual([poisoned._tag, poisoned._tag === "Released" ? poisoned.reason : ""], ["Released", "Retrying"])
+        assert.include(poisoned._tag === "Released" ? poisoned.error?.message : "", "interrupted by itself")
         assert.deepStrictEqual(yield* effectRows(p), [ok1, ok3])
       }))
 

@@ -65,7 +65,12 @@ export type DeadLetterReason =
 export type ReleaseReason =
   /** A transient failure with attempts left: naked with the policy's delay. */
   | "Retrying"
-  /** Shutdown or another interruption cut the handler; its transaction rolled back. */
+  /**
+   * The engine cut the handler (a shutdown past its drain); its transaction rolled back. A handler
+   * that ends interrupted by itself (it joined a fiber that was interrupted, or called
+   * `Effect.interrupt`) failed instead: `Retrying`, or dead-lettered when its attempts are spent,
+   * with the error tag `Interrupted`.
+   */
   | "Interrupted"
   /**
    * The lease could not be kept; another consumer may own the message now. Also a failure found

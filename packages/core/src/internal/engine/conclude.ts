@@ -25,6 +25,15 @@ export const makeConclude = <A, E extends Tagged, R>(shared: Shared<A, E, R>, { 
   const { definition, attemptStore, probe, hit, isTransient } = shared
   const unrecorded = storeUnavailable("failure not recorded (deliveries are no failed attempts)", undefined)
 
+  // Whether this fiber is being interrupted (by the engine: a shutdown past its drain), as opposed
+  // to a run that ended interrupted by itself. Called where interruption is masked.
+  const cutByEngine: Effect.Effect<boolean> = Effect.map(Effect.exit(Effect.interruptible(Effect.void)), Exit.isFailure)
+  const interruptedItself = ErrorSummary.make(
+    "Interrupted",
+    "the handler ended interrupted by itself, with nothing outside it asking it to stop (it joined a fiber that was " +
+      "interrupted, or called Effect.interrupt)"
+  )
+
   /** The verdict on a handler that returned: committed, or a duplicate the store recognised. */
   const succeeded = (message: Outcome.MessageRef, value: unknown, reports: Reports): Verdict =>
     // A store that reports nothing (called directly, not through `IdempotencyStore.commit`)
@@ -120,9 +129,16 @@ export const makeConclude = <A, E extends Tagged, R>(shared: Shared<A, E, R>, { 
           ...committed
         })
       }
+      let summary = error
       if (Option.isNone(failure) && Cause.hasInterrupts(exit.cause) && !Cause.hasDies(exit.cause)) {
-        // Interrupted (shutdown past its drain): the transaction rolled back; hand it back now.
-        return Outcome.verdict("Released", { message, reason: "Interrupted", error: undefined, retryIn: Duration.zero, ...committed })
+        // Interrupted by the engine (shutdown past its drain; this fiber's interruption is pending):
+        // the transaction rolled back; hand it back now, no attempt spent.
+        if (yield* cutByEngine) {
+          return Outcome.verdict("Released", { message, reason: "Interrupted", error: undefined, retryIn: Duration.zero, ...committed })
+        }
+        // Nothing outside the handler asked it to stop: it failed, and spends an attempt like any
+        // failure (released at once, it ran again without a backoff until the attempts ran out).
+        summary = interruptedItself
       }
       const transient = Option.isNone(failure) || isTransient(failure.value as E | HandlerTimeout | ExpiredBeforeRun)
       if (!transient) return Outcome.verdict("DeadLettered", { message, reason: "PermanentError", error, ...committed })
@@ -137,10 +153,10 @@ export const makeConclude = <A, E extends Tagged, R>(shared: Shared<A, E, R>, { 
       // crash-loop guard (`DeliveriesExhausted`) bounds the retries.
       const failed = recorded ?? failedBefore + 1
       if (failed >= definition.retry.attempts) {
-        return Outcome.verdict("DeadLettered", { message, reason: "AttemptsExhausted", error, ...committed })
+        return Outcome.verdict("DeadLettered", { message, reason: "AttemptsExhausted", error: summary, ...committed })
       }
       const retryIn = yield* Retry.delayAfter(definition.retry, recorded ?? Math.max(failed, delivery.deliveryCount))
-      return Outcome.verdict("Released", { message, reason: "Retrying", error, retryIn, ...committed })
+      return Outcome.verdict("Released", { message, reason: "Retrying", error: summary, retryIn, ...committed })
     })
 
   return { conclude }
