@@ -120,17 +120,24 @@ export interface BaseOptions<A, E extends Tagged, R, RS> {
    * down (its last check failed), the consumer's workers take no new delivery, and a delivery whose
    * handler failed transiently (after its in-process retries) is held: its lease kept, its failure
    * not counted as an attempt, until the dependencies are up again, when the handler runs again. A
-   * transient failure while the checks still pass probes the dependencies at once, so an outage
-   * pauses the consumer within one failure instead of one check interval. Each hold and each pause
-   * is logged (`delivery.held`, `consumer.paused`, `consumer.resumed`). A delivery is held at most
-   * `maxHold` from its first hold, after which its failure counts as usual; a shutdown ends a
-   * hold, releasing the delivery without counting. In a batch consumer, a batch that fails as a
-   * whole runs its elements alone, as ever, and an element that fails alone so is held the same way.
+   * transient failure while the checks still pass probes the dependencies at once (concurrent
+   * failures share a probe, and one that ended within the last 500 ms stands for a new one), so an
+   * outage pauses the consumer within one failure instead of one check interval. Each hold and
+   * each pause is logged (`delivery.held`, `consumer.paused`, `consumer.resumed`, the last once the
+   * dependencies are back, whether or not a delivery still waits). A delivery is held at most
+   * `maxHold` from its first hold, after which its failure counts as usual; the consumer's stopping
+   * ends a hold at once, releasing the delivery (`Interrupted`) without counting, so a shutdown
+   * during an outage does not wait out its drain. Without an attempt store, a redelivery to this
+   * consumer run does not count a delivery released from a hold (by stopping or a lost lease) as a
+   * failed attempt. In a batch consumer, a batch that fails as a whole runs its elements alone, as
+   * ever, and an element that fails alone so is held the same way; the elements held one after
+   * another share one `maxHold`, counted from the batch's first hold. Names in `pauseOn` that no
+   * dependency of the process has are logged at start as a warning (`consumer.pause_on_unknown`).
    */
   readonly dependencies?: {
     /** The dependencies the consumer pauses on: `"all"` (default), `"none"`, or their names. */
     readonly pauseOn?: "all" | "none" | ReadonlyArray<string> | undefined
-    /** The longest one delivery is held, from its first hold. Default: 5 minutes. */
+    /** The longest one delivery (or one batch's elements together) is held, from the first hold. Default: 5 minutes. */
     readonly maxHold?: Duration.Input | undefined
   } | undefined
 }

@@ -36,6 +36,7 @@ import {
   type StageResult,
   unmanaged
 } from "./internal/lifecycleService.ts"
+import * as Monotonic from "./internal/monotonic.ts"
 import { type Budget, type Share, shareEnd } from "./internal/shutdownBudget.ts"
 
 export {
@@ -147,21 +148,37 @@ const logStage = (
     })
   )
 
-/** `effect` shared while it runs: a call made meanwhile waits for the run in flight instead of starting another. */
+/**
+ * How long a dependency's probe that just ended stands for a new one: the transient failures of a
+ * busy consumer (serialization conflicts, a downstream that says "try again") each ask for a probe
+ * while the dependency is up, and would otherwise cost a check each. An outage that begins within
+ * this window after a probe is seen by the next probe after it, or by the periodic check.
+ */
+const probeFreshMillis = 500
+
+/**
+ * `effect` shared while it runs, and for {@link probeFreshMillis} after: a call made meanwhile waits
+ * for the run in flight, or takes the one that just ended, instead of starting another.
+ */
 const shared = (effect: Effect.Effect<void>): Effect.Effect<void> => {
   let inFlight: Deferred.Deferred<void> | undefined
-  return Effect.suspend(() => {
-    if (inFlight !== undefined) return Deferred.await(inFlight)
-    const done = Deferred.makeUnsafe<void>()
-    inFlight = done
-    return Effect.ensuring(
-      effect,
-      Effect.sync(() => {
-        inFlight = undefined
-        Deferred.doneUnsafe(done, Exit.void)
-      })
-    )
-  })
+  let endedAt = Number.NEGATIVE_INFINITY
+  return Effect.clockWith((clock) =>
+    Effect.suspend(() => {
+      if (inFlight !== undefined) return Deferred.await(inFlight)
+      if (Monotonic.millis(clock) - endedAt < probeFreshMillis) return Effect.void
+      const done = Deferred.makeUnsafe<void>()
+      inFlight = done
+      return Effect.ensuring(
+        effect,
+        Effect.sync(() => {
+          inFlight = undefined
+          endedAt = Monotonic.millis(clock)
+          Deferred.doneUnsafe(done, Exit.void)
+        })
+      )
+    })
+  )
 }
 
 /** A `startupTimeout` that is not a duration above zero; the message names the value given. */
@@ -326,6 +343,7 @@ export const makeManaged = (options: ManagedOptions): Effect.Effect<Managed, Inv
       dependenciesDown: downAmong,
       probeDependencies,
       dependenciesUp,
+      dependencyNames: () => [...components].flatMap((c) => (c.kind === "dependency" ? [c.name] : [])),
       startupDeadline: () => (everReady || phase === "stopping" ? undefined : startupDeadline),
       startupEndsAt: startupDeadline,
       everReady: () => everReady,

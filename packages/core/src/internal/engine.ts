@@ -131,12 +131,16 @@ export const run = <A, E extends Tagged, R>(definition: Definition<A, E, R>): Ef
       const inFlight = yield* FiberSet.make<void, SourceError>()
       // The workers waiting for a delivery (without per-key ordering and batches): shutdown ends their wait.
       const idleWorkers = new Set<Fiber.Fiber<unknown, unknown>>()
+      // The dependency gate's `stop`, once the gate exists (the finalizer may run before).
+      let stopGate = (): void => undefined
       // Runs before the FiberSet's own finalizer (which interrupts what is left) and before the
       // intake's: stop reserving, then let running handlers finish until the drain share of the
       // worker's shutdown budget ends (unmanaged: for `drainTimeout`).
       yield* Effect.addFinalizer(() =>
         Effect.gen(function*() {
           closing = true
+          // A held delivery is released at once, uncounted, instead of holding the drain.
+          stopGate()
           yield* component.down("stopping")
           yield* lifecycle.stage("intake", definition.name, "drain", intake.close)
           // Workers waiting for a delivery stop waiting (a source need not fail a waiting take).
@@ -179,6 +183,7 @@ export const run = <A, E extends Tagged, R>(definition: Definition<A, E, R>): Ef
         intake.ackAll,
         env
       ))
+      stopGate = processor.dependencyGate.stop
       const runFiber = FiberSet.run(inFlight)
       // `take`, once no dependency the consumer pauses on is down (see `dependencyGate.ts`).
       const gate = processor.dependencyGate
@@ -186,6 +191,19 @@ export const run = <A, E extends Tagged, R>(definition: Definition<A, E, R>): Ef
         gate.active ? Effect.suspend(() => (gate.open() ? take : Effect.andThen(gate.awaitOpen, take))) : take
       if (Duration.toMillis(definition.progressInterval) > 0) {
         yield* Effect.forkScoped(Effect.forever(Effect.andThen(Effect.sleep(definition.progressInterval), processor.summary)))
+      }
+      // A name in `pauseOn` that no dependency has would silently never pause the consumer.
+      const pauseOn = definition.pauseOn
+      if (lifecycle.managed && pauseOn !== undefined && pauseOn !== "all") {
+        const known = lifecycle.dependencyNames()
+        const unknown = pauseOn.filter((name) => !known.includes(name))
+        if (unknown.length > 0) {
+          yield* Effect.logWarning(
+            `consumer ${definition.name}: dependencies.pauseOn names ${unknown.map((name) => JSON.stringify(name)).join(", ")}, ` +
+              `which ${unknown.length === 1 ? "is" : "are"} no dependency of this process (its dependencies: ` +
+              `${known.length === 0 ? "none" : known.join(", ")}); the consumer does not pause on ${unknown.length === 1 ? "it" : "them"}`
+          ).pipe(Effect.annotateLogs({ event: "consumer.pause_on_unknown", consumer: definition.name, unknown: unknown.join(",") }))
+        }
       }
       started = true
       yield* (stalled === undefined ? component.up : component.down(stalled))

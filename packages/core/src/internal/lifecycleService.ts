@@ -60,6 +60,8 @@ export interface LifecycleShape {
   readonly probeDependencies: (names: ReadonlyArray<string> | undefined) => Effect.Effect<ReadonlyArray<DependencyDown>>
   /** Waits until none of the dependencies named (or none at all) is down; at once when none is. Unmanaged: at once. */
   readonly dependenciesUp: (names: ReadonlyArray<string> | undefined) => Effect.Effect<void>
+  /** The names of the dependencies registered now (`component` of kind `dependency`). Unmanaged: none. */
+  readonly dependencyNames: () => ReadonlyArray<string>
   /**
    * Epoch millis until which start-up may wait for dependencies; `undefined` means do not wait
    * (unmanaged, or start-up is over: the process has been ready once, or is stopping).
@@ -87,6 +89,7 @@ export const unmanaged: LifecycleShape = {
   dependenciesDown: () => noneDown,
   probeDependencies: () => Effect.succeed(noneDown),
   dependenciesUp: () => Effect.void,
+  dependencyNames: () => [],
   startupDeadline: () => undefined,
   telemetry: () => Effect.void
 }

@@ -17,7 +17,7 @@ import type { BoundedRuns } from "./bounded.ts"
 import type { ConcludeStage } from "./conclude.ts"
 import { leaseDeadlineOf, leaseStart, noDeadline, reporter } from "./helpers.ts"
 import type { PrepareStage } from "./prepare.ts"
-import type { RunStage } from "./runHandler.ts"
+import type { Holding, RunStage } from "./runHandler.ts"
 import type { SettleStage } from "./settle.ts"
 import type { Shared } from "./shared.ts"
 import { type BatchDefinition, noReportsYet, type Prepared, type PreparedBatch, type Reports, type Runnable, type Verdict } from "./types.ts"
@@ -256,6 +256,8 @@ export const makeBatchPath = <A, E extends Tagged, R>(
       ? Effect.succeed(true)
       : Effect.map(Effect.exit(restore(Effect.void)), Exit.isFailure)
     const failedAsWhole = (exit: Exit.Exit<unknown, unknown>, problem: string | undefined) => {
+      // The elements held one after another share one hold: `maxHold` bounds them together.
+      const holding: Holding = { until: undefined }
       if (runnable.length === 1) {
         const failed = Exit.isFailure(exit) ? exit : Exit.die(new Error(problem))
         return judgeEach(runnable, ({ index, prepared, reports }) => {
@@ -263,7 +265,7 @@ export const makeBatchPath = <A, E extends Tagged, R>(
           // Paused on dependencies, a batch of one is held as a single delivery is, and runs alone.
           return gated && Exit.isFailure(failed)
             ? Effect.flatMap(
-              heldAfter(failed.cause, runAlone(prepared, delivery, reports, leases[index]!), delivery, prepared, reports, leases[index]!, restore, noop),
+              heldAfter(failed.cause, runAlone(prepared, delivery, reports, leases[index]!), delivery, prepared, reports, leases[index]!, restore, noop, holding),
               (single) => concludeSafely(prepared, delivery, single, reports, leases[index]!)
             )
             : concludeSafely(prepared, delivery, failed, reports, leases[index]!)
@@ -284,7 +286,7 @@ export const makeBatchPath = <A, E extends Tagged, R>(
               // Paused on dependencies, an element that fails alone is held as a single delivery is.
               gated && Exit.isFailure(single)
                 ? Effect.flatMap(
-                  heldAfter(single.cause, alone, delivery, prepared, reports, leases[index]!, restore, noop),
+                  heldAfter(single.cause, alone, delivery, prepared, reports, leases[index]!, restore, noop, holding),
                   (held) => concludeSafely(prepared, delivery, held, reports, leases[index]!)
                 )
                 : concludeSafely(prepared, delivery, single, reports, leases[index]!)

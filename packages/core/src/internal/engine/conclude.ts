@@ -25,9 +25,14 @@ export const makeConclude = <A, E extends Tagged, R>(shared: Shared<A, E, R>, { 
   const { definition, attemptStore, probe, hit, isTransient } = shared
   const unrecorded = storeUnavailable("failure not recorded (deliveries are no failed attempts)", undefined)
 
-  // Whether this fiber is being interrupted (by the engine: a shutdown past its drain), as opposed
-  // to a run that ended interrupted by itself. Called where interruption is masked.
-  const cutByEngine: Effect.Effect<boolean> = Effect.map(Effect.exit(Effect.interruptible(Effect.void)), Exit.isFailure)
+  // Whether the engine ended the run: the consumer is stopping (a hold ended so) or this fiber is
+  // being interrupted (a shutdown past its drain), as opposed to a run that ended interrupted by
+  // itself. Called where interruption is masked.
+  const cutByEngine: Effect.Effect<boolean> = Effect.suspend(() =>
+    shared.dependencyGate.stopped()
+      ? Effect.succeed(true)
+      : Effect.map(Effect.exit(Effect.interruptible(Effect.void)), Exit.isFailure)
+  )
   const interruptedItself = ErrorSummary.make(
     "Interrupted",
     "the handler ended interrupted by itself, with nothing outside it asking it to stop (it joined a fiber that was " +

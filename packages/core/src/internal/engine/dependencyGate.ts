@@ -6,7 +6,7 @@
  * Off (`active` false) without a managed lifecycle or with `pauseOn: "none"`: then it costs
  * nothing on the per-delivery path.
  */
-import { Clock, Duration, Effect, Option } from "effect"
+import { Clock, Deferred, Duration, Effect, Exit, Fiber, Option } from "effect"
 import type { DependencyDown, LifecycleShape } from "../lifecycleService.ts"
 import * as Monotonic from "../monotonic.ts"
 
@@ -22,8 +22,19 @@ export interface DependencyGate {
   readonly notePaused: Effect.Effect<void>
   /** Probes the dependencies now and gives those down (none when the gate is off). */
   readonly probe: Effect.Effect<ReadonlyArray<DependencyDown>>
-  /** Waits until the gate is open, at most `millis` (logging the resumption once it is); whether it opened. */
-  readonly awaitOpenWithin: (millis: number) => Effect.Effect<boolean>
+  /**
+   * Waits until the gate is open, at most `millis` (logging the resumption once it is): `"open"`,
+   * `"timeout"`, or `"stopped"` once the consumer is stopping ({@link DependencyGate.stop}).
+   */
+  readonly awaitOpenWithin: (millis: number) => Effect.Effect<"open" | "timeout" | "stopped">
+  /**
+   * The consumer is stopping: waits in `awaitOpenWithin` end at once (a held delivery is released
+   * without counting its failure, instead of holding the drain until its budget runs out), and the
+   * pause, if any, ends (`jetworker.paused` back to 0).
+   */
+  readonly stop: () => void
+  /** Whether {@link DependencyGate.stop} was called. */
+  readonly stopped: () => boolean
 }
 
 const inactive: DependencyGate = {
@@ -32,7 +43,9 @@ const inactive: DependencyGate = {
   awaitOpen: Effect.void,
   notePaused: Effect.void,
   probe: Effect.succeed([]),
-  awaitOpenWithin: () => Effect.succeed(true)
+  awaitOpenWithin: () => Effect.succeed("open"),
+  stop: () => undefined,
+  stopped: () => false
 }
 
 /** What a list of dependencies down says in a log line: their names, and each one's reason. */
@@ -52,20 +65,15 @@ export const make = (
 ): DependencyGate => {
   if (!lifecycle.managed || pauseOn === undefined) return inactive
   const names = pauseOn === "all" ? undefined : pauseOn
-  // Set by the first worker that finds the gate closed, cleared by the first that passes it: one
-  // `consumer.paused` and one `consumer.resumed` line per pause, however many workers wait.
+  // Set by the first fiber that finds the gate closed, cleared when the dependencies are back:
+  // one `consumer.paused` and one `consumer.resumed` line per pause, however many fibers wait.
   let pausedAt: number | undefined
+  // Notes the resumption when the dependencies are back, whoever waits meanwhile (a pause that
+  // began with a hold may have no fiber waiting at the gate when it ends).
+  let watching: Fiber.Fiber<void> | undefined
+  let stopped = false
+  const stopping = Deferred.makeUnsafe<void>()
   const open = () => lifecycle.dependenciesDown(names).length === 0
-  const notePaused = Effect.suspend(() => {
-    if (pausedAt !== undefined) return Effect.void
-    const down = lifecycle.dependenciesDown(names)
-    if (down.length === 0) return Effect.void
-    pausedAt = Monotonic.millis(clock)
-    recordPaused(1)
-    return Effect.logWarning(
-      `consumer ${name} paused: ${describeDown(down)} down; taking no new deliveries until ${down.length === 1 ? "it is" : "they are"} back`
-    ).pipe(Effect.annotateLogs({ event: "consumer.paused", dependencies: down.map((d) => d.name).join(","), reason: describeDown(down) }))
-  })
   const noteResumed = Effect.suspend(() => {
     if (pausedAt === undefined) return Effect.void
     const pausedMs = Math.round(Monotonic.millis(clock) - pausedAt)
@@ -73,6 +81,24 @@ export const make = (
     recordPaused(0)
     return Effect.logInfo(`consumer ${name} resumed after ${pausedMs} ms paused: its dependencies are back`).pipe(
       Effect.annotateLogs({ event: "consumer.resumed", pausedMs })
+    )
+  })
+  const notePaused = Effect.suspend(() => {
+    if (pausedAt !== undefined || stopped) return Effect.void
+    const down = lifecycle.dependenciesDown(names)
+    if (down.length === 0) return Effect.void
+    pausedAt = Monotonic.millis(clock)
+    recordPaused(1)
+    return Effect.andThen(
+      Effect.logWarning(
+        `consumer ${name} paused: ${describeDown(down)} down; taking no new deliveries until ${down.length === 1 ? "it is" : "they are"} back`
+      ).pipe(Effect.annotateLogs({ event: "consumer.paused", dependencies: down.map((d) => d.name).join(","), reason: describeDown(down) })),
+      Effect.flatMap(
+        Effect.forkDetach(Effect.andThen(lifecycle.dependenciesUp(names), noteResumed)),
+        (fiber) => Effect.sync(() => {
+          watching = fiber
+        })
+      )
     )
   })
   return {
@@ -84,9 +110,23 @@ export const make = (
     notePaused,
     probe: lifecycle.probeDependencies(names),
     awaitOpenWithin: (millis) =>
-      Effect.flatMap(
-        Effect.timeoutOption(lifecycle.dependenciesUp(names), Duration.millis(Math.max(0, millis))),
-        (opened) => Option.isSome(opened) ? Effect.as(noteResumed, true) : Effect.succeed(false)
-      )
+      stopped ? Effect.succeed("stopped") : Effect.raceFirst(
+        Effect.flatMap(
+          Effect.timeoutOption(lifecycle.dependenciesUp(names), Duration.millis(Math.max(0, millis))),
+          (opened) => Option.isSome(opened) ? Effect.as(noteResumed, "open" as const) : Effect.succeed("timeout" as const)
+        ),
+        Effect.as(Deferred.await(stopping), "stopped" as const)
+      ),
+    stop: () => {
+      if (stopped) return
+      stopped = true
+      Deferred.doneUnsafe(stopping, Exit.void)
+      watching?.interruptUnsafe()
+      if (pausedAt !== undefined) {
+        pausedAt = undefined
+        recordPaused(0)
+      }
+    },
+    stopped: () => stopped
   }
 }

@@ -21,7 +21,7 @@ export type PrepareStage<A, E extends Tagged, R> = ReturnType<typeof makePrepare
 
 /** Builds the prepare stage of one consumer run. */
 export const makePrepare = <A, E extends Tagged, R>(shared: Shared<A, E, R>) => {
-  const { definition, attemptStore, deliveryBound, record, clockSkew, wallNow, takeUnwritten, committedOf } = shared
+  const { definition, attemptStore, deliveryBound, record, clockSkew, wallNow, takeUnwritten, committedOf, releasedOf } = shared
 
   // User code: it may throw, or give no usable id; either rejects the message with the cause.
   const readMetadata = (event: A): Result.Result<Metadata, ErrorSummary.ErrorSummary> => {
@@ -155,10 +155,11 @@ export const makePrepare = <A, E extends Tagged, R>(shared: Shared<A, E, R>) => 
     const key = { scope: definition.name, id: metadata.id }
     // Without an attempt store, the deliveries before this one, but those this run saw commit
     // without an ack (withheld or unconfirmed): their redelivery is no failed attempt, it must
-    // reach the handler and end `Duplicate` (see `rememberCommitted`). A first delivery reads nothing.
+    // reach the handler and end `Duplicate` (see `rememberCommitted`); nor those it released with
+    // no failure (`rememberReleased`). A first delivery reads nothing.
     const failedBefore = attemptStore !== undefined || delivery.deliveryCount === 1
       ? 0
-      : delivery.deliveryCount - 1 - (committedOf(message)?.notFailed ?? 0)
+      : delivery.deliveryCount - 1 - (committedOf(message)?.notFailed ?? 0) - releasedOf(message)
     return Result.succeed({ event, metadata, message, orderKey: orderKey.success, key, failedBefore })
   }
 

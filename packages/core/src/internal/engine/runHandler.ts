@@ -151,7 +151,9 @@ export const makeRunHandler = <A, E extends Tagged, R>(
    * delivery is held, its lease kept by the keeper, until the dependencies are back, and `run`
    * runs again (`onRerun` first), as often as it fails so, within `maxHold` from the first hold;
    * past it, the last failure. A hold is interruptible (`restore`): shutdown or a lost lease ends
-   * it with the interruption.
+   * it with the interruption, and so does the consumer's stopping (the gate's `stop`), at once.
+   * `holding` carries the end of the hold: a batch's elements, held one after another, share one
+   * (`maxHold` bounds the batch's holds together, not each element's).
    */
   const heldAfter = (
     cause: Cause.Cause<unknown>,
@@ -161,17 +163,23 @@ export const makeRunHandler = <A, E extends Tagged, R>(
     reports: Reports,
     lease: LeaseKeeper.Lease,
     restore: <X, Y, Z>(effect: Effect.Effect<X, Y, Z>) => Effect.Effect<X, Y, Z>,
-    onRerun: () => void
+    onRerun: () => void,
+    holding: Holding = { until: undefined }
   ): Effect.Effect<Exit.Exit<unknown, unknown>, never, R> => {
-    let holdUntil: number | undefined
     const afterFailure = (failure: Cause.Cause<unknown>): Effect.Effect<Exit.Exit<unknown, unknown>, never, R> =>
       !holdable(failure, reports, lease)
         ? Effect.succeed(Exit.failCause(failure))
         : Effect.flatMap(dependencyGate.probe, (down) => (down.length === 0 ? Effect.succeed(Exit.failCause(failure)) : hold(failure, down)))
     const hold = (failure: Cause.Cause<unknown>, down: ReadonlyArray<DependencyDown>): Effect.Effect<Exit.Exit<unknown, unknown>, never, R> => {
       const at = now()
-      holdUntil ??= at + Duration.toMillis(definition.maxHold)
-      const remaining = holdUntil - at
+      holding.until ??= at + Duration.toMillis(definition.maxHold)
+      const remaining = holding.until - at
+      const ended = Effect.logWarning(
+        `delivery ${delivery.sequence} held for ${Duration.format(definition.maxHold)} (dependencies.maxHold) while ` +
+          `its dependencies stayed down; its failure now counts`
+      ).pipe(Effect.annotateLogs({ event: "delivery.hold_ended", sequence: delivery.sequence, eventId: prepared.metadata.id }))
+      // A batch's later element, after the batch's hold ran out: its failure counts at once.
+      if (remaining <= 0) return Effect.as(ended, Exit.failCause(failure))
       const error = ErrorSummary.describe(ErrorSummary.fromCause(failure))
       const held = Effect.logInfo(
         `delivery ${delivery.sequence} held: its handler failed (${error}) while ${describeDown(down)} ` +
@@ -184,10 +192,6 @@ export const makeRunHandler = <A, E extends Tagged, R>(
         dependencies: down.map((d) => d.name).join(","),
         error
       }))
-      const ended = Effect.logWarning(
-        `delivery ${delivery.sequence} held for ${Duration.format(definition.maxHold)} (dependencies.maxHold) while ` +
-          `its dependencies stayed down; its failure now counts`
-      ).pipe(Effect.annotateLogs({ event: "delivery.hold_ended", sequence: delivery.sequence, eventId: prepared.metadata.id }))
       // Counted in `jetworker.held` while it waits, however the wait ends.
       const waiting = Effect.suspend(() => {
         record(heldGauge, ++shared.held)
@@ -199,10 +203,12 @@ export const makeRunHandler = <A, E extends Tagged, R>(
       return Effect.andThen(
         Effect.andThen(dependencyGate.notePaused, held),
         Effect.flatMap(Effect.exit(waiting), (waited) => {
-          // Interrupted while held (shutdown, a lost lease): that ends it.
+          // Interrupted while held (shutdown past its drain, a lost lease): that ends it.
           if (Exit.isFailure(waited)) return Effect.succeed<Exit.Exit<unknown, unknown>>(waited)
+          // The consumer is stopping: released without counting, as by the engine's interruption.
+          if (waited.value === "stopped") return Effect.succeed(Exit.interrupt())
           // Held as long as allowed: the failure counts as it would have.
-          if (!waited.value) return Effect.as(ended, Exit.failCause(failure))
+          if (waited.value === "timeout") return Effect.as(ended, Exit.failCause(failure))
           onRerun()
           return Effect.flatMap(Effect.exit(restore(run)), (exit) => (Exit.isSuccess(exit) ? Effect.succeed(exit) : afterFailure(exit.cause)))
         })
@@ -222,4 +228,9 @@ export const makeRunHandler = <A, E extends Tagged, R>(
   }
 
   return { attempt, runHandler, heldAfter, gated: dependencyGate.active }
+}
+
+/** Where a hold ends (monotonic ms), set at its first hold; shared by the elements of a batch. */
+export interface Holding {
+  until: number | undefined
 }

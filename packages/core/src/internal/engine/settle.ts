@@ -77,7 +77,9 @@ export const makeSettle = <A, E extends Tagged, R>(shared: Shared<A, E, R>, { re
     settleLatency,
     stranded,
     rememberUnwritten,
-    rememberCommitted
+    rememberCommitted,
+    rememberReleased,
+    attemptStore
   } = shared
 
   /**
@@ -109,6 +111,12 @@ export const makeSettle = <A, E extends Tagged, R>(shared: Shared<A, E, R>, { re
     } else if ((verdict._tag === "Released" || verdict._tag === "DeadLettered") && verdict.effectCommitted === true) {
       rememberCommitted(verdict.message, true)
     }
+    // Released with no failure of the handler: cut by the consumer's stopping, or by the lease
+    // keeper (its own error, `LeaseLost`; a failure found past the lease keeps the handler's).
+    if (
+      attemptStore === undefined && verdict._tag === "Released" &&
+      (verdict.reason === "Interrupted" || (verdict.reason === "LeaseLost" && verdict.error?.tag === "LeaseLost"))
+    ) rememberReleased(verdict.message)
   }
 
   // Every Delivery command is bounded by its implementation (the Delivery contract), so no

@@ -174,6 +174,18 @@ export const makeShared = <A, E extends Tagged, R>(
   }
   /** What this run saw committed of `message` (its sequence and event id), if anything. */
   const committedOf = (message: Outcome.MessageRef): CommittedDeliveries | undefined => recall(committedBefore, message)
+  // Deliveries of this run released with no failure of their handler: cut by the consumer's
+  // stopping or a lost lease (a hold ended so, or a run the lease keeper interrupted). Without an
+  // attempt store, their redelivery would count them as failed attempts (a held failure is not
+  // counted, whatever ends the hold). Only this run knows it, as for `committedBefore`; bounded so.
+  const releasedBefore = new Map<number, { readonly eventId: string | undefined; count: number }>()
+  const rememberReleased = (message: Outcome.MessageRef): void => {
+    const seen = recall(releasedBefore, message) ?? { eventId: message.eventId, count: 0 }
+    seen.count++
+    rememberNewest(releasedBefore, message.sequence, seen)
+  }
+  /** How many deliveries of `message` this run released with no failure (`rememberReleased`). */
+  const releasedOf = (message: Outcome.MessageRef): number => recall(releasedBefore, message)?.count ?? 0
   const isTransient = (error: E | HandlerTimeout | ExpiredBeforeRun): boolean =>
     error instanceof ExpiredBeforeRun || error instanceof WorkExpired || error instanceof LeaseExpired
       ? false
@@ -224,6 +236,8 @@ export const makeShared = <A, E extends Tagged, R>(
     takeUnwritten,
     rememberCommitted,
     committedOf,
+    rememberReleased,
+    releasedOf,
     dependencyGate: DependencyGate.make(definition.name, env.lifecycle, definition.pauseOn, env.clock, series(Telemetry.paused, {})),
     heldGauge: series(Telemetry.held, {}),
     // The deliveries held now (see `runHandler.ts`, `heldAfter`): the `jetworker.held` gauge.
