@@ -60,5 +60,48 @@ describe("dependency pause (PostgreSQL cut)", () => {
         assert.deepStrictEqual(yield* balances([a, b]), { [a]: 95_00n, [b]: 5_00n })
         assert.deepStrictEqual(yield* DeadLetter.list(stream.deadLetterStream), [])
       }), 150_000)
+
+    it.effect("BE-SHUT-002, BE-JOB-003: SIGTERM while a transfer is held for PostgreSQL ends the hold at once: the worker exits 0 well inside its drain share, the transfer released uncounted, and a new worker applies it once the link is back", () =>
+      Effect.gen(function*() {
+        const { stream, settings } = yield* ledgerStream({ ackWait: Duration.seconds(30), attempts: 2, retryBase: Duration.millis(100), inProcessRetries: 0 })
+        const schema = yield* TestDatabase.TestSchema
+        const { p, a, b } = yield* twoAccounts("pause-shutdown")
+        const { proxy, url } = yield* databaseProxy
+        // A 20 s budget: its drain share alone is longer than the whole stop may take here.
+        const env = { ...workerEnv(settings, schema.name, url, natsUrl), SHUTDOWN_BUDGET: "20 seconds" }
+        const worker = yield* W.start(env)
+        yield* W.waitReady(worker)
+        yield* proxy.cut
+        const id = `${p}.t1`
+        yield* stream.publish("eur", transfer(id, a, b, 1_00), id)
+        yield* Eventually.poll("the transfer held", Effect.map(worker.logs, (lines) => lines.filter((l) => l.event === "delivery.held")), (held) => held.length > 0, {
+          timeout: "30 seconds",
+          interval: "100 millis"
+        })
+        yield* worker.child.kill("SIGTERM")
+        const exit = yield* worker.child.waitForExit("15 seconds")
+        const logs = yield* worker.logs
+        const completed = W.withMessage(logs, "shutdown.completed")
+        const drain = logs.find((l) => l.message === "shutdown.stage" && l.stage === "drain")
+        assert.deepStrictEqual(exit, { code: 0, signal: null }, JSON.stringify(completed))
+        assert.strictEqual(completed[0]?.result, "success")
+        assert.strictEqual(drain?.result, "completed")
+        assert.isBelow(Number(drain?.durationMs), 5_000, "the drain did not wait for the dependency")
+        const released = logs.filter((l) => l.outcome !== undefined && l.eventId === id)
+        assert.deepStrictEqual(released.map((l) => [l.outcome, l.reason]), [["Released", "Interrupted"]])
+        yield* proxy.restore
+        const next = yield* W.start(env)
+        yield* W.waitReady(next)
+        yield* Eventually.holds(
+          "the transfer commits on the next worker",
+          Effect.map(W.outcomes(next), (o) => o.some((x) => x.eventId === id && x.tag === "Committed")),
+          "30 seconds"
+        )
+        yield* next.child.kill("SIGTERM")
+        yield* next.child.waitForExit("15 seconds")
+        assert.deepStrictEqual([...(yield* transferCounts([id])).values()], [1])
+        assert.deepStrictEqual(yield* balances([a, b]), { [a]: 99_00n, [b]: 1_00n })
+        assert.deepStrictEqual(yield* DeadLetter.list(stream.deadLetterStream), [])
+      }), 150_000)
   })
 })
