@@ -55,7 +55,9 @@ export interface Options {
    * are refused, a URL without any uses that set too, and credentials in the URL together with
    * `token`, `user`/`password`, `nkeySeed` or `credentialsFile` are refused unless they are the same
    * user and password (or token), all before connecting with a `NatsError` that names the settings,
-   * never the secret.
+   * never the secret. A password may hold an unescaped `@` or `/`; a comma must be encoded (`%2C`),
+   * since commas separate the URLs. A `tls://` URL asks for TLS, as other NATS clients read it: a
+   * server without TLS is refused (with the system's CAs unless `tls` gives others).
    */
   readonly servers: string | ReadonlyArray<string>
   /**
@@ -230,7 +232,10 @@ export const make = (options: Options) =>
     const fromUrls = yield* serversAndCredentials(servers)
     const login = yield* loginFor(options, fromUrls.credentials)
     const authenticator = yield* authenticatorFor(options)
-    const tls = yield* tlsFor(options)
+    // A `tls://` URL asks for TLS, as other NATS clients read it; nats.js ignores the scheme, and
+    // would send the URL's password to a server (or anything in between) that offers none.
+    const tls = yield* Effect.map(tlsFor(options), (given) =>
+      given === undefined && fromUrls.servers.some((server) => /^tls:\/\//i.test(server)) ? {} : given)
     const lifecycle = yield* Lifecycle.Lifecycle
     // Under a worker that is starting, a refused or timed-out connection is retried until the
     // start-up deadline (the server may be restarting); otherwise it fails at once. Each try

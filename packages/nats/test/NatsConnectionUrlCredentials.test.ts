@@ -77,6 +77,8 @@ describe("NatsConnection with credentials in the server URL", () => {
         assert.isAtLeast(alice.streams, 0)
         // Percent-encoded: an `@`, a `/`, a `:` and a space in the password.
         yield* connect({ servers: `nats://bob:p%40ss%2Fw%3Ard%201@${at}` })
+        // Unescaped: an `@`, a `/` (a base64 password may hold one) and a `:`.
+        yield* connect({ servers: `nats://bob:p@ss/w:rd 1@${at}` })
         // nats.js read the digits after `carol:` as the port.
         yield* connect({ servers: `nats://carol:2468@${at}` })
         // The same credentials in every URL of the list, and none in another: one login.

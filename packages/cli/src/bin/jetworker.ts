@@ -127,8 +127,9 @@ const serverOf = (serverFlag: Option.Option<string>): string =>
 const unparsableServer = (serverFlag: Option.Option<string>): string | undefined => {
   const setting = Option.isSome(serverFlag) ? "--server" : "NATS_URL"
   for (const entry of Option.getOrElse(serverFlag, () => process.env.NATS_URL || "nats://127.0.0.1:4222").split(",")) {
-    const trimmed = entry.trim()
-    // nats.js takes host:port without a scheme too.
+    // Without its credentials (a password may hold an unescaped / or @); nats.js takes host:port
+    // without a scheme too.
+    const trimmed = NatsConnection.describeServers(entry.trim())
     if (trimmed !== "" && !URL.canParse(trimmed.includes("://") ? trimmed : `nats://${trimmed}`)) {
       return `${setting} ${JSON.stringify(NatsConnection.describeServers(trimmed))} is not a server URL (e.g. nats://127.0.0.1:4222)`
     }

@@ -47,24 +47,34 @@ export const describeServers = (servers: string | ReadonlyArray<string>): string
   (typeof servers === "string" ? servers.split(",") : servers).map(withoutCredentials).join(", ")
 
 /**
- * A server address split into its credentials (`userinfo`: everything before the last `@` of the
- * authority, still percent-encoded; `undefined` without an `@`) and the address without them,
- * with or without a scheme (`alice:pw@host:4222`), and also when the password holds an unescaped `@`.
+ * A server address split into its credentials (`userinfo`: everything before the last `@`, still
+ * percent-encoded; `undefined` without an `@`) and the address without them, with or without a
+ * scheme (`alice:pw@host:4222`). The last `@` of the whole address, not of the authority: a NATS
+ * URL has no path, and a password may hold an unescaped `@` or `/` (a base64 one often does).
  */
 const splitCredentials = (server: string): { readonly address: string; readonly userinfo: string | undefined } => {
   const trimmed = server.trim()
   const scheme = /^[a-z][a-z0-9+.-]*:\/\//i.exec(trimmed)?.[0] ?? ""
   const rest = trimmed.slice(scheme.length)
-  const slash = rest.indexOf("/")
-  const authority = slash === -1 ? rest : rest.slice(0, slash)
-  const at = authority.lastIndexOf("@")
+  const at = rest.lastIndexOf("@")
   return at === -1
     ? { address: trimmed, userinfo: undefined }
-    : { address: scheme + rest.slice(at + 1), userinfo: authority.slice(0, at) }
+    : { address: scheme + rest.slice(at + 1), userinfo: rest.slice(0, at) }
 }
 
-/** A server address without its user and password (see {@link splitCredentials}). */
-const withoutCredentials = (server: string): string => splitCredentials(server).address
+/**
+ * `address`'s port, when it is no number, hidden: `nats://alice:pw` (a password cut off by an
+ * unescaped comma, which separates server URLs) would otherwise show the start of the password.
+ */
+const withoutBadPort = (address: string): string => {
+  const scheme = /^[a-z][a-z0-9+.-]*:\/\//i.exec(address)?.[0] ?? ""
+  const hostPort = /^(\[[^\]]*\]|[^:/]*)(?::([^/]*))?(.*)$/.exec(address.slice(scheme.length))
+  if (hostPort === null || hostPort[2] === undefined || /^\d*$/.test(hostPort[2])) return address
+  return `${scheme}${hostPort[1]}:***${hostPort[3]}`
+}
+
+/** A server address without its user and password (see {@link splitCredentials}), nor a port that is no number. */
+const withoutCredentials = (server: string): string => withoutBadPort(splitCredentials(server).address)
 
 /** The credentials a server URL carries, percent-decoded; the secret `Redacted`. */
 export type UrlCredentials =
@@ -129,6 +139,12 @@ export const serversAndCredentials = (
     let found: { readonly server: string; readonly credentials: UrlCredentials } | undefined
     for (const server of servers) {
       const { address, userinfo } = splitCredentials(server)
+      if (withoutBadPort(address) !== address) {
+        return yield* settingError(
+          `the server URL ${withoutCredentials(server)} has a port that is no number; server URLs are separated by ` +
+            `commas, so a comma in a password (or a token) must be percent-encoded, as %2C`
+        )
+      }
       addresses.push(address)
       const credentials = userinfo === undefined ? undefined : yield* credentialsOf(server, userinfo)
       if (credentials === undefined) continue
