@@ -3,13 +3,15 @@
  * on the NATS under test, with a consumer running under a managed lifecycle): while the consumer
  * answers no pull (`intake.stalled`) the consumer's component is down with a reason an operator
  * can read, and it is up again once the intake pulls again (`intake.resumed`). The log lines stay
- * as they were.
+ * as they were. Pulls that are never answered while the consumer's info still answers (a NATS user
+ * denied `$JS.API.CONSUMER.MSG.NEXT.>`) keep it down: a consumer info proves only that the
+ * consumer exists, and readiness was up again after each one, most of the time.
  */
-import { assert, describe, layer } from "@effect/vitest"
+import { assert, describe, it, layer } from "@effect/vitest"
 import { Consumer, Envelope, Lifecycle } from "@jetworker/core"
 import { JetStreamSource, NatsConnection } from "@jetworker/nats"
-import { Eventually, FaultProxy, TestStream } from "@jetworker/testing"
-import { Effect, Fiber, Layer, Logger, Result, Schema } from "effect"
+import { Eventually, FaultProxy, NatsServer, TestStream } from "@jetworker/testing"
+import { type Context, Effect, Fiber, Layer, Logger, Result, Schema } from "effect"
 import { NatsLive, natsUrl } from "./support/services.ts"
 
 const Event = Envelope.schema("test.job", Schema.Struct({ n: Schema.Number }))
@@ -22,6 +24,34 @@ const collecting = () => {
   })
   return { lines, layer: Logger.layer([logger]), events: (event: string) => lines.filter((l) => l.annotations.event === event) }
 }
+
+/**
+ * Runs a consumer of `consumer` on `stream` through `worker`'s connection under `lifecycle`, its
+ * pulls expiring after 2 s (heartbeats every 1 s: a pull is silent after 2.5 s); `handled` counts
+ * what its handler ran.
+ */
+const runConsumer = (
+  names: { readonly stream: string; readonly consumer: string },
+  worker: Context.Context<NatsConnection.NatsConnection>,
+  lifecycle: Lifecycle.LifecycleShape,
+  logs: Layer.Layer<never>,
+  handled: { count: number } = { count: 0 }
+) =>
+  Effect.forkChild(
+    Consumer.run(Consumer.make({
+      name: names.consumer,
+      source: JetStreamSource.make({ ...names, captureMaxDeliveries: false, pullExpires: "2 seconds" }),
+      schema: Event,
+      handle: () => Effect.sync(() => void handled.count++),
+      classify: {},
+      concurrency: 1,
+      prefetch: 4
+    })).pipe(
+      Effect.provideService(Lifecycle.Lifecycle, lifecycle),
+      Effect.provide(worker),
+      Effect.provide(logs)
+    )
+  )
 
 describe("a stalled JetStream intake on the readiness probe", () => {
   layer(NatsLive, { excludeTestServices: true, timeout: "60 seconds" })((it) => {
@@ -37,22 +67,7 @@ describe("a stalled JetStream intake on the readiness probe", () => {
         const lifecycle = yield* Lifecycle.makeManaged({ budget: Result.getOrThrow(Lifecycle.makeBudget()), startupTimeout: "30 seconds" })
         yield* lifecycle.started
         const component = () => lifecycle.readiness().components.find((c) => c.name === consumer)
-        // Heartbeats every 1 s: a pull is silent after 2.5 s.
-        const running = yield* Effect.forkChild(
-          Consumer.run(Consumer.make({
-            name: consumer,
-            source: JetStreamSource.make({ stream, consumer, captureMaxDeliveries: false, pullExpires: "2 seconds" }),
-            schema: Event,
-            handle: () => Effect.void,
-            classify: {},
-            concurrency: 1,
-            prefetch: 4
-          })).pipe(
-            Effect.provideService(Lifecycle.Lifecycle, lifecycle),
-            Effect.provide(worker),
-            Effect.provide(logged.layer)
-          )
-        )
+        const running = yield* runConsumer({ stream, consumer }, worker, lifecycle, logged.layer)
         yield* Eventually.holds("the consumer ready", Effect.sync(() => lifecycle.readiness().ready), "15 seconds")
         yield* Eventually.holds("the intake's pull waits on the server", Effect.map(test.info, (i) => i.num_waiting >= 1), "10 seconds")
         yield* proxy.pause
@@ -75,4 +90,49 @@ describe("a stalled JetStream intake on the readiness probe", () => {
         yield* Fiber.interrupt(running).pipe(Effect.timeout("15 seconds"))
       }).pipe(Effect.scoped), 60_000)
   })
+})
+
+describe("an intake whose pulls are never answered, on the readiness probe", () => {
+  it.live("the consumer stays down on readiness from the first silent pull while no pull is answered, though the consumer info answers", () =>
+    Effect.gen(function*() {
+      const server = yield* NatsServer.make({
+        config: [
+          "authorization {",
+          "  users: [",
+          "    { user: admin, password: admin }",
+          "    { user: worker, password: worker, permissions: { publish: { deny: [\"$JS.API.CONSUMER.MSG.NEXT.>\"] } } }",
+          "  ]",
+          "}"
+        ].join("\n")
+      })
+      const at = `127.0.0.1:${server.port}`
+      const admin = yield* Layer.build(NatsConnection.layer({ servers: `nats://admin:admin@${at}` }))
+      const test = yield* TestStream.make({ ackWait: "60 seconds" }).pipe(Effect.provide(admin))
+      const { consumer, stream } = test
+      const worker = yield* Layer.build(NatsConnection.layer({ servers: `nats://worker:worker@${at}` }))
+      const lifecycle = yield* Lifecycle.makeManaged({ budget: Result.getOrThrow(Lifecycle.makeBudget()), startupTimeout: "30 seconds" })
+      yield* lifecycle.started
+      const component = () => lifecycle.readiness().components.find((c) => c.name === consumer)
+      const handled = { count: 0 }
+      const running = yield* runConsumer({ stream, consumer }, worker, lifecycle, Logger.layer([]), handled)
+      yield* test.publish("a", JSON.stringify({ n: 1 }), "m1")
+      yield* Eventually.holds(
+        "the stall on readiness",
+        Effect.sync(() => component()?.up === false && (component()?.reason ?? "").startsWith("intake stalled")),
+        "20 seconds"
+      )
+      // Sampled for 8 s, over the pauses and consumer infos that follow the stall (the observation
+      // window, not a wait for a result): no pull is answered meanwhile (nothing is handled).
+      const samples: Array<boolean> = []
+      for (let i = 0; i < 80; i++) {
+        samples.push(component()?.up === true)
+        yield* Effect.sleep("100 millis")
+      }
+      yield* Fiber.interrupt(running).pipe(Effect.timeout("15 seconds"))
+      const info = yield* test.info
+      assert.strictEqual(handled.count, 0, "a message was handled after all")
+      assert.strictEqual(info.delivered.consumer_seq, 0, "a pull was answered after all")
+      const up = samples.filter((s) => s).length
+      assert.strictEqual(up, 0, `readiness was up in ${up} of ${samples.length} samples (100 ms apart) while no pull was answered`)
+    }).pipe(Effect.scoped), 90_000)
 })

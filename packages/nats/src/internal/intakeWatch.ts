@@ -81,20 +81,24 @@ export const startWatchdog = (env: IntakeEnv, state: IntakeState, pulls: Pulls):
     if (late > heartbeatMillis / 2) state.lastHeard = now
     else if (state.requested > 0 && !state.pausing && now - state.lastHeard > silenceMillis) {
       const silenceMs = Math.round(now - state.lastHeard)
-      env.logEvent(
-        "Warning",
-        "intake.stalled",
-        `${env.name}: no word from the server for ${silenceMs} ms with ${state.requested} messages pulled; ` +
-          "the pulls are written off and the consumer checked before pulling again",
-        { silenceMs, pulled: state.requested }
-      )
-      // Readiness says so too, until `intake.resumed`: no message can be taken meanwhile.
-      env.reportHealth({
-        _tag: "Stalled",
-        reason: `intake stalled: the consumer ${env.name} has not answered a pull for ${silenceMs} ms; ` +
-          "checking it before pulling again"
-      })
-      state.stalledSince ??= state.lastHeard
+      // Once per stall (it lasts until a pull is answered, `intake.resumed`), however often the
+      // pulls sent meanwhile go unanswered.
+      if (state.stalledSince === undefined) {
+        env.logEvent(
+          "Warning",
+          "intake.stalled",
+          `${env.name}: no word from the server for ${silenceMs} ms with ${state.requested} messages pulled; ` +
+            "the pulls are written off and the consumer checked before pulling again",
+          { silenceMs, pulled: state.requested }
+        )
+        // Readiness says so too, until `intake.resumed`: no message can be taken meanwhile.
+        env.reportHealth({
+          _tag: "Stalled",
+          reason: `intake stalled: the consumer ${env.name} has not answered a pull for ${silenceMs} ms; ` +
+            "checking it before pulling again"
+        })
+        state.stalledSince = state.lastHeard
+      }
       pulls.writeOff()
       pulls.pause()
     }

@@ -92,13 +92,11 @@ export const makePulls = (env: IntakeEnv, state: IntakeState): Pulls => {
       void dropRetired().then(() => connection.manager.consumers.info(env.stream, env.durable)).then(
         () => {
           state.pausing = false
-          if (state.stalledSince !== undefined) {
-            const stalledMs = Math.round(performance.now() - state.stalledSince)
-            state.stalledSince = undefined
-            env.logEvent("Info", "intake.resumed", `${name}: the consumer answers again after ${stalledMs} ms stalled; pulling again`, { stalledMs })
-            env.reportHealth({ _tag: "Healthy" })
-          }
+          if (state.closed) return
+          // The consumer exists; a stall ends once a pull of it is answered (`onInbox`), or at
+          // once when there is nothing to pull (the buffer holds what can be taken).
           pump()
+          if (state.requested === 0 && state.buffered.length > 0) resumed()
         },
         (error: unknown) => {
           state.pausing = false
@@ -162,10 +160,21 @@ export const makePulls = (env: IntakeEnv, state: IntakeState): Pulls => {
     pause()
   }
 
+  /** Ends a stall (`intake.resumed`, readiness `Healthy`), if one was reported. */
+  const resumed = () => {
+    if (state.stalledSince === undefined) return
+    const stalledMs = Math.round(performance.now() - state.stalledSince)
+    state.stalledSince = undefined
+    env.logEvent("Info", "intake.resumed", `${name}: the server answers the pulls again after ${stalledMs} ms stalled`, { stalledMs })
+    env.reportHealth({ _tag: "Healthy" })
+  }
+
   // Each message is buffered as it is read from the socket, in the server's order.
   const onInbox = (error: Error | null, msg: Msg) => {
     if (error !== null) return failOrPause(error)
     state.lastHeard = performance.now()
+    // Anything on the pulls' inbox (a message, a heartbeat, a status) is the server answering them.
+    if (state.stalledSince !== undefined && !state.closed) resumed()
     const pulled = parse(msg, env.receivedNow())
     if (pulled === undefined) return onStatus(msg)
     // A pull re-sent after a reconnect may bring more than was counted.
