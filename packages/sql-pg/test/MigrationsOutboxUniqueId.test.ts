@@ -29,11 +29,16 @@ const insertRows = (ids: ReadonlyArray<string>) =>
     })
   )
 
-/** The unique indexes on the outbox table, as `[name, definition]`. */
+/**
+ * The unique indexes on the outbox table, as `[name, definition]`. From `pg_index` by the table's
+ * own OID, not the `pg_indexes` view: its filters may run `pg_get_indexdef` on other schemas'
+ * indexes, which the tests running beside this one drop meanwhile ("could not open relation with OID").
+ */
 const uniqueIndexes = SqlClient.SqlClient.use((sql) =>
   Effect.map(
-    sql<{ readonly name: string; readonly definition: string }>`SELECT indexname AS name, indexdef AS definition FROM pg_indexes
-      WHERE schemaname = current_schema() AND tablename = 'jetworker_outbox' AND indexdef LIKE 'CREATE UNIQUE INDEX%' ORDER BY indexname`,
+    sql<{ readonly name: string; readonly definition: string }>`SELECT c.relname AS name, pg_get_indexdef(i.indexrelid) AS definition
+      FROM pg_index AS i JOIN pg_class AS c ON c.oid = i.indexrelid
+      WHERE i.indrelid = to_regclass('jetworker_outbox') AND i.indisunique ORDER BY c.relname`,
     (rows) => rows.map((row) => [row.name, row.definition.replace(/ ON \S+\.jetworker_outbox /, " ON jetworker_outbox ")] as const)
   )
 )
