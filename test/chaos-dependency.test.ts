@@ -3,9 +3,11 @@
  * on one durable consumer reach PostgreSQL through one loopback `FaultProxy`. The transfers are
  * published in eight rounds; after each, while they are applied, the link is cut for 1.5 to 3 s
  * (every connection reset, new ones refused; always after the first round) or a worker is killed
- * (SIGKILL, then restarted), at seeded random. The retry budget is 2 attempts
- * 100 ms apart, which a cut would spend many times over: the workers pause on PostgreSQL, holding
- * what failed. Afterwards every transfer is applied exactly once, every balance is what the
+ * (SIGKILL, then restarted), at seeded random. The retry budget is 3 attempts
+ * from 100 ms (300 ms of backoff in all), which a cut would spend many times over: the workers
+ * pause on PostgreSQL, holding what failed. (With 2 attempts the crash-loop guard, twice the
+ * attempts, was 4 deliveries: a batch mode run whose transfer was also redelivered after kills
+ * reached it once, and was dead-lettered `DeliveriesExhausted`.) Afterwards every transfer is applied exactly once, every balance is what the
  * transfers make of it, and nothing is dead-lettered. The seed is printed on failure
  * (`JW_CHAOS_SEED` replays the schedule).
  */
@@ -42,7 +44,7 @@ describe("chaos with database outages", () => {
         const random = generator(seed)
         const { stream, settings } = yield* ledgerStream({
           ackWait: Duration.seconds(5),
-          attempts: 2,
+          attempts: 3,
           retryBase: Duration.millis(100),
           inProcessRetries: 0,
           ...mode.overrides
