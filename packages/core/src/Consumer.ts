@@ -131,8 +131,11 @@ export interface BaseOptions<A, E extends Tagged, R, RS> {
    * consumer run does not count a delivery released from a hold (by stopping or a lost lease) as a
    * failed attempt. In a batch consumer, a batch that fails as a whole runs its elements alone, as
    * ever, and an element that fails alone so is held the same way; the elements held one after
-   * another share one `maxHold`, counted from the batch's first hold. Names in `pauseOn` that no
-   * dependency of the process has are logged at start as a warning (`consumer.pause_on_unknown`).
+   * another share one `maxHold`, counted from the batch's first hold. While paused, a source that
+   * can (`Intake.holdBuffered`: the JetStream source) keeps the leases of what it buffered before
+   * the pause, for at most `maxHold`, so a pause longer than the lease hands none of it back to the
+   * broker. Names in `pauseOn` that no dependency of the process has are logged at start as a
+   * warning (`consumer.pause_on_unknown`).
    */
   readonly dependencies?: {
     /** The dependencies the consumer pauses on: `"all"` (default), `"none"`, or their names. */

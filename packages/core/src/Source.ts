@@ -43,6 +43,15 @@ export interface Intake {
    * it the engine runs each delivery's `ack`.
    */
   readonly ackAll?: ((deliveries: ReadonlyArray<Delivery>) => Effect.Effect<ReadonlyArray<SettleError | undefined>>) | undefined
+  /**
+   * Optional: keeps the leases of the deliveries reserved and not yet taken for `forMillis` from
+   * now (0 or less: no longer), extending them before they run out as the engine does for a
+   * delivery it runs. The engine asks for it while it takes nothing (paused on a dependency, at
+   * most `dependencies.maxHold`), so that a pause longer than the lease does not hand them back to
+   * the broker, to be delivered again while this intake still holds them. A source whose leases
+   * do not run while it buffers need not have it. It returns at once and never fails.
+   */
+  readonly holdBuffered?: ((forMillis: number) => void) | undefined
   /** Stops reserving new messages and releases those still buffered. Idempotent. */
   readonly close: Effect.Effect<void>
 }

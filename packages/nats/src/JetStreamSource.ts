@@ -272,17 +272,18 @@ export const make = (options: Options): Source.Source<NatsConnection> => {
       }
       yield* reconnects.stop
 
-      const { take, close } = yield* openIntake({
+      const { take, holdBuffered, close } = yield* openIntake({
         stream: options.stream,
         durable,
         connection,
         prefetch: open.prefetch,
+        leaseMillis: Duration.toMillis(lease),
         expiresMillis,
         settleTimeoutMillis,
         destination,
         onHealth: open.onHealth
       })
-      return { lease, maxDeliver: maxDeliver > 0 ? maxDeliver : undefined, take, ackAll, close } satisfies Source.Intake
+      return { lease, maxDeliver: maxDeliver > 0 ? maxDeliver : undefined, take, ackAll, holdBuffered, close } satisfies Source.Intake
     })
 
   // Without a consumer given, the durable is the opening consumer's: named by its stream until then.

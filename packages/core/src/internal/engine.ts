@@ -180,7 +180,7 @@ export const run = <A, E extends Tagged, R>(definition: Definition<A, E, R>): Ef
         lanes,
         deadlines,
         outcomeDeadlines,
-        intake.ackAll,
+        intake,
         env
       ))
       stopGate = processor.dependencyGate.stop

@@ -28,9 +28,10 @@ export interface Pulled {
   readonly pending: number
   /**
    * When the source read it from the socket, on the monotonic time of the source's `Clock`, in
-   * milliseconds (`Delivery.receivedAt`): its ack wait ran from then at the latest.
+   * milliseconds (`Delivery.receivedAt`): its ack wait ran from then at the latest. While it waits
+   * in the intake's buffer, the sending of a confirmed extension moves it (see `bufferedLeases.ts`).
    */
-  readonly receivedAt: number
+  receivedAt: number
 }
 
 /**
@@ -184,6 +185,19 @@ export const ackAll = (deliveries: ReadonlyArray<Delivery.Delivery>): Effect.Eff
     })
   })
 }
+
+/**
+ * Sends a lease extension (`+WPI`) for `pulled`, not yet taken, and calls `done` with whether the
+ * server confirmed it within `timeoutMillis`; returns a withdrawal (`done` is then not called).
+ */
+export const sendExtend = (
+  connection: Shape,
+  pulled: Pulled,
+  timeoutMillis: number,
+  done: (confirmed: boolean) => void
+): () => void =>
+  connection.send(`Extend ${pulled.stream}#${pulled.streamSequence}`, pulled.reply, WPI, timeoutMillis, (result) =>
+    done(!(result instanceof NatsError.NatsError)))
 
 /** Builds the engine's view of `pulled`. */
 export const toDelivery = (settling: Settling, pulled: Pulled): Delivery.Delivery => new JetStreamDelivery(settling, pulled)

@@ -1,13 +1,15 @@
 /**
  * A `JetStreamSource`'s intake once the consumer is checked: its pulls and what watches them,
- * `take` for the engine, and `close`, which stops pulling and naks what is still buffered so those
- * messages go to another instance at once instead of waiting out their ack wait.
+ * `take` for the engine, `holdBuffered` (the buffered messages' leases kept while the engine is
+ * paused), and `close`, which stops pulling and naks what is still buffered so those messages go
+ * to another instance at once instead of waiting out their ack wait.
  */
 import { type Delivery, Source } from "@jetworker/core"
 import { Clock, Duration, Effect, type Scope } from "effect"
 import type * as DeadLetter from "../DeadLetter.ts"
 import type { Shape } from "../NatsConnection.ts"
 import { toDelivery } from "./delivery.ts"
+import { makeBufferedLeases } from "./bufferedLeases.ts"
 import { type IntakeEnv, initialState, signal } from "./intakeState.ts"
 import { startWatchdog, watchLeader, watchReconnects } from "./intakeWatch.ts"
 import { boundedPromise, makePulls } from "./pulls.ts"
@@ -18,6 +20,8 @@ export interface IntakeOptions {
   readonly durable: string
   readonly connection: Shape
   readonly prefetch: number
+  /** The consumer's ack wait, in milliseconds. */
+  readonly leaseMillis: number
   readonly expiresMillis: number
   readonly settleTimeoutMillis: number
   readonly destination: DeadLetter.Destination
@@ -25,10 +29,10 @@ export interface IntakeOptions {
   readonly onHealth?: ((health: Source.Health) => Effect.Effect<void>) | undefined
 }
 
-/** The intake's `take` and `close` (also run when the scope closes); it pulls from now on. */
+/** The intake's `take`, `holdBuffered` and `close` (also run when the scope closes); it pulls from now on. */
 export const openIntake = (
   options: IntakeOptions
-): Effect.Effect<Pick<Source.Intake, "take" | "close">, never, Scope.Scope> =>
+): Effect.Effect<Required<Pick<Source.Intake, "take" | "holdBuffered" | "close">>, never, Scope.Scope> =>
   Effect.gen(function*() {
     const { connection, durable, stream } = options
     const name = `${stream}/${durable}`
@@ -67,6 +71,7 @@ export const openIntake = (
     yield* watchReconnects(env, state, pulls)
     const advisories = watchLeader(env, state, pulls)
     const watchdog = startWatchdog(env, state, pulls)
+    const bufferedLeases = makeBufferedLeases(env, state, options.leaseMillis)
 
     const take: Effect.Effect<Delivery.Delivery, Source.SourceError> = Effect.suspend(() => {
       if (state.closed) return Effect.fail(new Source.SourceError({ reason: "ConnectionClosed", message: `${name}: intake closed` }))
@@ -97,6 +102,7 @@ export const openIntake = (
       if (state.closed) return Effect.void
       state.closed = true
       clearInterval(watchdog)
+      bufferedLeases.stop()
       pulls.cancelPause()
       signal(state)
       const bounded = (f: () => Promise<unknown>) => Effect.promise(() => boundedPromise(options.settleTimeoutMillis, f))
@@ -123,5 +129,5 @@ export const openIntake = (
     })
     yield* Effect.addFinalizer(() => close)
     pulls.pump()
-    return { take, close }
+    return { take, holdBuffered: bufferedLeases.hold, close }
   })

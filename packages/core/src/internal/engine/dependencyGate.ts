@@ -54,14 +54,16 @@ export const describeDown = (down: ReadonlyArray<DependencyDown>): string =>
 
 /**
  * The gate of consumer `name` on `lifecycle`'s dependencies `pauseOn` (all, those named, or none);
- * `recordPaused` sets the consumer's `jetworker.paused` gauge (1 while paused, 0 after).
+ * `recordPaused` sets the consumer's `jetworker.paused` gauge (1 while paused, 0 after), and
+ * `onPause`, when given, is told when a pause begins (true) and ends (false), stopping included.
  */
 export const make = (
   name: string,
   lifecycle: LifecycleShape,
   pauseOn: "all" | ReadonlyArray<string> | undefined,
   clock: Clock.Clock,
-  recordPaused: (value: number) => void
+  recordPaused: (value: number) => void,
+  onPause?: ((paused: boolean) => void) | undefined
 ): DependencyGate => {
   if (!lifecycle.managed || pauseOn === undefined) return inactive
   const names = pauseOn === "all" ? undefined : pauseOn
@@ -79,6 +81,7 @@ export const make = (
     const pausedMs = Math.round(Monotonic.millis(clock) - pausedAt)
     pausedAt = undefined
     recordPaused(0)
+    onPause?.(false)
     return Effect.logInfo(`consumer ${name} resumed after ${pausedMs} ms paused: its dependencies are back`).pipe(
       Effect.annotateLogs({ event: "consumer.resumed", pausedMs })
     )
@@ -89,6 +92,7 @@ export const make = (
     if (down.length === 0) return Effect.void
     pausedAt = Monotonic.millis(clock)
     recordPaused(1)
+    onPause?.(true)
     return Effect.andThen(
       Effect.logWarning(
         `consumer ${name} paused: ${describeDown(down)} down; taking no new deliveries until ${down.length === 1 ? "it is" : "they are"} back`
@@ -125,6 +129,7 @@ export const make = (
       if (pausedAt !== undefined) {
         pausedAt = undefined
         recordPaused(0)
+        onPause?.(false)
       }
     },
     stopped: () => stopped

@@ -10,6 +10,7 @@ import { CurrentDelivery } from "../../CurrentDelivery.ts"
 import type { Delivery } from "../../Delivery.ts"
 import * as ErrorSummary from "../../ErrorSummary.ts"
 import { isExpired, type Metadata } from "../../Envelope.ts"
+import * as Outcome from "../../Outcome.ts"
 import type * as LeaseKeeper from "../leaseKeeper.ts"
 import type { DependencyDown } from "../lifecycleService.ts"
 import type { BoundedRuns } from "./bounded.ts"
@@ -18,6 +19,15 @@ import { describeDown } from "./dependencyGate.ts"
 import { leaseDeadlineOf, noDeadline, reporter } from "./helpers.ts"
 import type { Shared } from "./shared.ts"
 import { ExpiredBeforeRun, type HandlerTimeout, noReportsYet, type Prepared, type Reports, type Verdict } from "./types.ts"
+
+/** The verdict for a delivery taken past its local lease: released, uncounted, its handler not run. */
+const takenPastLease = (message: Outcome.MessageRef): Verdict =>
+  Outcome.verdict("Released", {
+    message,
+    reason: "LeaseLost",
+    error: ErrorSummary.make("LeaseLost", "the lease ran out before the handler could run (the delivery waited in the source's buffer, or for its key's turn)"),
+    retryIn: undefined
+  })
 
 /** The run stage of one consumer run (`makeRunHandler`). */
 export type RunStage<A, E extends Tagged, R> = ReturnType<typeof makeRunHandler<A, E, R>>
@@ -120,6 +130,13 @@ export const makeRunHandler = <A, E extends Tagged, R>(
     lease: LeaseKeeper.Lease
   ): Effect.Effect<Verdict, never, R> => {
     let startedAt = now()
+    // Taken past its lease (it waited in the source's buffer, or for its key's turn): the broker may
+    // have handed the message to another consumer, and its ack would be withheld anyway, so the
+    // handler does not run for nothing, or a second time beside the redelivery.
+    if (leaseMillis > 0 && startedAt - lease.hold.since >= leaseMillis * 0.9) {
+      keeper.unregister(lease)
+      return Effect.succeed(takenPastLease(prepared.message))
+    }
     // What the store reports about this delivery's effect, whatever the handler returns.
     const reports = noReportsYet()
     const concluded = (exit: Exit.Exit<unknown, unknown>) => {

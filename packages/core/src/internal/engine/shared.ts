@@ -73,9 +73,10 @@ export const makeShared = <A, E extends Tagged, R>(
   lanes: Lanes.Lanes | undefined,
   deadlines: Deadlines.Deadlines,
   outcomeDeadlines: Deadlines.Deadlines,
-  ackAll: Intake["ackAll"],
+  intake: Pick<Intake, "ackAll" | "holdBuffered">,
   env: RunEnvironment
 ) => {
+  const { ackAll, holdBuffered } = intake
   // Durations and deadlines (leases, handler timeouts, latencies) on the monotonic clock, as the
   // broker's ack wait; the wall clock only for dates (expiry, the stamps of dead letters).
   const now = () => Monotonic.millis(env.clock)
@@ -238,7 +239,16 @@ export const makeShared = <A, E extends Tagged, R>(
     committedOf,
     rememberReleased,
     releasedOf,
-    dependencyGate: DependencyGate.make(definition.name, env.lifecycle, definition.pauseOn, env.clock, series(Telemetry.paused, {})),
+    dependencyGate: DependencyGate.make(
+      definition.name,
+      env.lifecycle,
+      definition.pauseOn,
+      env.clock,
+      series(Telemetry.paused, {}),
+      // While paused, what the intake buffers waits too: its leases kept as a held delivery's, as
+      // long as a hold may last.
+      holdBuffered === undefined ? undefined : (paused) => holdBuffered(paused ? Duration.toMillis(definition.maxHold) : 0)
+    ),
     heldGauge: series(Telemetry.held, {}),
     // The deliveries held now (see `runHandler.ts`, `heldAfter`): the `jetworker.held` gauge.
     held: 0
