@@ -26,6 +26,7 @@ import {
   loginFor,
   millisOf,
   serverList,
+  schemeOf,
   serversAndCredentials,
   serversSettingOf,
   settingError,
@@ -235,7 +236,7 @@ export const make = (options: Options) =>
     // A `tls://` URL asks for TLS, as other NATS clients read it; nats.js ignores the scheme, and
     // would send the URL's password to a server (or anything in between) that offers none.
     const tls = yield* Effect.map(tlsFor(options), (given) =>
-      given === undefined && fromUrls.servers.some((server) => /^tls:\/\//i.test(server)) ? {} : given)
+      given === undefined && fromUrls.servers.some((server) => schemeOf(server).toLowerCase() === "tls://") ? {} : given)
     const lifecycle = yield* Lifecycle.Lifecycle
     // Under a worker that is starting, a refused or timed-out connection is retried until the
     // start-up deadline (the server may be restarting); otherwise it fails at once. Each try

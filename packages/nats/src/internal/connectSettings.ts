@@ -46,6 +46,9 @@ export const serverList = (servers: string | ReadonlyArray<string>): ReadonlyArr
 export const describeServers = (servers: string | ReadonlyArray<string>): string =>
   (typeof servers === "string" ? servers.split(",") : servers).map(withoutCredentials).join(", ")
 
+/** `address`'s scheme with its `://` (`nats://`, `tls://`, as written), or "" without one. */
+export const schemeOf = (address: string): string => /^[a-z][a-z0-9+.-]*:\/\//i.exec(address)?.[0] ?? ""
+
 /**
  * A server address split into its credentials (`userinfo`: everything before the last `@`, still
  * percent-encoded; `undefined` without an `@`) and the address without them, with or without a
@@ -54,7 +57,7 @@ export const describeServers = (servers: string | ReadonlyArray<string>): string
  */
 const splitCredentials = (server: string): { readonly address: string; readonly userinfo: string | undefined } => {
   const trimmed = server.trim()
-  const scheme = /^[a-z][a-z0-9+.-]*:\/\//i.exec(trimmed)?.[0] ?? ""
+  const scheme = schemeOf(trimmed)
   const rest = trimmed.slice(scheme.length)
   const at = rest.lastIndexOf("@")
   return at === -1
@@ -67,7 +70,7 @@ const splitCredentials = (server: string): { readonly address: string; readonly 
  * unescaped comma, which separates server URLs) would otherwise show the start of the password.
  */
 const withoutBadPort = (address: string): string => {
-  const scheme = /^[a-z][a-z0-9+.-]*:\/\//i.exec(address)?.[0] ?? ""
+  const scheme = schemeOf(address)
   const hostPort = /^(\[[^\]]*\]|[^:/]*)(?::([^/]*))?(.*)$/.exec(address.slice(scheme.length))
   if (hostPort === null || hostPort[2] === undefined || /^\d*$/.test(hostPort[2])) return address
   return `${scheme}${hostPort[1]}:***${hostPort[3]}`
