@@ -45,10 +45,12 @@ export interface Intake {
   readonly ackAll?: ((deliveries: ReadonlyArray<Delivery>) => Effect.Effect<ReadonlyArray<SettleError | undefined>>) | undefined
   /**
    * Optional: keeps the leases of the deliveries reserved and not yet taken for `forMillis` from
-   * now (0 or less: no longer), extending them before they run out as the engine does for a
-   * delivery it runs. The engine asks for it while it takes nothing (paused on a dependency, at
-   * most `dependencies.maxHold`), so that a pause longer than the lease does not hand them back to
-   * the broker, to be delivered again while this intake still holds them. A source whose leases
+   * now, extending them before they run out as the engine does for a delivery it runs. The engine
+   * asks for it while it takes nothing (paused on a dependency, at most `dependencies.maxHold`), so
+   * that a pause longer than the lease does not hand them back to the broker, to be delivered
+   * again while this intake still holds them; and calls it with 0 once it takes again, when a
+   * source should renew each lease it kept once more, so that what waited through the pause does
+   * not start with part of its lease spent. Closing the intake ends it too. A source whose leases
    * do not run while it buffers need not have it. It returns at once and never fails.
    */
   readonly holdBuffered?: ((forMillis: number) => void) | undefined

@@ -34,8 +34,12 @@ export interface Hold {
 
 /** Watches running deliveries. */
 export interface LeaseKeeper {
-  /** Watches `delivery` from `receivedAt` (the clock's monotonic millis, see `monotonic.ts`). */
-  readonly register: (delivery: Delivery, receivedAt: number, fiber: Fiber.Fiber<unknown, unknown>) => Lease
+  /**
+   * Watches `delivery` from `receivedAt`, taken at `takenAt` (the clock's monotonic millis, see
+   * `monotonic.ts`). A lease a third spent when taken (it waited in the source's buffer) is
+   * extended at once, not at the keeper's next check, which could come after 90% of it.
+   */
+  readonly register: (delivery: Delivery, receivedAt: number, fiber: Fiber.Fiber<unknown, unknown>, takenAt: number) => Lease
   readonly unregister: (lease: Lease) => void
 }
 
@@ -51,6 +55,7 @@ export const make = (lease: Duration.Duration): Effect.Effect<LeaseKeeper, never
     const leaseMillis = Duration.toMillis(lease)
     if (!(leaseMillis > 0) || !Number.isFinite(leaseMillis)) return none
     const leases = LiveSet.make<Lease>()
+    const runFork = Effect.runForkWith(yield* Effect.context<never>())
     const extendAfter = leaseMillis / 3
     const extendTimeout = Duration.millis(leaseMillis / 3)
 
@@ -85,9 +90,13 @@ export const make = (lease: Duration.Duration): Effect.Effect<LeaseKeeper, never
 
     yield* Effect.forkScoped(Effect.forever(Effect.andThen(Effect.sleep(Duration.millis(leaseMillis / 6)), tick)))
     return {
-      register: (delivery, receivedAt, fiber) => {
+      register: (delivery, receivedAt, fiber, takenAt) => {
         const lease: Lease = { delivery, fiber, hold: { since: receivedAt }, extending: false, lost: false, slot: -1 }
         lease.slot = leases.add(lease)
+        if (takenAt - receivedAt >= extendAfter) {
+          lease.extending = true
+          runFork(extend(lease, takenAt))
+        }
         return lease
       },
       unregister: (lease) => {

@@ -6,13 +6,18 @@
  * would run. They are kept as the engine's lease keeper keeps a running delivery's: an extension
  * (`+WPI`, confirmed) once a message has waited a third of its lease since it was last known held,
  * and none once 90% of it has passed, since the server confirms an old owner's extension too and
- * a confirmation then proves nothing. A confirmed extension moves the message's `receivedAt` to
- * when it was sent: the engine's lease counts from there once it takes the message.
+ * a confirmation then proves nothing. When the engine takes again, each message kept so far gets
+ * one last extension, so it does not start with part of its lease spent. A confirmed extension
+ * moves the message's `receivedAt` to when it was sent: the engine's lease counts from there once
+ * it takes the message (and the engine extends at once a lease a third spent when taken).
  */
 import { type Pulled, sendExtend } from "./delivery.ts"
 import type { IntakeEnv, IntakeState } from "./intakeState.ts"
 
-/** Keeping the buffered messages' leases: `hold` for a while (0: no longer), `stop` for good. */
+/**
+ * Keeping the buffered messages' leases: `hold` for a while, or 0 once the engine takes again (each
+ * buffered message held until then gets one last extension); `stop` for good (the intake closes).
+ */
 export interface BufferedLeases {
   readonly hold: (forMillis: number) => void
   readonly stop: () => void
@@ -33,12 +38,16 @@ export const makeBufferedLeases = (env: IntakeEnv, state: IntakeState, leaseMill
   }
   const extend = (pulled: Pulled, sentAt: number) => {
     extending.add(pulled)
-    const withdraw = sendExtend(env.connection, pulled, Math.min(env.settleTimeoutMillis, leaseMillis / 3), (confirmed) => {
+    // The answer may come before `sendExtend` returns (a closed connection answers at once), so
+    // the withdrawal is kept only while the answer is still to come.
+    const request = { answered: false, withdraw: undefined as (() => void) | undefined }
+    request.withdraw = sendExtend(env.connection, pulled, Math.min(env.settleTimeoutMillis, leaseMillis / 3), (confirmed) => {
+      request.answered = true
       extending.delete(pulled)
-      withdrawals.delete(withdraw)
+      if (request.withdraw !== undefined) withdrawals.delete(request.withdraw)
       if (confirmed) pulled.receivedAt = Math.max(pulled.receivedAt, sentAt)
     })
-    withdrawals.add(withdraw)
+    if (!request.answered) withdrawals.add(request.withdraw)
   }
   const tick = () => {
     const now = env.receivedNow()
@@ -48,9 +57,23 @@ export const makeBufferedLeases = (env: IntakeEnv, state: IntakeState, leaseMill
       if (held >= leaseMillis / 3 && held < leaseMillis * 0.9 && !extending.has(pulled)) extend(pulled, now)
     }
   }
+  // The engine takes again: what waited through the pause starts with a fresh lease, as if just
+  // received, instead of with up to half of one spent since its last extension.
+  const renewAll = () => {
+    const now = env.receivedNow()
+    for (const pulled of state.buffered) {
+      if (now - pulled.receivedAt < leaseMillis * 0.9 && !extending.has(pulled)) extend(pulled, now)
+    }
+  }
   return {
     hold: (forMillis) => {
-      if (!(leaseMillis > 0) || !Number.isFinite(leaseMillis) || !(forMillis > 0) || state.closed) return endHold()
+      if (!(forMillis > 0)) {
+        const holding = until !== undefined
+        endHold()
+        if (holding && !state.closed) renewAll()
+        return
+      }
+      if (!(leaseMillis > 0) || !Number.isFinite(leaseMillis) || state.closed) return endHold()
       until = env.receivedNow() + forMillis
       if (timer === undefined) {
         timer = setInterval(tick, Math.max(10, leaseMillis / 6))

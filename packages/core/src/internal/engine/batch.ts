@@ -15,7 +15,7 @@ import * as Telemetry from "../../Telemetry.ts"
 import type * as LeaseKeeper from "../leaseKeeper.ts"
 import type { BoundedRuns } from "./bounded.ts"
 import type { ConcludeStage } from "./conclude.ts"
-import { leaseDeadlineOf, leaseStart, noDeadline, reporter } from "./helpers.ts"
+import { leaseDeadlineOf, leaseStart, noDeadline, reporter, takenPastLease } from "./helpers.ts"
 import type { PrepareStage } from "./prepare.ts"
 import type { Holding, RunStage } from "./runHandler.ts"
 import type { SettleStage } from "./settle.ts"
@@ -65,7 +65,7 @@ export const makeBatchPath = <A, E extends Tagged, R>(
         const last = deliveries[deliveries.length - 1]!
         if (last.pending !== undefined) progress.pending = last.pending
         record(inFlightGauge, shared.running)
-        const leases = deliveries.map((delivery) => keeper.register(delivery, leaseStart(delivery, receivedAt), fiber))
+        const leases = deliveries.map((delivery) => keeper.register(delivery, leaseStart(delivery, receivedAt), fiber, receivedAt))
         const unregister = () => {
           for (const lease of leases) keeper.unregister(lease)
         }
@@ -74,7 +74,8 @@ export const makeBatchPath = <A, E extends Tagged, R>(
         return prepareBatch(deliveries).pipe(
           Effect.flatMap((batchPrepared) => {
             prepared = batchPrepared
-            const { verdicts, runnable } = batchPrepared
+            const { verdicts } = batchPrepared
+            const runnable = withoutTakenPastLease(batchPrepared, leases)
             return runnable.length === 0 ? Effect.succeed(verdicts) : runBatch(deliveries, batch, leases, verdicts, runnable, restore)
           }),
           Effect.catchCause((cause) => Effect.sync(() => batchDefect(deliveries, prepared, cause))),
@@ -88,6 +89,22 @@ export const makeBatchPath = <A, E extends Tagged, R>(
         )
       })
     )
+
+  /**
+   * The runnable elements of a batch but those taken past their lease (they waited in the source's
+   * buffer): each of those gets its verdict, released without running, as a single delivery
+   * (`takenPastLease`). Most batches have none, and keep their array.
+   */
+  const withoutTakenPastLease = (batch: PreparedBatch<A>, leases: ReadonlyArray<LeaseKeeper.Lease>): ReadonlyArray<Runnable<A>> => {
+    if (!(leaseMillis > 0)) return batch.runnable
+    const at = now()
+    const stale = (element: Runnable<A>) => at - leases[element.index]!.hold.since >= leaseMillis * 0.9
+    if (!batch.runnable.some(stale)) return batch.runnable
+    for (const element of batch.runnable) {
+      if (stale(element)) batch.verdicts[element.index] = takenPastLease(element.prepared.message)
+    }
+    return batch.runnable.filter((element) => !stale(element))
+  }
 
   /**
    * The batch's safety net, as `judgeSafely` is the single delivery's: after a defect anywhere on

@@ -55,7 +55,8 @@ export const describeDown = (down: ReadonlyArray<DependencyDown>): string =>
 /**
  * The gate of consumer `name` on `lifecycle`'s dependencies `pauseOn` (all, those named, or none);
  * `recordPaused` sets the consumer's `jetworker.paused` gauge (1 while paused, 0 after), and
- * `onPause`, when given, is told when a pause begins (true) and ends (false), stopping included.
+ * `onPause`, when given, is told when a pause begins (true) and when the dependencies are back
+ * (false), not when the consumer stops.
  */
 export const make = (
   name: string,
@@ -126,10 +127,10 @@ export const make = (
       stopped = true
       Deferred.doneUnsafe(stopping, Exit.void)
       watching?.interruptUnsafe()
+      // `onPause` is not told: the source's intake closes next, which ends what it kept.
       if (pausedAt !== undefined) {
         pausedAt = undefined
         recordPaused(0)
-        onPause?.(false)
       }
     },
     stopped: () => stopped

@@ -5,10 +5,11 @@
  */
 import type { Clock } from "effect"
 import type { Delivery } from "../../Delivery.ts"
+import * as ErrorSummary from "../../ErrorSummary.ts"
 import * as Outcome from "../../Outcome.ts"
 import type * as LeaseKeeper from "../leaseKeeper.ts"
 import * as Monotonic from "../monotonic.ts"
-import type { Reports } from "./types.ts"
+import type { Reports, Verdict } from "./types.ts"
 
 /**
  * The functions a handler's context holds (`CurrentDelivery`, `CurrentBatch`) are built here, at
@@ -23,6 +24,18 @@ export const reporter = (reports: Reports, now: () => number) => (report: "Commi
     reports.committedAt = now()
   } else reports.alreadyCommitted = true
 }
+/**
+ * The verdict for a delivery taken past 90% of its local lease (it waited in the source's buffer,
+ * or for its key's turn): released, uncounted, its handler not run, since its ack would be
+ * withheld and the broker may already have handed it to another consumer.
+ */
+export const takenPastLease = (message: Outcome.MessageRef): Verdict =>
+  Outcome.verdict("Released", {
+    message,
+    reason: "LeaseLost",
+    error: ErrorSummary.make("LeaseLost", "the lease ran out before the handler could run (the delivery waited in the source's buffer, or for its key's turn)"),
+    retryIn: undefined
+  })
 /** Since when `delivery`'s lease has run, taken at `takenAt`: never later than the source's receipt. */
 export const leaseStart = (delivery: Delivery, takenAt: number): number =>
   delivery.receivedAt === undefined ? takenAt : Math.min(takenAt, delivery.receivedAt)

@@ -10,24 +10,14 @@ import { CurrentDelivery } from "../../CurrentDelivery.ts"
 import type { Delivery } from "../../Delivery.ts"
 import * as ErrorSummary from "../../ErrorSummary.ts"
 import { isExpired, type Metadata } from "../../Envelope.ts"
-import * as Outcome from "../../Outcome.ts"
 import type * as LeaseKeeper from "../leaseKeeper.ts"
 import type { DependencyDown } from "../lifecycleService.ts"
 import type { BoundedRuns } from "./bounded.ts"
 import type { ConcludeStage } from "./conclude.ts"
 import { describeDown } from "./dependencyGate.ts"
-import { leaseDeadlineOf, noDeadline, reporter } from "./helpers.ts"
+import { leaseDeadlineOf, noDeadline, reporter, takenPastLease } from "./helpers.ts"
 import type { Shared } from "./shared.ts"
 import { ExpiredBeforeRun, type HandlerTimeout, noReportsYet, type Prepared, type Reports, type Verdict } from "./types.ts"
-
-/** The verdict for a delivery taken past its local lease: released, uncounted, its handler not run. */
-const takenPastLease = (message: Outcome.MessageRef): Verdict =>
-  Outcome.verdict("Released", {
-    message,
-    reason: "LeaseLost",
-    error: ErrorSummary.make("LeaseLost", "the lease ran out before the handler could run (the delivery waited in the source's buffer, or for its key's turn)"),
-    retryIn: undefined
-  })
 
 /** The run stage of one consumer run (`makeRunHandler`). */
 export type RunStage<A, E extends Tagged, R> = ReturnType<typeof makeRunHandler<A, E, R>>

@@ -130,7 +130,7 @@ export const makeSinglePath = <A, E extends Tagged, R>(
       if (delivery.pending !== undefined) progress.pending = delivery.pending
       // The lease is watched from receipt, the source's if it held the delivery in a buffer
       // (the broker's lease ran meanwhile), and also while the delivery waits for its key's turn.
-      const lease = keeper.register(delivery, leaseStart(delivery, receivedAt), fiber)
+      const lease = keeper.register(delivery, leaseStart(delivery, receivedAt), fiber, receivedAt)
       return Effect.flatMap(judgeSafely(delivery, restore, lease, admission), (judged) => {
         keeper.unregister(lease)
         if (admission !== undefined) {
