@@ -28,49 +28,45 @@ export const makeBufferedLeases = (env: IntakeEnv, state: IntakeState, leaseMill
   // Until when the engine holds the buffer, on the intake's monotonic time; undefined: it does not.
   let until: number | undefined
   let timer: ReturnType<typeof setInterval> | undefined
-  // Messages whose extension is in flight (at most `prefetch`).
-  const extending = new Set<Pulled>()
-  const withdrawals = new Set<() => void>()
+  // Messages whose extension is in flight (at most `prefetch`), with its withdrawal.
+  const extending = new Map<Pulled, () => void>()
   const endHold = () => {
     until = undefined
     if (timer !== undefined) clearInterval(timer)
     timer = undefined
   }
   const extend = (pulled: Pulled, sentAt: number) => {
-    extending.add(pulled)
-    // The answer may come before `sendExtend` returns (a closed connection answers at once), so
-    // the withdrawal is kept only while the answer is still to come.
-    const request = { answered: false, withdraw: undefined as (() => void) | undefined }
-    request.withdraw = sendExtend(env.connection, pulled, Math.min(env.settleTimeoutMillis, leaseMillis / 3), (confirmed) => {
-      request.answered = true
+    // The answer may come before `sendExtend` returns (a closed connection answers at once):
+    // then there is nothing to withdraw.
+    let answered = false
+    const withdraw = sendExtend(env.connection, pulled, Math.min(env.settleTimeoutMillis, leaseMillis / 3), (confirmed) => {
+      answered = true
       extending.delete(pulled)
-      if (request.withdraw !== undefined) withdrawals.delete(request.withdraw)
       if (confirmed) pulled.receivedAt = Math.max(pulled.receivedAt, sentAt)
     })
-    if (!request.answered) withdrawals.add(request.withdraw)
+    if (!answered) extending.set(pulled, withdraw)
   }
-  const tick = () => {
+  // Extends each buffered message held at least `after` since it was last known held, and not yet
+  // 90% of its lease.
+  const extendHeld = (after: number) => {
     const now = env.receivedNow()
-    if (until === undefined || now >= until || state.closed) return endHold()
     for (const pulled of state.buffered) {
       const held = now - pulled.receivedAt
-      if (held >= leaseMillis / 3 && held < leaseMillis * 0.9 && !extending.has(pulled)) extend(pulled, now)
+      if (held >= after && held < leaseMillis * 0.9 && !extending.has(pulled)) extend(pulled, now)
     }
   }
-  // The engine takes again: what waited through the pause starts with a fresh lease, as if just
-  // received, instead of with up to half of one spent since its last extension.
-  const renewAll = () => {
-    const now = env.receivedNow()
-    for (const pulled of state.buffered) {
-      if (now - pulled.receivedAt < leaseMillis * 0.9 && !extending.has(pulled)) extend(pulled, now)
-    }
+  const tick = () => {
+    if (until === undefined || env.receivedNow() >= until || state.closed) return endHold()
+    extendHeld(leaseMillis / 3)
   }
   return {
     hold: (forMillis) => {
       if (!(forMillis > 0)) {
         const holding = until !== undefined
         endHold()
-        if (holding && !state.closed) renewAll()
+        // The engine takes again: what waited through the pause starts with a fresh lease, as if
+        // just received, instead of with up to half of one spent since its last extension.
+        if (holding && !state.closed) extendHeld(0)
         return
       }
       if (!(leaseMillis > 0) || !Number.isFinite(leaseMillis) || state.closed) return endHold()
@@ -83,8 +79,7 @@ export const makeBufferedLeases = (env: IntakeEnv, state: IntakeState, leaseMill
     },
     stop: () => {
       endHold()
-      for (const withdraw of withdrawals) withdraw()
-      withdrawals.clear()
+      for (const withdraw of extending.values()) withdraw()
       extending.clear()
     }
   }

@@ -15,7 +15,7 @@ import * as Telemetry from "../../Telemetry.ts"
 import type * as LeaseKeeper from "../leaseKeeper.ts"
 import type { BoundedRuns } from "./bounded.ts"
 import type { ConcludeStage } from "./conclude.ts"
-import { leaseDeadlineOf, leaseStart, noDeadline, reporter, takenPastLease } from "./helpers.ts"
+import { leaseDeadlineOf, leaseStart, noDeadline, pastLease, reporter, takenPastLease } from "./helpers.ts"
 import type { PrepareStage } from "./prepare.ts"
 import type { Holding, RunStage } from "./runHandler.ts"
 import type { SettleStage } from "./settle.ts"
@@ -98,7 +98,7 @@ export const makeBatchPath = <A, E extends Tagged, R>(
   const withoutTakenPastLease = (batch: PreparedBatch<A>, leases: ReadonlyArray<LeaseKeeper.Lease>): ReadonlyArray<Runnable<A>> => {
     if (!(leaseMillis > 0)) return batch.runnable
     const at = now()
-    const stale = (element: Runnable<A>) => at - leases[element.index]!.hold.since >= leaseMillis * 0.9
+    const stale = (element: Runnable<A>) => pastLease(leases[element.index]!.hold, leaseMillis, at)
     if (!batch.runnable.some(stale)) return batch.runnable
     for (const element of batch.runnable) {
       if (stale(element)) batch.verdicts[element.index] = takenPastLease(element.prepared.message)

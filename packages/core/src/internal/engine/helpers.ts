@@ -36,6 +36,12 @@ export const takenPastLease = (message: Outcome.MessageRef): Verdict =>
     error: ErrorSummary.make("LeaseLost", "the lease ran out before the handler could run (the delivery waited in the source's buffer, or for its key's turn)"),
     retryIn: undefined
   })
+/**
+ * Whether a lease last known held at `hold.since` is past its local deadline at `at` (90% of
+ * `leaseMillis`, the keeper's margin); never for a source without leases (`leaseMillis` 0).
+ */
+export const pastLease = (hold: LeaseKeeper.Hold, leaseMillis: number, at: number): boolean =>
+  leaseMillis > 0 && at - hold.since >= leaseMillis * 0.9
 /** Since when `delivery`'s lease has run, taken at `takenAt`: never later than the source's receipt. */
 export const leaseStart = (delivery: Delivery, takenAt: number): number =>
   delivery.receivedAt === undefined ? takenAt : Math.min(takenAt, delivery.receivedAt)

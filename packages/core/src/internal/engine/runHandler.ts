@@ -15,7 +15,7 @@ import type { DependencyDown } from "../lifecycleService.ts"
 import type { BoundedRuns } from "./bounded.ts"
 import type { ConcludeStage } from "./conclude.ts"
 import { describeDown } from "./dependencyGate.ts"
-import { leaseDeadlineOf, noDeadline, reporter, takenPastLease } from "./helpers.ts"
+import { leaseDeadlineOf, noDeadline, pastLease, reporter, takenPastLease } from "./helpers.ts"
 import type { Shared } from "./shared.ts"
 import { ExpiredBeforeRun, type HandlerTimeout, noReportsYet, type Prepared, type Reports, type Verdict } from "./types.ts"
 
@@ -123,7 +123,7 @@ export const makeRunHandler = <A, E extends Tagged, R>(
     // Taken past its lease (it waited in the source's buffer, or for its key's turn): the broker may
     // have handed the message to another consumer, and its ack would be withheld anyway, so the
     // handler does not run for nothing, or a second time beside the redelivery.
-    if (leaseMillis > 0 && startedAt - lease.hold.since >= leaseMillis * 0.9) {
+    if (pastLease(lease.hold, leaseMillis, startedAt)) {
       keeper.unregister(lease)
       return Effect.succeed(takenPastLease(prepared.message))
     }

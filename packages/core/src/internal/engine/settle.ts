@@ -10,6 +10,7 @@ import * as ErrorSummary from "../../ErrorSummary.ts"
 import * as Outcome from "../../Outcome.ts"
 import * as Retry from "../../Retry.ts"
 import type * as LeaseKeeper from "../leaseKeeper.ts"
+import { pastLease } from "./helpers.ts"
 import type { RecordStage } from "./record.ts"
 import type { Shared } from "./shared.ts"
 import { type Decided, effectCommittedIf, type Verdict } from "./types.ts"
@@ -202,8 +203,7 @@ export const makeSettle = <A, E extends Tagged, R>(shared: Shared<A, E, R>, { re
     // sent). Only the broker's last delivery (MaxDeliver) is nobody else's: its dead letter is
     // still written, since no redelivery could write it.
     const commandStart = now()
-    const pastLease = leaseMillis > 0 && commandStart >= lease.hold.since + leaseMillis * 0.9
-    const verdict = !pastLease
+    const verdict = !pastLease(lease.hold, leaseMillis, commandStart)
       ? judged
       : acks(judged, definition.expiredTo)
       ? withheldAck(judged)
