@@ -154,7 +154,9 @@ describe("NatsConnection with credentials in the server URL", () => {
           [{ servers: `nats://alice:s3cret@${nowhere}`, credentialsFile: "/nonexistent.creds" }, "NATS_CREDS"],
           // Malformed percent-encoding, and a password without a user.
           [{ servers: `nats://alice:s3cret%E0%A4%A@${nowhere}` }, "percent-encoding"],
-          [{ servers: `nats://:s3cret@${nowhere}` }, "no user"]
+          [{ servers: `nats://:s3cret@${nowhere}` }, "no user"],
+          // Both empty (a template of empty variables): said as it is, not as "a password".
+          [{ servers: `nats://:@${nowhere}` }, "an empty user and an empty password"]
         ] as const
       ) {
         const error = yield* refusal(NatsConnection.layer({ connectTimeout: "2 seconds", ...options }))

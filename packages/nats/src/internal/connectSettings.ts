@@ -120,8 +120,12 @@ const credentialsOf = (server: string, userinfo: string): Effect.Effect<UrlCrede
       // nats.js would send no credentials at all for an empty user.
       user === ""
         ? Effect.fail(settingError(
-          `the server URL ${withoutCredentials(server)} carries a password but no user: write user:password@host:port, ` +
-            `or token@host:port for a token`
+          password === ""
+            // `:@`, as a template of empty variables leaves it: say so rather than "a password".
+            ? `the server URL ${withoutCredentials(server)} carries an empty user and an empty password (":@"): write ` +
+              `user:password@host:port, token@host:port for a token, or host:port without credentials`
+            : `the server URL ${withoutCredentials(server)} carries a password but no user: write user:password@host:port, ` +
+              `or token@host:port for a token`
         ))
         : Effect.succeed<UrlCredentials>({ _tag: "UserPassword", user, password: Redacted.make(password) })
   )
