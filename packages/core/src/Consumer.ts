@@ -444,6 +444,16 @@ export const makeBatch = <A, EE extends Tagged, EW extends Tagged, R, RS = never
   const problems: Array<OptionProblem> = []
   const maxSize = intOption(problems, "batch.maxSize", options.batch?.maxSize ?? 0, 1, 10_000)
   const maxWait = durationOption(problems, "batch.maxWait", options.batch?.maxWait, Duration.millis(20), true)
+  // The type leaves `ordering` out, but options spread from a shared object bring it along: a
+  // batch runs its elements together, so an ordering other than "unordered" would be dropped silently.
+  const ordering = (options as { readonly ordering?: unknown }).ordering
+  if (ordering !== undefined && ordering !== "unordered") {
+    problems.push({
+      option: "ordering",
+      problem: `is not supported by a batch consumer, which runs a batch's elements together, unordered: remove it, ` +
+        `or use Consumer.make for ordered processing`
+    })
+  }
   const handleBatch = options.handleBatch as (events: ReadonlyArray<A>) => Effect.Effect<ReadonlyArray<Result.Result<unknown, E>>, E, R>
   // One event alone, as a batch of one: what the engine runs when a batch failed as a whole.
   const single = (event: A) =>
@@ -471,6 +481,7 @@ export const makeBatch = <A, EE extends Tagged, EW extends Tagged, R, RS = never
     })
   const consumer = make({
     ...(options as BaseBatchOptions<A, EE, EW, R, RS> & { readonly metadata?: (event: A) => Metadata }),
+    ordering: "unordered",
     handle: single,
     concurrency: options.concurrency ?? 2,
     prefetch: options.prefetch ?? maxSize

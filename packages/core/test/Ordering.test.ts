@@ -45,6 +45,19 @@ describe("Ordering", () => {
       assert.deepStrictEqual(bad.problems.map((p) => p.option), ["batch.maxSize", "batch.maxWait"])
     }))
 
+  it.effect("BE-JOB-004: a batch consumer given an ordering (options spread from a single consumer's, which the type cannot catch) refuses it instead of dropping it", () =>
+    Effect.sync(() => {
+      const handleBatch = (events: ReadonlyArray<typeof Event.Type>) => Effect.succeed(events.map(() => Result.succeed(undefined)))
+      for (const ordering of [{ perKey: (event: typeof Event.Type) => event.id }, "sequential"] as const) {
+        const shared = { ...base, ordering }
+        const consumer = Consumer.makeBatch({ ...shared, batch: { maxSize: 10 }, handleBatch })
+        assert.deepStrictEqual(consumer.problems.map((p) => p.option), ["ordering"], JSON.stringify(ordering))
+        assert.include(consumer.problems[0]!.problem, "not supported by a batch consumer")
+      }
+      const unordered = Consumer.makeBatch({ ...{ ...base, ordering: "unordered" as const }, batch: { maxSize: 10 }, handleBatch })
+      assert.deepStrictEqual(unordered.problems, [])
+    }))
+
   it.effect("lanes: a key's deliveries take turns in order; one that leaves before its turn passes the wait on", () =>
     Effect.gen(function*() {
       const lanes = Lanes.make({ maxHeld: 10, maxKeys: 10, maxPerLane: 3 })

@@ -87,7 +87,18 @@ const makeProcess = <A, E extends Tagged, R>(shared: Shared<A, E, R>) => {
     ).pipe(Effect.annotateLogs({ event: "consumer.progress", counts, inFlight: shared.running, pending: progress.pending ?? null }))
   })
 
-  return { one, many, summary, running: () => shared.running, dependencyGate: shared.dependencyGate }
+  // Served from the start (a dashboard or an `absent()` alert reads no series as "no data"), not
+  // from their first change.
+  const zeroGauges = () => {
+    shared.record(shared.inFlightGauge, 0)
+    shared.record(shared.heldGauge, 0)
+    shared.record(shared.pausedGauge, 0)
+  }
+  const stop = () => {
+    shared.stopping = true
+  }
+
+  return { one, many, summary, running: () => shared.running, dependencyGate: shared.dependencyGate, zeroGauges, stop }
 }
 
 /** Runs the engine until interrupted (then drains) or until the source fails. */
@@ -131,16 +142,20 @@ export const run = <A, E extends Tagged, R>(definition: Definition<A, E, R>): Ef
       const inFlight = yield* FiberSet.make<void, SourceError>()
       // The workers waiting for a delivery (without per-key ordering and batches): shutdown ends their wait.
       const idleWorkers = new Set<Fiber.Fiber<unknown, unknown>>()
-      // The dependency gate's `stop`, once the gate exists (the finalizer may run before).
+      // The dependency gate's `stop` and the deliveries' stop flag, once they exist (the finalizer
+      // may run before).
       let stopGate = (): void => undefined
+      let stopDeliveries = (): void => undefined
       // Runs before the FiberSet's own finalizer (which interrupts what is left) and before the
       // intake's: stop reserving, then let running handlers finish until the drain share of the
       // worker's shutdown budget ends (unmanaged: for `drainTimeout`).
       yield* Effect.addFinalizer(() =>
         Effect.gen(function*() {
           closing = true
-          // A held delivery is released at once, uncounted, instead of holding the drain.
+          // A held delivery is released at once, uncounted, instead of holding the drain; so is a
+          // delivery whose key's turn comes from now on (it is not run).
           stopGate()
+          stopDeliveries()
           yield* component.down("stopping")
           yield* lifecycle.stage("intake", definition.name, "drain", intake.close)
           // Workers waiting for a delivery stop waiting (a source need not fail a waiting take).
@@ -184,6 +199,7 @@ export const run = <A, E extends Tagged, R>(definition: Definition<A, E, R>): Ef
         env
       ))
       stopGate = processor.dependencyGate.stop
+      stopDeliveries = processor.stop
       const runFiber = FiberSet.run(inFlight)
       // `take`, once no dependency the consumer pauses on is down (see `dependencyGate.ts`).
       const gate = processor.dependencyGate
@@ -191,6 +207,23 @@ export const run = <A, E extends Tagged, R>(definition: Definition<A, E, R>): Ef
         gate.active ? Effect.suspend(() => (gate.open() ? take : Effect.andThen(gate.awaitOpen, take))) : take
       if (Duration.toMillis(definition.progressInterval) > 0) {
         yield* Effect.forkScoped(Effect.forever(Effect.andThen(Effect.sleep(definition.progressInterval), processor.summary)))
+      }
+      // The broker's MaxDeliver at or below `maxDeliveries` lowers the crash-loop guard: a release
+      // that spends no attempt (a shutdown, a lost lease, a buffered message handed back) still
+      // spends a delivery, so the message can be dead-lettered before its attempts are run.
+      if (deliveryBound < definition.maxDeliveries) {
+        yield* Effect.logWarning(
+          `consumer ${definition.name}: the broker consumer's max_deliver ${intake.maxDeliver} lowers the crash-loop guard ` +
+            `to ${deliveryBound} deliveries, below maxDeliveries ${definition.maxDeliveries}: a release that spends no ` +
+            `attempt (a shutdown, a lost lease) still spends a delivery, so a message can be dead-lettered ` +
+            `DeliveriesExhausted before its ${definition.retry.attempts} attempts are run; raise max_deliver to at least ` +
+            `${definition.maxDeliveries + 1}, or lower maxDeliveries`
+        ).pipe(Effect.annotateLogs({
+          event: "consumer.delivery_guard_lowered",
+          consumer: definition.name,
+          maxDeliver: intake.maxDeliver ?? null,
+          maxDeliveries: definition.maxDeliveries
+        }))
       }
       // A name in `pauseOn` that no dependency has would silently never pause the consumer.
       const pauseOn = definition.pauseOn
@@ -206,6 +239,7 @@ export const run = <A, E extends Tagged, R>(definition: Definition<A, E, R>): Ef
         }
       }
       started = true
+      processor.zeroGauges()
       yield* (stalled === undefined ? component.up : component.down(stalled))
       yield* Effect.logInfo(
         `consumer ${definition.name} started on ${definition.source.name} ` +

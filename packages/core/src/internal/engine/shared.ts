@@ -2,8 +2,8 @@
  * The run environment the stages share: `makeShared` builds it once per consumer run, before the
  * stages' factories (`engine.ts`, `makeProcess`), each of which takes what it uses out of it once,
  * so that the per-delivery path reads its own closures. It holds the run's settings and services,
- * the clock readers, the metric series, the progress counts, and `running`, the deliveries in
- * flight: the one field the stages write.
+ * the clock readers, the metric series, the progress counts, `running`, the deliveries in
+ * flight (the one field the stages write), and `stopping`, which the engine sets.
  */
 import { Context, Duration, Effect, LogLevel, Metric, Option, References, Schedule, Tracer } from "effect"
 import type { AttemptStoreShape } from "../../AttemptStore.ts"
@@ -108,6 +108,7 @@ export const makeShared = <A, E extends Tagged, R>(
   // Series with the consumer's attributes, built once; those keyed by a reason or stage on first use.
   const handlerDuration = series(Telemetry.handlerDuration, {})
   const inFlightGauge = series(Telemetry.inFlight, {})
+  const pausedGauge = series(Telemetry.paused, {})
   const clockSkew = series(Telemetry.producerClockSkew, {})
   const stranded = series(Telemetry.stranded, {})
   const redeliveries = series(Telemetry.redeliveries, {})
@@ -227,6 +228,9 @@ export const makeShared = <A, E extends Tagged, R>(
     settleLatency,
     // The deliveries in flight: counted up by `process` and `processBatch`, down by `recordOutcome`.
     running: 0,
+    // Set by the engine when the consumer stops: a delivery whose key's turn comes after that is
+    // released without running (see `single.ts`).
+    stopping: false,
     progress,
     progressMillis,
     reportsProgress,
@@ -244,11 +248,12 @@ export const makeShared = <A, E extends Tagged, R>(
       env.lifecycle,
       definition.pauseOn,
       env.clock,
-      series(Telemetry.paused, {}),
+      pausedGauge,
       // While paused, what the intake buffers waits too: its leases kept as a held delivery's, as
       // long as a hold may last.
       holdBuffered === undefined ? undefined : (paused) => holdBuffered(paused ? Duration.toMillis(definition.maxHold) : 0)
     ),
+    pausedGauge,
     heldGauge: series(Telemetry.held, {}),
     // The deliveries held now (see `runHandler.ts`, `heldAfter`): the `jetworker.held` gauge.
     held: 0

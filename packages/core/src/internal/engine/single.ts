@@ -101,8 +101,10 @@ export const makeSinglePath = <A, E extends Tagged, R>(
     if (admission === undefined) return runHandler(prepared.success, delivery, restore, lease)
     // Interruptible: a shutdown past its drain, or a lost lease, ends the wait. Expiry is
     // checked again before the handler runs (stage AfterWait).
+    // A turn that comes once the consumer is stopping is not run: the delivery waited (it was
+    // not started), so it is released as the intake's buffer is, in its key's order.
     return Effect.flatMap(Effect.exit(restore(admit(admission, prepared.success.orderKey))), (waited) => {
-      if (Exit.isSuccess(waited)) return runHandler(prepared.success, delivery, restore, lease)
+      if (Exit.isSuccess(waited) && !shared.stopping) return runHandler(prepared.success, delivery, restore, lease)
       const message = prepared.success.message
       return Effect.succeed(
         lease.lost
@@ -134,10 +136,19 @@ export const makeSinglePath = <A, E extends Tagged, R>(
       return Effect.flatMap(judgeSafely(delivery, restore, lease, admission), (judged) => {
         keeper.unregister(lease)
         if (admission !== undefined) {
-          // The next delivery of the key may run while this one settles: its effect is decided.
           Deferred.doneUnsafe(admission.entered, Effect.void)
-          if (admission.place !== undefined) lanes!.leave(admission.place)
+          const place = admission.place
           admission.place = undefined
+          if (place !== undefined) {
+            // A delivery released without running (the consumer stopping) keeps its key's turn
+            // until its release is sent: the next turn runs inline, so released one after another
+            // the later ones would settle first, and the broker would redeliver the key in reverse.
+            if (judged._tag === "Released" && judged.reason === "Interrupted") {
+              return Effect.ensuring(settle(delivery, judged, receivedAt, lease), Effect.sync(() => lanes!.leave(place)))
+            }
+            // The next delivery of the key may run while this one settles: its effect is decided.
+            lanes!.leave(place)
+          }
         }
         return settle(delivery, judged, receivedAt, lease)
       })
