@@ -8,6 +8,11 @@
  * runs it against the real NATS and PostgreSQL, and runs the installed `jetworker --help`.
  *
  *   node scripts/packed-app.ts            # NATS_URL, DATABASE_URL (schema in its options), APP_STREAM
+ *   node scripts/packed-app.ts --pack-only <directory>
+ *
+ * `--pack-only` builds, packs and checks the tarballs into `<directory>` and prints what an
+ * application adds to install them (docs/getting-started.md, until the packages are published);
+ * the full run prints the same lines for the tarballs it installs.
  *
  * Prints one `step <name> ok (<ms> ms)` line per step and the application's output; exits 1 at
  * the first failed step, with its output. The scratch directory is removed unless
@@ -16,13 +21,18 @@
 import { execFileSync } from "node:child_process"
 import { cpSync, mkdirSync, mkdtempSync, readdirSync, rmSync, writeFileSync } from "node:fs"
 import { tmpdir } from "node:os"
-import { join } from "node:path"
+import { join, resolve } from "node:path"
 import { fileURLToPath } from "node:url"
 
 const root = fileURLToPath(new URL("..", import.meta.url))
 const packages = ["core", "nats", "sql-pg", "node", "opentelemetry", "testing", "cli"]
+const packOnly = process.argv[2] === "--pack-only" ? resolve(process.argv[3] ?? "") : undefined
+if (process.argv[2] !== undefined && (packOnly === undefined || process.argv[3] === undefined || process.argv[3] === "")) {
+  console.log("usage: node scripts/packed-app.ts [--pack-only <directory>]")
+  process.exit(2)
+}
 const scratch = mkdtempSync(join(tmpdir(), "jw-packed-"))
-const packs = join(scratch, "packs")
+const packs = packOnly ?? join(scratch, "packs")
 const app = join(scratch, "app")
 
 const run = (name: string, command: string, args: ReadonlyArray<string>, cwd: string, env: NodeJS.ProcessEnv = process.env): string => {
@@ -65,12 +75,25 @@ const checkContents = (file: string, listing: string): void => {
 
 try {
   run("build", "pnpm", ["exec", "tsc", "-b", "tsconfig.build.json"], root)
-  mkdirSync(packs)
+  mkdirSync(packs, { recursive: true })
   for (const name of packages) run(`pack ${name}`, "pnpm", ["pack", "--pack-destination", packs], join(root, "packages", name))
   for (const file of readdirSync(packs)) checkContents(file, run(`list ${file}`, "tar", ["tzf", join(packs, file)], packs))
   const tarballs = Object.fromEntries(
     readdirSync(packs).map((file) => [`@jetworker/${file.replace(/^jetworker-/, "").replace(/-\d+\.\d+\.\d+\.tgz$/, "")}`, `file:${join(packs, file)}`])
   )
+  const overrides = `overrides:\n${Object.entries(tarballs).map(([name, spec]) => `  "${name}": "${spec}"`).join("\n")}\n`
+  console.log(
+    `to install these tarballs in an application: its package.json "dependencies" take\n` +
+      Object.entries(tarballs).map(([name, spec]) => `  "${name}": "${spec}",`).join("\n") +
+      `\nand its pnpm-workspace.yaml (their dependencies on each other point at the tarballs too)\n${overrides}`
+  )
+  if (packOnly === undefined) runApp(tarballs, overrides)
+} finally {
+  if (process.env.JW_KEEP_PACKED_APP !== "1") rmSync(scratch, { recursive: true, force: true })
+}
+
+/** Installs the tarballs in a scratch application, compiles the fixture, runs it and `jetworker --help`. */
+function runApp(tarballs: Record<string, string>, overrides: string): void {
   cpSync(join(root, "test/fixtures/packed-app"), app, { recursive: true })
   writeFileSync(join(app, "package.json"), JSON.stringify({
     name: "packed-app",
@@ -86,13 +109,11 @@ try {
     devDependencies: { "typescript": "5.9.3", "@types/node": "24.19.4" }
   }, null, 2))
   // The tarballs' dependencies on each other are versions (`workspace:*` packed): point them at the tarballs too.
-  writeFileSync(join(app, "pnpm-workspace.yaml"), `overrides:\n${Object.entries(tarballs).map(([name, spec]) => `  "${name}": "${spec}"`).join("\n")}\n`)
+  writeFileSync(join(app, "pnpm-workspace.yaml"), overrides)
   run("install", "pnpm", ["install", "--prefer-offline", "--reporter=silent"], app, { ...process.env, CI: "true" })
   run("compile", "pnpm", ["exec", "tsc", "-p", "tsconfig.json"], app)
   const output = run("run", process.execPath, ["dist/main.js"], app, { ...process.env, HEALTH_PORT: "0", HEALTH_HOST: "127.0.0.1" })
   process.stdout.write(output)
   const help = run("jetworker --help", join(app, "node_modules/.bin/jetworker"), ["--help"], app)
   process.stdout.write(help)
-} finally {
-  if (process.env.JW_KEEP_PACKED_APP !== "1") rmSync(scratch, { recursive: true, force: true })
 }

@@ -45,6 +45,9 @@ describe("the packed packages", () => {
         }
         assert.include(output, `"message":"greeting Committed: from the tarballs"`)
         assert.match(output, /"message":"shutdown\.completed","result":"success"/)
+        // What the getting-started guide has an application add (`--pack-only` prints the same).
+        assert.match(output, /^to install these tarballs in an application/m)
+        assert.match(output, /^overrides:\n {2}"@jetworker\/cli": "file:\/\S+jetworker-cli-\S+\.tgz"/m)
         assert.include(output, "SUBCOMMANDS")
         assert.include(output, "contract    Check, diff and apply")
       }).pipe(Effect.scoped), 300_000)
