@@ -13,6 +13,10 @@ import * as Outcome from "../../Outcome.ts"
 import type { Shared } from "./shared.ts"
 import { effectCommittedIf, type Prepared, type Verdict } from "./types.ts"
 
+const textDecoder = new TextDecoder()
+// `Envelope.EventId`'s rule, as a plain test (no schema run on the rejection path).
+const eventIdPattern = /^[\x21-\x7e]{1,200}$/
+
 /** The ordering key of every delivery of a consumer without per-key ordering (built once). */
 const noKey: Result.Result<string, ErrorSummary.ErrorSummary> = Result.succeed("")
 
@@ -51,6 +55,23 @@ export const makePrepare = <A, E extends Tagged, R>(shared: Shared<A, E, R>) => 
     return typeof key === "string"
       ? Result.succeed(key)
       : Result.fail(ErrorSummary.make("MetadataInvalid", `the consumer's ordering key gave ${typeof key}, not a string`))
+  }
+
+  // A rejected delivery's id as its payload states it, when it is JSON with a top-level `id` that
+  // is a valid event id: its outcome line and dead letter then name the event an operator looks
+  // for ("when the payload could be decoded far enough to read it"). Only on the rejection path.
+  const statedId = (delivery: Delivery): string | undefined => {
+    try {
+      const parsed: unknown = JSON.parse(textDecoder.decode(delivery.payload))
+      const id = typeof parsed === "object" && parsed !== null ? (parsed as { readonly id?: unknown }).id : undefined
+      return typeof id === "string" && eventIdPattern.test(id) ? id : undefined
+    } catch {
+      return undefined
+    }
+  }
+  const rejectedRef = (delivery: Delivery, ref: Outcome.MessageRef): Outcome.MessageRef => {
+    const eventId = statedId(delivery)
+    return eventId === undefined ? ref : { ...ref, eventId }
   }
 
   // The delivery as outcomes name it, before its event id is known.
@@ -108,12 +129,14 @@ export const makePrepare = <A, E extends Tagged, R>(shared: Shared<A, E, R>) => 
     const decoded = definition.decode(delivery.payload)
     const ref = messageRef(delivery)
     if (Result.isFailure(decoded)) {
-      return Result.fail(Outcome.verdict("Rejected", { message: ref, reason: decoded.failure.reason, error: decoded.failure.error }))
+      return Result.fail(
+        Outcome.verdict("Rejected", { message: rejectedRef(delivery, ref), reason: decoded.failure.reason, error: decoded.failure.error })
+      )
     }
     const event = decoded.success
     const read = readMetadata(event)
     if (Result.isFailure(read)) {
-      return Result.fail(Outcome.verdict("Rejected", { message: ref, reason: "MetadataInvalid", error: read.failure }))
+      return Result.fail(Outcome.verdict("Rejected", { message: rejectedRef(delivery, ref), reason: "MetadataInvalid", error: read.failure }))
     }
     const metadata = read.success
     const message = { ...ref, eventId: metadata.id }
