@@ -3,8 +3,9 @@
  * child prints, kills it with a signal at the moment it chooses, and reads how it exited. The
  * child runs on the same Node as the test (`process.execPath`), so a `.ts` script runs through
  * Node's type stripping. Stdout and stderr are read continuously into bounded rings of lines, so
- * a chatty child never blocks on a full pipe; every wait is bounded; closing the scope SIGKILLs a
- * child that still runs and waits (bounded) for it to exit.
+ * a chatty child never blocks on a full pipe; every wait is bounded, on the real clock also under
+ * `TestClock` (a child runs in real time); closing the scope SIGKILLs a child that still runs and
+ * waits (bounded) for it to exit.
  *
  * It deliberately does not restart children, talk to them over IPC or stdin, or pass the test
  * runner's Node flags on: the child sees only `script`, `args`, and the test's environment with
@@ -14,6 +15,7 @@
  */
 import { DurationInput } from "@jetworker/core"
 import { Data, Deferred, Duration, Effect, Exit } from "effect"
+import { inRealTime } from "./Eventually.ts"
 import type { Scope } from "effect"
 import * as ChildProcess from "node:child_process"
 import * as Fs from "node:fs"
@@ -30,7 +32,10 @@ export interface SpawnOptions {
   readonly env?: Record<string, string>
   /** The child's working directory. Default: the test's `process.cwd()`. */
   readonly cwd?: string
-  /** How many recent lines of stdout, and of stderr, are kept. Default `10_000`. */
+  /**
+   * How many recent lines of stdout, and of stderr, are kept: a positive integer (anything else
+   * fails the spawn with `InvalidOptions`). Default `10_000`.
+   */
   readonly maxLines?: number
 }
 
@@ -77,9 +82,17 @@ export class ChildWorkerError extends Data.TaggedError("ChildWorkerError")<{
    * `LineTimeout`: no matching line within the timeout. `OutputEnded`: stdout closed before a
    * matching line. `ExitTimeout`: the child did not exit within the timeout. `InvalidTimeout`: the
    * timeout of a wait is not a finite duration of 0 or more (a string that does not parse, NaN,
-   * negative, infinite); nothing was awaited.
+   * negative, infinite); nothing was awaited. `InvalidOptions`: an option of `spawn` is wrong
+   * (a `maxLines` that is not a positive integer); nothing was started.
    */
-  readonly reason: "ScriptNotFound" | "SpawnFailed" | "LineTimeout" | "OutputEnded" | "ExitTimeout" | "InvalidTimeout"
+  readonly reason:
+    | "ScriptNotFound"
+    | "SpawnFailed"
+    | "LineTimeout"
+    | "OutputEnded"
+    | "ExitTimeout"
+    | "InvalidTimeout"
+    | "InvalidOptions"
   readonly message: string
   /** The last lines of stdout when the error was raised (up to 20). */
   readonly recentStdout: ReadonlyArray<string>
@@ -171,6 +184,10 @@ export const spawn: (options: SpawnOptions) => Effect.Effect<ChildWorker, ChildW
       ...(cause === undefined ? {} : { cause })
     })
   }
+  // NaN would keep every line (the ring never exceeds it), 0 or less none.
+  if (!Number.isSafeInteger(max) || max < 1) {
+    return yield* fail("InvalidOptions", `maxLines must be a positive integer such as 10000, got ${String(options.maxLines)}`)
+  }
   if (!Fs.existsSync(script)) {
     return yield* fail("ScriptNotFound", `no script at ${script}`)
   }
@@ -239,6 +256,7 @@ export const spawn: (options: SpawnOptions) => Effect.Effect<ChildWorker, ChildW
       return Deferred.await(exited)
     }).pipe(
       Effect.timeoutOption(finalizerTimeout),
+      inRealTime,
       Effect.andThen(Effect.sync(() => {
         child.stdout.destroy()
         child.stderr.destroy()
@@ -260,7 +278,8 @@ export const spawn: (options: SpawnOptions) => Effect.Effect<ChildWorker, ChildW
     Effect.timeoutOrElse({
       duration: spawnTimeout,
       orElse: () => Effect.fail(fail("SpawnFailed", `${script} did not start within ${spawnTimeout}`))
-    })
+    }),
+    inRealTime
   )
   child.on("error", () => {})
 
@@ -282,7 +301,8 @@ export const spawn: (options: SpawnOptions) => Effect.Effect<ChildWorker, ChildW
         Effect.timeoutOrElse({
           duration,
           orElse: () => Effect.suspend(() => Effect.fail(fail("ExitTimeout", `${script} did not exit within ${Duration.format(duration)}`)))
-        })
+        }),
+        inRealTime
       ))
 
   const waitForLineWithin = (predicate: (line: string) => boolean, timeout: Duration.Duration) =>
@@ -300,7 +320,8 @@ export const spawn: (options: SpawnOptions) => Effect.Effect<ChildWorker, ChildW
           Effect.suspend(() =>
             Effect.fail(fail("LineTimeout", `no matching line from ${script} within ${Duration.format(timeout)}`))
           )
-      })
+      }),
+      inRealTime
     )
 
   const waitForLine = (predicate: (line: string) => boolean, timeout: Duration.Input) =>

@@ -1,7 +1,7 @@
 /**
  * Bounded waits on observable state, for tests: re-read a probe until it satisfies a condition,
- * or await a signal, and fail with a {@link WaitTimeout} naming what was awaited when the bound
- * runs out. The alternative to sleeping in a test: the wait ends as soon as the state is there.
+ * or await a signal, and fail with a {@link WaitTimeout} naming what was awaited (and, for
+ * {@link poll}, the last value the probe returned) when the bound runs out. The alternative to sleeping in a test: the wait ends as soon as the state is there.
  *
  * Every bound runs on the real clock, also under `TestClock` (as `it.effect` provides it): a
  * wait on real services must end in real time, and under the test clock its bound would never
@@ -18,7 +18,8 @@ import { Clock, Data, Deferred, Duration, Effect, Schedule } from "effect"
 import type { TestClock } from "effect/testing"
 
 /**
- * A bounded wait that ran out; the message says what was awaited and for how long. Also the
+ * A bounded wait that ran out; the message says what was awaited, for how long and, for
+ * {@link poll}, what the probe last returned. Also the
  * failure of a wait whose bound is not a finite duration (the message then names the bound).
  */
 export class WaitTimeout extends Data.TaggedError("WaitTimeout")<{ readonly message: string }> {}
@@ -41,18 +42,45 @@ const checkTimeout = (what: string, timeout: Duration.Input): Duration.Duration 
     })
 }
 
-const ranOut = (what: string, timeout: Duration.Duration) =>
-  new WaitTimeout({ message: `waited ${Duration.format(timeout)} for ${what}` })
+const ranOut = (what: string, timeout: Duration.Duration, saw = "") =>
+  new WaitTimeout({ message: `waited ${Duration.format(timeout)} for ${what}${saw}` })
+
+/** Longest rendering of a probed value in a {@link WaitTimeout}: enough to see why, not a dump. */
+const maxShown = 200
+
+/** `value` as JSON where it can be (else `String`), cut to {@link maxShown} characters. */
+const shorten = (value: unknown): string => {
+  let text: string
+  try {
+    // `undefined` and functions have no JSON.
+    text = JSON.stringify(value) ?? String(value)
+  } catch {
+    // A bigint or a cycle.
+    text = String(value)
+  }
+  return text.length > maxShown ? `${text.slice(0, maxShown)}… (${text.length} characters)` : text
+}
 
 /**
  * Re-runs `probe` every `interval` (default 20 millis; finite, above zero) until `done` holds for
- * its value, at most `timeout` (default 15 seconds); returns that value.
+ * its value, at most `timeout` (default 15 seconds); returns that value. The {@link WaitTimeout}
+ * of a wait that ran out ends with the value the probe returned last (as JSON, shortened), e.g.
+ * `waited 15s for the order to ship; saw {"status":"pending"}`.
  */
 export const poll = <A, E, R>(
   what: string,
   probe: Effect.Effect<A, E, R>,
   done: (value: A) => boolean,
   options: { readonly timeout?: Duration.Input | undefined; readonly interval?: Duration.Input | undefined } = {}
+): Effect.Effect<A, E | WaitTimeout, R> => pollShowing(what, probe, done, options, true)
+
+/** {@link poll}, telling what the probe last returned only when `show` (a boolean check's is always `false`). */
+const pollShowing = <A, E, R>(
+  what: string,
+  probe: Effect.Effect<A, E, R>,
+  done: (value: A) => boolean,
+  options: { readonly timeout?: Duration.Input | undefined; readonly interval?: Duration.Input | undefined },
+  show: boolean
 ): Effect.Effect<A, E | WaitTimeout, R> => {
   const timeout = checkTimeout(what, options.timeout ?? "15 seconds")
   if (timeout instanceof WaitTimeout) return Effect.fail(timeout)
@@ -66,10 +94,20 @@ export const poll = <A, E, R>(
       })
     )
   }
-  return inRealTime(probe.pipe(
-    Effect.repeat({ schedule: Schedule.spaced(interval), until: done }),
-    Effect.timeoutOrElse({ duration: timeout, orElse: () => Effect.fail(ranOut(what, timeout)) })
-  ))
+  return Effect.suspend(() => {
+    // The last value probed, for the timeout's message; each wait has its own.
+    let last: { readonly value: A } | undefined
+    const saw = () => !show ? "" : last === undefined ? "; saw nothing (the probe had not returned yet)" : `; saw ${shorten(last.value)}`
+    return inRealTime(probe.pipe(
+      Effect.tap((value) =>
+        Effect.sync(() => {
+          last = { value }
+        })
+      ),
+      Effect.repeat({ schedule: Schedule.spaced(interval), until: done }),
+      Effect.timeoutOrElse({ duration: timeout, orElse: () => Effect.suspend(() => Effect.fail(ranOut(what, timeout, saw()))) })
+    ))
+  })
 }
 
 /** Re-runs `check` until it is true, at most `timeout` (default 15 seconds). */
@@ -77,7 +115,7 @@ export const holds = <E, R>(
   what: string,
   check: Effect.Effect<boolean, E, R>,
   timeout: Duration.Input = "15 seconds"
-): Effect.Effect<void, E | WaitTimeout, R> => Effect.asVoid(poll(what, check, (ok) => ok, { timeout }))
+): Effect.Effect<void, E | WaitTimeout, R> => Effect.asVoid(pollShowing(what, check, (ok) => ok, { timeout }, false))
 
 /** Awaits `deferred`, at most `timeout` (default 15 seconds). */
 export const deferred = <A>(

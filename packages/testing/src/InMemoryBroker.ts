@@ -2,7 +2,9 @@
  * An in-memory broker with JetStream's delivery semantics, for unit tests and the deterministic
  * simulation of the engine: a stream of messages, one pull consumer with a lease (AckWait) per
  * delivery, redelivery when a lease runs out or after a nak's delay, an optional MaxDeliver, and a
- * dead-letter list. Acks are matched by sequence, as on NATS 2.9: an old owner's late ack settles
+ * dead-letter list, and an optional MaxAckPending (1 for a `Sequential` consumer). Opening checks
+ * what `JetStreamSource` checks: a MaxDeliver above the planned attempts, and one message at a time
+ * for `Sequential` ordering. Acks are matched by sequence, as on NATS 2.9: an old owner's late ack settles
  * the message for everyone. Time is the Effect `Clock`, so under `TestClock` nothing happens
  * until the test moves time.
  *
@@ -65,8 +67,22 @@ export interface Options {
    * source fail to open with a `SourceError` naming it).
    */
   readonly lease: Duration.Input
-  /** Deliveries after which an unsettled message is dropped (MaxDeliver). Default: no limit. */
+  /**
+   * Deliveries after which an unsettled message is dropped (MaxDeliver): a positive integer, or -1
+   * (or 0, which JetStream reads as -1) for no limit. Default: no limit. Anything else (NaN, a
+   * fraction, below -1) makes the source fail to open with a `SourceError` naming it, as does one
+   * that does not exceed the attempts the source is opened with (the last attempt could not
+   * dead-letter the message itself).
+   */
   readonly maxDeliver?: number | undefined
+  /**
+   * How many delivered and unsettled messages (in flight, or waiting for their redelivery) the
+   * broker lets the consumer hold (MaxAckPending); a new message waits until one is settled. A
+   * positive integer, or -1 (or 0) for no limit. Default: 1 when opened for `Sequential` ordering
+   * (which needs it), else no limit. Opening for `Sequential` with any other value fails with a
+   * `SourceError`, as `JetStreamSource` does.
+   */
+  readonly maxAckPending?: number | undefined
   /** Injected faults. Default: none. */
   readonly faults?: Faults | undefined
   /** The random source for faults (seed it to replay a run). Default: `Math.random`. */
@@ -97,16 +113,62 @@ export interface InMemoryBroker {
 const encoder = new TextEncoder()
 
 /**
+ * A JetStream limit option (MaxDeliver, MaxAckPending): `undefined` for no limit (absent, -1, or 0,
+ * which JetStream reads as -1), the positive integer, or the refusal naming a value the server
+ * would not take (NaN, a fraction, below -1, infinite).
+ */
+const limit = (name: string, value: number | undefined): number | string | undefined => {
+  if (value === undefined || value === -1 || value === 0) return undefined
+  return Number.isSafeInteger(value) && value > 0
+    ? value
+    : `${name} must be a positive integer, or -1 for no limit, got ${String(value)}`
+}
+
+/**
+ * What `JetStreamSource` refuses at open, worded alike: a MaxDeliver that does not exceed the
+ * planned attempts, and `Sequential` ordering on a broker that may hand out more than one message
+ * at a time.
+ */
+const contractProblem = (
+  open: Source.OpenOptions,
+  maxDeliver: number | undefined,
+  maxAckPendingOption: number | undefined,
+  maxAckPending: number | undefined
+): string | undefined => {
+  if (maxDeliver !== undefined && maxDeliver <= open.attempts) {
+    return `the in-memory broker has maxDeliver ${maxDeliver}; it must exceed the retry policy's ${open.attempts} ` +
+      `attempts so that the last attempt can dead-letter the message itself: raise it to at least ${open.attempts + 1}, ` +
+      `or lower the attempts`
+  }
+  // Left out, it defaults to 1 for Sequential; given, it must be 1, as on a JetStream consumer.
+  if (open.ordering === "Sequential" && maxAckPendingOption !== undefined && maxAckPending !== 1) {
+    return `the in-memory broker has maxAckPending ${maxAckPendingOption}; sequential ordering needs 1, or the broker ` +
+      `delivers later messages while an earlier one waits for its redelivery (set maxAckPending 1 or leave it out, ` +
+      `or choose Ordering.perKey)`
+  }
+  return undefined
+}
+
+/**
  * Creates a broker. It never throws: a `lease` that is not a finite duration above zero (a string
  * that does not parse, a NaN, which effect would read as 0, zero, which would redeliver at once,
- * negative or infinite) makes its source fail to open, as a JetStream source with a wrong option
- * does, with a `SourceError` (reason `ContractMismatch`) naming the value.
+ * negative or infinite), or a `maxDeliver` or `maxAckPending` that is neither a positive integer
+ * nor -1 or 0, makes its source fail to open, as a JetStream source with a wrong option does, with
+ * a `SourceError` (reason `ContractMismatch`) naming the value.
  */
 export const make = (options: Options): InMemoryBroker => {
   const lease = DurationInput.parse(options.lease)
   const leaseProblem = lease !== undefined && Duration.isFinite(lease) && Duration.toMillis(lease) > 0
     ? undefined
     : `lease must be a finite duration above zero such as "30 seconds", got ${DurationInput.show(options.lease)}`
+  const maxDeliverOption = limit("maxDeliver", options.maxDeliver)
+  const maxAckPendingOption = limit("maxAckPending", options.maxAckPending)
+  const optionProblem = [leaseProblem, maxDeliverOption, maxAckPendingOption].find((x): x is string => typeof x === "string")
+  // Read only once the source opened, with valid options.
+  const maxDeliver = typeof maxDeliverOption === "number" ? maxDeliverOption : undefined
+  const maxAckPending = typeof maxAckPendingOption === "number" ? maxAckPendingOption : undefined
+  // The limit in force, set when the source is opened (Sequential defaults it to 1).
+  let ackPendingLimit: number | undefined
   // Read only by deliveries, which an intake opened with a valid lease hands out.
   const leaseMillis = lease === undefined ? 0 : Duration.toMillis(lease)
   const random = options.random ?? Math.random
@@ -194,13 +256,21 @@ export const make = (options: Options): InMemoryBroker => {
 
   /** The next deliverable message at `now`, lowest sequence first, or the time one becomes due. */
   const next = (now: number): Message | number => {
+    // Delivered and not settled: what counts against MaxAckPending (a naked message too).
+    let ackPending = 0
+    for (const message of messages) {
+      if (message.deliveries > 0 && (message.status === "pending" || message.status === "inflight")) ackPending++
+    }
     let soonest = Number.POSITIVE_INFINITY
     for (const message of messages) {
       if (message.status === "done" || message.status === "dropped") continue
+      // A new message waits while the consumer holds its MaxAckPending; a settle wakes `take`.
+      if (message.deliveries === 0 && ackPendingLimit !== undefined && ackPending >= ackPendingLimit) continue
       if (message.dueAt <= now) {
-        if (options.maxDeliver !== undefined && message.deliveries >= options.maxDeliver) {
+        if (maxDeliver !== undefined && message.deliveries >= maxDeliver) {
           // Reached MaxDeliver unsettled: the server drops it from the consumer.
           message.status = "dropped"
+          ackPending--
           continue
         }
         return message
@@ -228,17 +298,19 @@ export const make = (options: Options): InMemoryBroker => {
 
   const source: Source.Source = {
     name: "memory",
-    open: () =>
-      leaseProblem !== undefined
-        ? Effect.fail(new Source.SourceError({ reason: "ContractMismatch", message: leaseProblem }))
-        : Effect.succeed({
-          lease: Duration.millis(leaseMillis),
-          maxDeliver: options.maxDeliver,
-          take,
-          // A batch's acks, each with its own faults, as the JetStream source's `ackAll` settles them.
-          ackAll: Delivery.ackEach,
-          close: Effect.void
-        })
+    open: (openOptions) => {
+      const problem = optionProblem ?? contractProblem(openOptions, maxDeliver, options.maxAckPending, maxAckPending)
+      if (problem !== undefined) return Effect.fail(new Source.SourceError({ reason: "ContractMismatch", message: problem }))
+      ackPendingLimit = openOptions.ordering === "Sequential" ? 1 : maxAckPending
+      return Effect.succeed({
+        lease: Duration.millis(leaseMillis),
+        maxDeliver,
+        take,
+        // A batch's acks, each with its own faults, as the JetStream source's `ackAll` settles them.
+        ackAll: Delivery.ackEach,
+        close: Effect.void
+      })
+    }
   }
 
   return {

@@ -7,7 +7,9 @@
  * invariants; `failCommit` injects a failure of the commit itself (its result unknown to the
  * caller, nothing recorded). A batch commit locks its keys in key order, runs the effect of each
  * key not yet recorded, and records those that succeeded together (an element's failure is its
- * own; a failed commit records none).
+ * own; a failed commit records none). Like the PostgreSQL store, it refuses a key PostgreSQL cannot
+ * store (a NUL, or a lone surrogate that would be stored as U+FFFD) with `IdempotencyError`
+ * `InvalidData`, before anything runs.
  *
  * It deliberately has no durability: it lives as long as the test.
  *
@@ -45,6 +47,53 @@ export interface Options {
   readonly failCommit?: ((key: IdempotencyStore.Key) => boolean) | undefined
 }
 
+/** The index of the first NUL or lone surrogate of `text`, or -1 when it has none. */
+const unstorable = (text: string): number => {
+  for (let i = 0; i < text.length; i++) {
+    const unit = text.charCodeAt(i)
+    if (unit === 0) return i
+    if (unit >= 0xd800 && unit <= 0xdbff) {
+      const next = text.charCodeAt(i + 1)
+      if (next >= 0xdc00 && next <= 0xdfff) i++
+      else return i
+    } else if (unit >= 0xdc00 && unit <= 0xdfff) {
+      return i
+    }
+  }
+  return -1
+}
+
+/**
+ * The refusal of a key PostgreSQL cannot store, as `PgIdempotencyStore` refuses it (`InvalidData`:
+ * the same event fails the same way on every attempt), or `undefined` for a good key. A NUL is
+ * refused by PostgreSQL's text type; a lone surrogate would reach it as U+FFFD, so that distinct
+ * keys collide.
+ */
+const malformedKey = (key: IdempotencyStore.Key, operation: string): IdempotencyStore.IdempotencyError | undefined => {
+  for (const [part, value] of [["scope", key.scope], ["id", key.id]] as const) {
+    const at = unstorable(value)
+    if (at < 0) continue
+    const what = value.charCodeAt(at) === 0 ? "a NUL, which PostgreSQL cannot store in text" : (
+      "not well-formed Unicode (a lone surrogate), which PostgreSQL would store as U+FFFD so that distinct keys collide"
+    )
+    return new IdempotencyStore.IdempotencyError({
+      reason: "InvalidData",
+      message: `${operation}: the idempotency key's ${part} ${JSON.stringify(value)} holds at index ${at} ${what}; ` +
+        `derive keys from well-formed strings without NUL`
+    })
+  }
+  return undefined
+}
+
+/** {@link malformedKey} of the first of `keys` that is refused, or `undefined` when all are good. */
+const firstMalformedKey = (keys: ReadonlyArray<IdempotencyStore.Key>, operation: string) => {
+  for (const key of keys) {
+    const malformed = malformedKey(key, operation)
+    if (malformed !== undefined) return malformed
+  }
+  return undefined
+}
+
 /** Creates a store. */
 export const make = (options: Options = {}): InMemoryIdempotencyStore => {
   const order = options.clock ?? (() => {
@@ -63,13 +112,19 @@ export const make = (options: Options = {}): InMemoryIdempotencyStore => {
     return lock
   }
 
-  const nameOf = (key: IdempotencyStore.Key) => `${key.scope}\u0000${key.id}`
+  // Unambiguous whatever the parts hold: ("a\0b", "c") and ("a", "b\0c") are distinct names.
+  const nameOf = (key: IdempotencyStore.Key) => JSON.stringify([key.scope, key.id])
   // Runs `effect` holding the locks of `names`, taken in key order (the first outermost), like
   // the database's key-ordered insert, so overlapping batches wait instead of deadlocking.
   const withLocks = <A, E, R>(names: ReadonlyArray<string>, effect: Effect.Effect<A, E, R>) =>
     [...new Set(names)].sort().map(lockOf).reduceRight((inner, lock) => Semaphore.withPermits(lock, 1)(inner), effect)
 
-  const commit = <A, E, R>(key: IdempotencyStore.Key, effect: Effect.Effect<A, E, R>) => {
+  const commit = <A, E, R>(
+    key: IdempotencyStore.Key,
+    effect: Effect.Effect<A, E, R>
+  ): Effect.Effect<A | IdempotencyStore.AlreadyCommitted, E | IdempotencyStore.IdempotencyError, R> => {
+    const malformed = malformedKey(key, "commit")
+    if (malformed !== undefined) return Effect.fail(malformed)
     const name = nameOf(key)
     return Semaphore.withPermits(lockOf(name), 1)(
       Effect.suspend((): Effect.Effect<A | IdempotencyStore.AlreadyCommitted, E | IdempotencyStore.IdempotencyError, R> => {
@@ -90,7 +145,11 @@ export const make = (options: Options = {}): InMemoryIdempotencyStore => {
     )
   }
 
-  const commitBatch = <A, E, R>(items: ReadonlyArray<IdempotencyStore.BatchItem<A, E, R>>) => {
+  const commitBatch = <A, E, R>(
+    items: ReadonlyArray<IdempotencyStore.BatchItem<A, E, R>>
+  ): Effect.Effect<ReadonlyArray<Result.Result<A | IdempotencyStore.AlreadyCommitted, E>>, IdempotencyStore.IdempotencyError, R> => {
+    const malformed = firstMalformedKey(items.map((item) => item.key), "commitBatch")
+    if (malformed !== undefined) return Effect.fail(malformed)
     const names = items.map((item) => nameOf(item.key))
     const run: Effect.Effect<
       ReadonlyArray<Result.Result<A | IdempotencyStore.AlreadyCommitted, E>>,
@@ -142,6 +201,8 @@ export const make = (options: Options = {}): InMemoryIdempotencyStore => {
     keys: ReadonlyArray<IdempotencyStore.Key>,
     effect: (fresh: ReadonlyArray<number>) => Effect.Effect<A, E, R>
   ): Effect.Effect<ReadonlyArray<A | IdempotencyStore.AlreadyCommitted>, E | IdempotencyStore.IdempotencyError, R> => {
+    const malformed = firstMalformedKey(keys, "commitAll")
+    if (malformed !== undefined) return Effect.fail(malformed)
     const names = keys.map(nameOf)
     const run = Effect.gen(function*() {
       const seen = new Set<string>()
@@ -174,7 +235,11 @@ export const make = (options: Options = {}): InMemoryIdempotencyStore => {
     commit,
     commitBatch,
     commitAll,
-    isCommitted: (key) => Effect.sync(() => committed.has(nameOf(key)))
+    isCommitted: (key) =>
+      Effect.suspend(() => {
+        const malformed = malformedKey(key, "isCommitted")
+        return malformed === undefined ? Effect.succeed(committed.has(nameOf(key))) : Effect.fail(malformed)
+      })
   })
   return {
     service,

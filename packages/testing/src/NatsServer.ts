@@ -6,7 +6,8 @@
  * consumers again) and is removed with the scope, after the process is killed.
  *
  * It runs the `nats-server` binary found on `PATH` (or `binary`); it does not configure TLS or
- * authentication.
+ * authentication. Its bounds (`readyTimeout`, `stopTimeout`) run on the real clock, also under
+ * `TestClock`: the process runs in real time.
  *
  * @since 0.4.0
  */
@@ -17,6 +18,7 @@ import { mkdtempSync, rmSync, writeFileSync } from "node:fs"
 import * as Net from "node:net"
 import { tmpdir } from "node:os"
 import { join } from "node:path"
+import { inRealTime } from "./Eventually.ts"
 
 /**
  * The server did not start (no binary, a port in use, no "ready" line in time), or its options are
@@ -150,7 +152,8 @@ const signalAndWait = (
     if (isRunning(process)) process.kill(signal)
   }).pipe(
     Effect.andThen(exited(process)),
-    Effect.timeoutOrElse({ duration: timeout, orElse: () => orElse })
+    Effect.timeoutOrElse({ duration: timeout, orElse: () => orElse }),
+    inRealTime
   )
 
 /** Kills `process` with `SIGKILL` and waits for its exit, at most {@link killTimeout}. */
@@ -230,7 +233,8 @@ const serve = (
       Effect.timeoutOrElse({
         duration: readyTimeout,
         orElse: () => Effect.fail(new NatsServerError({ message: `nats-server on port ${port} was not ready within ${Duration.format(readyTimeout)}` }))
-      })
+      }),
+      inRealTime
     )
 
     const stop = (signal: "SIGKILL" | "SIGTERM" = "SIGKILL") =>
@@ -246,7 +250,7 @@ const serve = (
       if (isRunning(child)) {
         if (signalable(child)) return
         // Gone (killed from outside) before Node reported its exit: wait for the report, bounded.
-        yield* exited(child).pipe(Effect.timeoutOption(killTimeout))
+        yield* exited(child).pipe(Effect.timeoutOption(killTimeout), inRealTime)
       }
       yield* launch
     })

@@ -79,4 +79,16 @@ describe("ChildWorker", () => {
       assert.strictEqual(error.reason, "ScriptNotFound")
       assert.isFalse(error.isRetryable)
     }))
+
+  // Failed before: NaN kept every line (the ring never exceeds it, so it grew without bound) and
+  // 0 or -1 kept none; the spawn went ahead.
+  it.live("a maxLines that is not a positive integer (NaN, 0, -1, 2.5) fails the spawn with InvalidOptions, nothing started", () =>
+    Effect.gen(function*() {
+      for (const maxLines of [Number.NaN, 0, -1, 2.5]) {
+        const error = yield* Effect.flip(Effect.scoped(ChildWorker.spawn({ script: ticker, maxLines })))
+        assert.strictEqual(error.reason, "InvalidOptions", String(maxLines))
+        assert.include(error.message, `maxLines must be a positive integer such as 10000, got ${maxLines}`)
+        assert.isFalse(error.isRetryable)
+      }
+    }))
 })
