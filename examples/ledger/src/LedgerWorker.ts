@@ -11,7 +11,7 @@ import { PgClient } from "@effect/sql-pg"
 import { Consumer, Envelope, IdempotencyStore, Lifecycle, type Outcome, Outbox, Retry } from "@jetworker/core"
 import { Contract, JetStreamSource, NatsConnection, Publisher, Topology } from "@jetworker/nats"
 import { Migrations, PgAttemptStore, PgIdempotencyStore, PgOutbox, PgTransaction } from "@jetworker/sql-pg"
-import { Config, Duration, Effect, Layer, Redacted } from "effect"
+import { Config, ConfigProvider, Duration, Effect, Layer, Redacted } from "effect"
 import { SqlClient } from "effect/sql"
 import { applyTransfer, lockAccounts } from "./Ledger.ts"
 import * as LedgerMigrations from "./LedgerMigrations.ts"
@@ -264,10 +264,81 @@ export const runWith = (settings: Settings, onOutcome?: (outcome: Outcome.Outcom
 export const run = (onOutcome?: (outcome: Outcome.Outcome) => Effect.Effect<void>) =>
   Effect.flatMap(settings, (s) => runWith(s, onOutcome))
 
-/** PostgreSQL from `DATABASE_URL` (a secret), optionally on schema `DATABASE_SCHEMA`. */
+const urlForm = "postgres://user:password@host:5432/database"
+
+/**
+ * What makes `url` unusable as `DATABASE_URL`, in words that name the variable and never quote
+ * it (it holds the password), or `undefined` when it is a connection URL `@effect/sql-pg` reads:
+ * `postgres://` or `postgresql://`, a port from 1 to 65535 (in the authority or a `port`
+ * parameter), valid percent-encoding, a user (in the URL, a `user` parameter, or the `USER`
+ * variable as libpq takes it), and the `sslmode` and `connect_timeout` parameters it knows.
+ * The driver reports such a URL as a connection error, which start-up would retry for the whole
+ * `STARTUP_TIMEOUT` as if the server were down.
+ */
+export const databaseUrlProblem = (url: string): string | undefined => {
+  const scheme = /^([A-Za-z][A-Za-z0-9+.-]*):/.exec(url)?.[1]?.toLowerCase()
+  if (scheme !== "postgres" && scheme !== "postgresql") {
+    return `DATABASE_URL is not a PostgreSQL URL (it must start with postgres:// or postgresql://): write it as ${urlForm}`
+  }
+  if (!/^[A-Za-z]+:\/\//.test(url)) return `DATABASE_URL lacks the // after ${scheme}: write it as ${urlForm}`
+  let parsed: URL
+  try {
+    parsed = new URL(url)
+  } catch {
+    // The authority's last `:` (past the user and password, outside an IPv6 address) starts the
+    // port; an `@` past the authority is a password with a `/`, `?` or `#` left unencoded.
+    const [authority = "", ...rest] = url.slice(url.indexOf("//") + 2).split(/[/?#]/)
+    const hostPort = authority.slice(authority.lastIndexOf("@") + 1)
+    const port = /^(?:\[[^\]]*\]|[^:]*):(.*)$/.exec(hostPort)?.[1]
+    if (port !== undefined && port !== "" && !/^\d+$/.test(port) && !rest.join("/").includes("@")) {
+      return `DATABASE_URL has a port that is not a number: write it as ${urlForm}, the port from 1 to 65535`
+    }
+    return `DATABASE_URL is not a valid URL: write it as ${urlForm}, with a reserved character of the user or ` +
+      `password percent-encoded (@ as %40, : as %3A, / as %2F, # as %23, % as %25)`
+  }
+  const decodes = (part: string) => {
+    try {
+      decodeURIComponent(part)
+      return true
+    } catch {
+      return false
+    }
+  }
+  for (const [what, part] of [["user", parsed.username], ["password", parsed.password], ["host", parsed.hostname], ["database", parsed.pathname]]) {
+    if (!decodes(part!)) return `DATABASE_URL has an invalid percent-encoding in its ${what} (a % must start %XX; write % as %25)`
+  }
+  const isPort = (value: string) => /^\d+$/.test(value) && Number(value) >= 1 && Number(value) <= 65535
+  if (parsed.port !== "" && !isPort(parsed.port)) return "DATABASE_URL has a port out of range: the port is from 1 to 65535"
+  const port = parsed.searchParams.get("port")
+  if (port !== null && !isPort(port)) return "DATABASE_URL has a port parameter that is not a port from 1 to 65535"
+  const timeout = parsed.searchParams.get("connect_timeout")
+  if (timeout !== null && !/^\d+$/.test(timeout)) {
+    return "DATABASE_URL has a connect_timeout parameter that is not a whole number of seconds (0: no bound)"
+  }
+  const sslmode = parsed.searchParams.get("sslmode")
+  if (sslmode !== null && !["disable", "allow", "prefer", "require", "verify-ca", "verify-full"].includes(sslmode)) {
+    return "DATABASE_URL has an sslmode parameter that is not one of disable, allow, prefer, require, verify-ca, verify-full"
+  }
+  if (parsed.username === "" && parsed.searchParams.get("user") === null && !process.env.USER && !process.env.USERNAME) {
+    return `DATABASE_URL names no user (and USER is not set): write it as ${urlForm}`
+  }
+  return undefined
+}
+
+/**
+ * PostgreSQL from `DATABASE_URL` (a secret), optionally on schema `DATABASE_SCHEMA`. A
+ * `DATABASE_URL` that cannot work (see {@link databaseUrlProblem}) fails the layer at once with a
+ * `ConfigError` that names the variable and what is wrong, before any connection is tried.
+ */
 export const DatabaseLive = Layer.unwrap(Effect.gen(function*() {
   const url = yield* Config.Redacted("DATABASE_URL").pipe(
-    Config.withDefault(Redacted.make("postgres://postgres@127.0.0.1:5432/test"))
+    Config.withDefault(Redacted.make("postgres://postgres@127.0.0.1:5432/test")),
+    Config.mapEffect((url) => {
+      const problem = databaseUrlProblem(Redacted.value(url))
+      return problem === undefined
+        ? Effect.succeed(url)
+        : Effect.fail(new Config.ConfigError(new ConfigProvider.SourceError({ message: problem })))
+    })
   )
   const schema = yield* Config.String("DATABASE_SCHEMA").pipe(Config.option)
   return PgClient.layer({

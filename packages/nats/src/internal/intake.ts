@@ -2,10 +2,13 @@
  * A `JetStreamSource`'s intake once the consumer is checked: its pulls and what watches them,
  * `take` for the engine, `holdBuffered` (the buffered messages' leases kept while the engine is
  * paused), and `close`, which stops pulling and naks what is still buffered so those messages go
- * to another instance at once instead of waiting out their ack wait.
+ * to another instance at once instead of waiting out their ack wait. Over a link that is down
+ * (disconnected, stale or closed) `close` sends nothing and waits for nothing: no round trip can
+ * be answered and no nak arrive, and the server redelivers what it had handed out after its ack
+ * wait; a link lost while `close` waits ends the wait.
  */
 import { type Delivery, Source } from "@jetworker/core"
-import { Clock, Duration, Effect, type Scope } from "effect"
+import { Clock, Duration, Effect, type Scope, Stream } from "effect"
 import type * as DeadLetter from "../DeadLetter.ts"
 import type { Shape } from "../NatsConnection.ts"
 import { toDelivery } from "./delivery.ts"
@@ -66,6 +69,35 @@ export const openIntake = (
       }
     }
     const state = initialState()
+    // Whether the link is up, as the client's status says (it opens over a live one: the consumer
+    // was just checked). `close` only waits on the server over a live link: a flush or request
+    // over a dead one would wait out its whole bound (3 × settleTimeout with nothing in flight).
+    const link = { up: true, lost: new Set<() => void>() }
+    yield* Stream.fromAsyncIterable(connection.connection.status(), (error) => error).pipe(
+      Stream.runForEach((status) =>
+        Effect.sync(() => {
+          if (status.type === "reconnect") link.up = true
+          else if (status.type === "disconnect" || status.type === "staleConnection" || status.type === "close") {
+            link.up = false
+            for (const resume of link.lost) resume()
+            link.lost.clear()
+          }
+        })
+      ),
+      Effect.ignore,
+      Effect.forkScoped
+    )
+    const linkUp = () => link.up && !connection.connection.isClosed()
+    // Ends when the link is (or goes) down: what raced against it stops waiting on the server.
+    const linkLost = Effect.callback<void>((resume) => {
+      if (!linkUp()) return resume(Effect.void)
+      const lost = () => resume(Effect.void)
+      link.lost.add(lost)
+      return Effect.sync(() => {
+        link.lost.delete(lost)
+      })
+    })
+    const whileLinkUp = <A, E>(effect: Effect.Effect<A, E>) => Effect.asVoid(Effect.raceFirst(effect, linkLost))
     const settling = { connection, settleTimeoutMillis: options.settleTimeoutMillis, destination: options.destination }
     const pulls = makePulls(env, state)
     yield* watchReconnects(env, state, pulls)
@@ -97,7 +129,8 @@ export const openIntake = (
       )
     })
 
-    // Stop pulling, then nak what is still delivered and what is buffered (bounded).
+    // Stop pulling, then nak what is still delivered and what is buffered (bounded, and only
+    // while the link is up).
     const close = Effect.suspend(() => {
       if (state.closed) return Effect.void
       state.closed = true
@@ -105,7 +138,8 @@ export const openIntake = (
       bufferedLeases.stop()
       pulls.cancelPause()
       signal(state)
-      const bounded = (f: () => Promise<unknown>) => Effect.promise(() => boundedPromise(options.settleTimeoutMillis, f))
+      const bounded = (f: () => Promise<unknown>) =>
+        whileLinkUp(Effect.promise(() => boundedPromise(options.settleTimeoutMillis, f)))
       return Effect.gen(function*() {
         // A round trip first: what the server already sent lands in the buffer (and is naked
         // below) instead of being dropped with the inbox and waiting out its ack wait.
@@ -119,12 +153,26 @@ export const openIntake = (
         yield* bounded(() => connection.connection.flush())
         yield* bounded(() => connection.manager.consumers.info(stream, durable))
         const rest = state.buffered.splice(0)
-        yield* Effect.forEach(
+        if (rest.length === 0) return
+        let released = 0
+        yield* whileLinkUp(Effect.forEach(
           rest,
-          (pulled) => toDelivery(settling, pulled).nak(Duration.zero).pipe(Effect.ignore),
+          (pulled) =>
+            toDelivery(settling, pulled).nak(Duration.zero).pipe(
+              Effect.andThen(Effect.sync(() => {
+                released++
+              })),
+              Effect.ignore
+            ),
           { concurrency: 16, discard: true }
-        )
-        if (rest.length > 0) yield* Effect.logInfo(`${name}: released ${rest.length} buffered messages`)
+        ))
+        if (released > 0) yield* Effect.logInfo(`${name}: released ${released} buffered messages`)
+        if (released < rest.length) {
+          yield* Effect.logWarning(
+            `${name}: ${rest.length - released} buffered messages not released (no confirmation from NATS, or its ` +
+              "link is down); the server redelivers them after their ack wait"
+          )
+        }
       })
     })
     yield* Effect.addFinalizer(() => close)
