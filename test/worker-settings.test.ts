@@ -24,7 +24,7 @@ describe("Worker settings", () => {
           ["HEALTH_MAX_EVENT_LOOP_LAG", "Infinity", "HEALTH_MAX_EVENT_LOOP_LAG must be a positive, finite duration, got Infinity"],
           ["STARTUP_TIMEOUT", "0 millis", "STARTUP_TIMEOUT must be a positive, finite duration, got 0"],
           ["STARTUP_TIMEOUT", "-1 seconds", "STARTUP_TIMEOUT must be a positive, finite duration, got -1s"],
-          ["SHUTDOWN_CLOSE", "-1 seconds", "close must be a finite duration, got -1000 millis"]
+          ["SHUTDOWN_CLOSE", "-1 seconds", "SHUTDOWN_CLOSE must not be negative, got \"-1 seconds\""]
         ] as const
         for (const [name, value, text] of cases) {
           const invalid = yield* ChildWorker.spawn({ script: W.fixture, env: { ...env, [name]: value } })

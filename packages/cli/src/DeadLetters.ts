@@ -144,6 +144,28 @@ export const select = (
 ): Effect.Effect<ReadonlyArray<DeadLetter.DeadLetterMessage>, NatsError.NatsError, NatsConnection.NatsConnection> =>
   collect(stream, filter, options.from, Math.min(options.limit ?? maxSelected, maxSelected))
 
+/**
+ * Whether `stream` can be a dead-letter stream: its first message is a dead letter, or it has
+ * none. Any other stream's message (a source stream given by mistake) has no dead-letter headers,
+ * whatever the stream's name. Every `dlq` command but `recover` checks it before it reads or
+ * changes anything.
+ *
+ * @since 0.5.0
+ */
+export const isDeadLetterStream = (stream: string): Effect.Effect<boolean, NatsError.NatsError, NatsConnection.NatsConnection> =>
+  Effect.map(DeadLetter.list(stream, { limit: 1 }), (first) => first.every(DeadLetter.isDeadLetter))
+
+/**
+ * Why `stream` was refused ({@link isDeadLetterStream}), worded alike by every `dlq` command:
+ * `which` is the message that was read (`"its first message"`, `"#3"`), `verb` what was not done
+ * (`"listed"`, `"purged"`); it names the dead-letter stream of `stream`'s consumers.
+ *
+ * @since 0.5.0
+ */
+export const notDeadLetterStream = (stream: string, which: string, verb: string): string =>
+  `${stream} is not a dead-letter stream (${which} has no ${DeadLetter.Header.stream} header), nothing ${verb}; ` +
+  `the dead letters of ${stream}'s consumers are in ${DeadLetter.destination(stream, "-").stream}`
+
 /** The dead letters of `stream` that `filter` selects, as rows (see {@link select}). */
 export const list = (
   stream: string,

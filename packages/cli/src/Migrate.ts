@@ -7,20 +7,21 @@
  * default, or the URL's `connect_timeout`), 30 seconds for a lock another session holds (the URL's
  * `lock_timeout` option instead, when it sets one).
  *
- * It deliberately does not print the URL (it is read as a `Redacted`), take flags for connection
- * settings (everything is in the URL, e.g. `?options=-csearch_path%3Dmy_schema`), or roll back
- * migrations.
+ * Before migrating it prints which database it migrates: host, port, database and schema (and
+ * that it is the default, when `DATABASE_URL` is not set). It deliberately does not print the URL
+ * (it is read as a `Redacted`; a password would be in it), take flags for connection settings
+ * (everything is in the URL, e.g. `?options=-csearch_path%3Dmy_schema`), or roll back migrations.
  *
  * @since 0.4.0
  */
 import { PgClient } from "@effect/sql-pg"
 import { Migrations } from "@jetworker/sql-pg"
-import { Cause, Config, Console, Effect, Redacted } from "effect"
-import type { Migrator } from "effect/sql"
+import { Cause, Config, Console, Effect, Option, Redacted } from "effect"
+import { type Migrator, SqlClient } from "effect/sql"
 import type { SqlError } from "effect/sql/SqlError"
 
 /** The database the command migrates when `DATABASE_URL` is not set. */
-const defaultUrl = "postgres://postgres@127.0.0.1:5432/test"
+export const defaultUrl = "postgres://postgres@127.0.0.1:5432/test"
 
 /**
  * How long the run waits for a lock another session holds on a table it changes (another
@@ -97,11 +98,48 @@ const nextStep = (error: Migrator.MigrationError | SqlError | Config.ConfigError
   }
 }
 
+/** The database a run migrates, as it is printed: no user, no password. */
+export interface Target {
+  readonly host: string
+  readonly port: string
+  readonly database: string
+  /** The schema the tables are created in (the session's `current_schema()`). */
+  readonly schema: string
+  /** Whether `DATABASE_URL` was not set, so that the run took {@link defaultUrl}. */
+  readonly fromDefault: boolean
+}
+
+/** The line naming the database a run migrates. */
+export const describeTarget = (target: Target): string =>
+  `jetworker migrations: database ${JSON.stringify(target.database)} on ${target.host}:${target.port}, ` +
+  `schema ${JSON.stringify(target.schema)}${target.fromDefault ? ` (DATABASE_URL is not set: the default, ${defaultUrl})` : ""}`
+
 /**
- * Applies the migrations to `DATABASE_URL` and prints the ones it applied ("up to date" when
- * none); a failure is printed as one readable line and a next step on stderr (the URL never).
+ * The database the client is connected to: the host and port as the URL names them (the server
+ * does not know the name the client used), the database and schema as the server has them.
  */
-export const migrate = Migrations.run.pipe(
+const target = Effect.gen(function*() {
+  const set = yield* Config.option(Config.Redacted("DATABASE_URL"))
+  const url = URL.parse(Option.match(set, { onNone: () => defaultUrl, onSome: Redacted.value }))
+  const sql = yield* SqlClient.SqlClient
+  const [row] = yield* sql<{ readonly database: string; readonly schema: string | null }>`SELECT current_database() AS database,
+    current_schema() AS schema`
+  return {
+    host: url?.hostname || "localhost",
+    port: url?.port || "5432",
+    database: row?.database ?? "?",
+    // No schema of the search path exists: the migrations will say so.
+    schema: row?.schema ?? "(none)",
+    fromDefault: Option.isNone(set)
+  } satisfies Target
+})
+
+/**
+ * Applies the migrations to `DATABASE_URL` (default {@link defaultUrl}), printing first which
+ * database ({@link describeTarget}), then the ones it applied ("up to date" when none); a failure
+ * is printed as one readable line and a next step on stderr (the URL never).
+ */
+export const migrate = Effect.andThen(Effect.flatMap(target, (t) => Console.log(describeTarget(t))), Migrations.run).pipe(
   Effect.provide(Database),
   Effect.tap((applied) =>
     applied.length === 0

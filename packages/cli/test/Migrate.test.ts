@@ -59,10 +59,12 @@ describe("jetworker migrate", () => {
       const schema = yield* TestDatabase.TestSchema
       // The URL's `options` parameter puts the command's session in the test schema.
       const url = `${Redacted.value(schema.url)}?options=${encodeURIComponent(`-csearch_path=${schema.name}`)}`
+      // The first line names the database (see MigrateTarget.test.ts).
+      const where = `jetworker migrations: database "test" on 127.0.0.1:5432, schema "${schema.name}"\n`
       const first = yield* runBin(url)
-      assert.deepStrictEqual(first, { code: 0, stdout: "jetworker migrations: applied 1_jetworker_dedup\njetworker migrations: applied 2_jetworker_attempts\njetworker migrations: applied 3_jetworker_outbox\njetworker migrations: applied 4_jetworker_outbox_unique_id\n", stderr: "" })
+      assert.deepStrictEqual(first, { code: 0, stdout: where + "jetworker migrations: applied 1_jetworker_dedup\njetworker migrations: applied 2_jetworker_attempts\njetworker migrations: applied 3_jetworker_outbox\njetworker migrations: applied 4_jetworker_outbox_unique_id\n", stderr: "" })
       const second = yield* runBin(url)
-      assert.deepStrictEqual(second, { code: 0, stdout: "jetworker migrations: up to date\n", stderr: "" })
+      assert.deepStrictEqual(second, { code: 0, stdout: `${where}jetworker migrations: up to date\n`, stderr: "" })
       assert.deepStrictEqual(yield* inventory, expected)
     }).pipe(Effect.provide(Fresh)))
 

@@ -54,6 +54,7 @@ import {
 import * as HealthServer from "./HealthServer.ts"
 import * as LifecycleEvents from "./internal/lifecycleEvents.ts"
 import { nextStep } from "./internal/nextStep.ts"
+import * as FromEnv from "./internal/settingsFromEnv.ts"
 import * as JsonLogger from "./JsonLogger.ts"
 
 /** A stop signal the worker handles. */
@@ -91,7 +92,7 @@ export interface Settings {
   /**
    * `LOG_LEVEL`, default `Info`: the least severe level written (`Debug` adds a line per committed
    * and duplicate message; `Warn` keeps only problems). One of `All`, `Trace`, `Debug`, `Info`,
-   * `Warn`, `Error`, `Fatal`, `None`. The lifecycle events (`worker.*`, `startup.*`, `shutdown.*`,
+   * `Warn`, `Error`, `Fatal`, `None`, in any case (`debug`). The lifecycle events (`worker.*`, `startup.*`, `shutdown.*`,
    * `health.*`, `telemetry.unavailable`, and `event` `dependency.*`, `consumer.paused` or
    * `consumer.resumed`) are written whatever the
    * level, at their own level.
@@ -123,18 +124,23 @@ const notPositiveFinite = (name: string, duration: Duration.Duration): string | 
     ? undefined
     : `${name} must be a positive, finite duration, got ${Duration.format(duration)}`
 
-/** Reads {@link Settings} from the environment (managed configuration). */
+/**
+ * Reads {@link Settings} from the environment (managed configuration). A value that cannot be
+ * used fails with one line naming the variable, what it takes and the value given (see
+ * `describeConfigError`): `LOG_LEVEL` in any case; durations as `"25 seconds"`; the `SHUTDOWN_*`
+ * shares not negative.
+ */
 export const settings: Config.Config<Settings> = Config.all({
-  budget: Config.Duration("SHUTDOWN_BUDGET").pipe(Config.withDefault(Duration.seconds(25))),
-  readinessGrace: Config.Duration("SHUTDOWN_READINESS_GRACE").pipe(Config.withDefault(Duration.seconds(1))),
-  close: Config.Duration("SHUTDOWN_CLOSE").pipe(Config.withDefault(Duration.seconds(3))),
-  telemetry: Config.Duration("SHUTDOWN_TELEMETRY").pipe(Config.withDefault(Duration.seconds(2))),
-  reserve: Config.Duration("SHUTDOWN_RESERVE").pipe(Config.withDefault(Duration.seconds(1))),
-  startupTimeout: Config.Duration("STARTUP_TIMEOUT").pipe(Config.withDefault(Duration.seconds(60))),
+  budget: FromEnv.duration("SHUTDOWN_BUDGET", "25 seconds", { nonNegative: true }),
+  readinessGrace: FromEnv.duration("SHUTDOWN_READINESS_GRACE", "1 second", { nonNegative: true }),
+  close: FromEnv.duration("SHUTDOWN_CLOSE", "3 seconds", { nonNegative: true }),
+  telemetry: FromEnv.duration("SHUTDOWN_TELEMETRY", "2 seconds", { nonNegative: true }),
+  reserve: FromEnv.duration("SHUTDOWN_RESERVE", "1 second", { nonNegative: true }),
+  startupTimeout: FromEnv.duration("STARTUP_TIMEOUT", "60 seconds"),
   healthPort: Config.String("HEALTH_PORT").pipe(Config.withDefault("8080"), Config.map(parsePort)),
   healthHost: Config.String("HEALTH_HOST").pipe(Config.withDefault("0.0.0.0")),
-  maxEventLoopLag: Config.Duration("HEALTH_MAX_EVENT_LOOP_LAG").pipe(Config.withDefault(Duration.seconds(5))),
-  logLevel: Config.LogLevel("LOG_LEVEL").pipe(Config.withDefault<LogLevel.LogLevel>("Info")),
+  maxEventLoopLag: FromEnv.duration("HEALTH_MAX_EVENT_LOOP_LAG", "5 seconds"),
+  logLevel: FromEnv.logLevel("LOG_LEVEL"),
   logBufferBytes: Config.Int("LOG_BUFFER_BYTES").pipe(Config.withDefault(JsonLogger.defaultMaxBufferedBytes))
 })
 
@@ -188,6 +194,13 @@ const describeListenError = (cause: unknown, port: number): { readonly error: st
       }
     case "EADDRNOTAVAIL":
       return { error: `no such address here (${text})`, nextStep: `set HEALTH_HOST to an address of this machine` }
+    // The host does not resolve: the port is not the problem.
+    case "ENOTFOUND":
+    case "EAI_AGAIN":
+      return {
+        error: `the host does not resolve (${text})`,
+        nextStep: `set HEALTH_HOST to a host name or address of this machine (e.g. 0.0.0.0), without a port`
+      }
     default:
       return { error: text, nextStep: `set HEALTH_PORT to a free port, or to "off" to run without the health server` }
   }
@@ -209,10 +222,20 @@ export const run = <E, ROut = never, LE = never, TE = never>(
   Effect.gen(function*() {
     const read = yield* Effect.result(settings)
     if (Result.isFailure(read)) {
-      yield* Effect.logError("worker.invalid_settings").pipe(Effect.annotateLogs({ error: String(read.failure) }))
+      yield* Effect.logError("worker.invalid_settings").pipe(
+        Effect.annotateLogs({ error: FromEnv.describeConfigError(read.failure) })
+      )
       return exitCodes.failure
     }
     const s: Settings = { ...read.success, ...options.settings }
+    // Checked before listening: with a port, the host would fail as a name that does not resolve.
+    const hostProblem = s.healthPort === "off" ? undefined : FromEnv.hostWithPort(s.healthHost)
+    if (hostProblem !== undefined) {
+      yield* Effect.logError("worker.invalid_settings").pipe(
+        Effect.annotateLogs({ error: hostProblem, nextStep: "set HEALTH_HOST to the host or address alone (e.g. 0.0.0.0), and the port with HEALTH_PORT" })
+      )
+      return exitCodes.failure
+    }
     if (s.healthPort !== "off" && Number.isNaN(s.healthPort)) {
       yield* Effect.logError("worker.invalid_settings").pipe(
         Effect.annotateLogs({ error: `HEALTH_PORT must be a port (0-65535) or "off"` })

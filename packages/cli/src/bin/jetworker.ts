@@ -18,7 +18,7 @@
  * container, bad arguments). `dlq`: 0 done; 1 the server refused (no such stream, consumer or
  * message, not stored), a dead letter of a bulk run failed, or a replay or purge was not confirmed;
  * 2 bad arguments (`--sequence` below 1, or with a filter or `--all`; a `--server` that is no
- * URL; a `replay` or `purge` of a stream that is not a dead-letter stream; a `show` of a message
+ * URL; a `list`, `replay` or `purge` of a stream that is not a dead-letter stream; a `show` of a message
  * that is not a dead letter; a `--since` or `--until` that is not ISO 8601) or no connection
  * (unreachable, not a NATS server, credentials refused, no JetStream on the server or for the
  * account, or lost during a bulk run, which then stops and says how many were done). A server
@@ -36,7 +36,8 @@
  * 2 when it cannot run (an unreadable contract, no connection). The server is `--server`, else
  * `NATS_URL`, else `nats://127.0.0.1:4222`; the credentials and TLS files are read as a worker reads
  * them (`NATS_TOKEN`, `NATS_USER`/`NATS_PASSWORD`, `NATS_NKEY_SEED`, `NATS_CREDS`, `NATS_TLS_*`).
- * Log lines go to stderr. `migrate` (the database at `DATABASE_URL`): 0 applied
+ * Log lines go to stderr. `migrate` (the database at `DATABASE_URL`, default
+ * `postgres://postgres@127.0.0.1:5432/test`, named in its output): 0 applied
  * or up to date, 1 failed (nothing of the failed run is applied), 130 interrupted (rolled back).
  * A usage error exits 2. Each command's `--help` states its exit codes.
  */
@@ -303,14 +304,26 @@ const dlqList = Command.make("list", {
       process.exitCode = 2
       return
     }
-    // The page says whether more match, also at the largest --limit.
+    // The page says whether more match, also at the largest --limit. A source stream is refused
+    // as replay and purge refuse it: listed, it would read "no dead letters" and exit 0.
     const found = yield* withNats(
       "dlq list",
       input.server,
-      DeadLetters.listPage(input.stream, { from: Option.getOrUndefined(input.from), limit: input.limit, filter: filter.value })
+      Effect.flatMap(DeadLetters.isDeadLetterStream(input.stream), (deadLetters) =>
+        deadLetters
+          ? Effect.map(
+            DeadLetters.listPage(input.stream, { from: Option.getOrUndefined(input.from), limit: input.limit, filter: filter.value }),
+            Option.some
+          )
+          : Effect.succeed(Option.none()))
     )
     if (Option.isNone(found)) return
-    const { next, rows } = found.value
+    if (Option.isNone(found.value)) {
+      yield* Console.error(`jetworker dlq list: ${DeadLetters.notDeadLetterStream(input.stream, "its first message", "listed")}`)
+      process.exitCode = 2
+      return
+    }
+    const { next, rows } = found.value.value
     yield* Console.log(input.json ? JSON.stringify(rows, null, 2) : DeadLetters.format(input.stream, rows))
     if (next !== undefined) {
       const more = `more dead letters match than --limit ${input.limit}; the next from --from ${next}`
@@ -319,7 +332,8 @@ const dlqList = Command.make("list", {
     }
   })).pipe(described(
     "List the dead letters of a dead-letter stream, with their cause",
-    "exit 0 listed (it says when more match than --limit), 1 the server refused (no such stream), 2 bad arguments or no connection",
+    "exit 0 listed (it says when more match than --limit), 1 the server refused (no such stream), 2 bad arguments, " +
+      "not a dead-letter stream (a source stream: it names its dead-letter stream), or no connection",
     natsBounds
   ))
 
@@ -399,17 +413,19 @@ const bulk = (action: DeadLetters.BulkResult["action"], description: string, con
         Effect.gen(function*() {
           // Only a dead-letter stream: the named message, or the stream's oldest, must be a dead
           // letter (any other stream's message has no dead-letter headers, whatever its name).
-          const probe = single ? [yield* DeadLetter.read(input.stream, input.sequence.value)] : yield* DeadLetter.list(input.stream, { limit: 1 })
-          if (!probe.every(DeadLetter.isDeadLetter)) return Option.none()
-          return Option.some(single ? probe : yield* DeadLetters.select(input.stream, filter.value, { limit: input.max }))
+          if (single) {
+            const named = yield* DeadLetter.read(input.stream, input.sequence.value)
+            return DeadLetter.isDeadLetter(named) ? Option.some([named]) : Option.none()
+          }
+          return (yield* DeadLetters.isDeadLetterStream(input.stream))
+            ? Option.some(yield* DeadLetters.select(input.stream, filter.value, { limit: input.max }))
+            : Option.none()
         })
       )
       if (Option.isNone(selected)) return
       if (Option.isNone(selected.value)) {
         yield* Console.error(
-          `jetworker ${what}: ${input.stream} is not a dead-letter stream (${single ? `#${input.sequence.value}` : "its first message"} has no ` +
-            `${DeadLetter.Header.stream} header), nothing ${verb}; the dead letters of ${input.stream}'s consumers are in ` +
-            DeadLetter.destination(input.stream, "-").stream
+          `jetworker ${what}: ${DeadLetters.notDeadLetterStream(input.stream, single ? `#${input.sequence.value}` : "its first message", verb)}`
         )
         process.exitCode = 2
         return
@@ -667,7 +683,8 @@ const migrate = Command.make("migrate", {
         process.exitCode = 1
       }))
     )).pipe(described(
-    "Apply jetworker's PostgreSQL migrations to DATABASE_URL",
+    `Apply jetworker's PostgreSQL migrations to DATABASE_URL (default ${Migrate.defaultUrl}, used when it is not set)`,
+    "It prints the database it migrates (host, port, database and schema; never the password), then what it applied",
     "exit 0 applied or up to date, 1 failed (nothing of the failed run is applied; the reason and a next step on stderr), " +
       "2 bad arguments, 130 interrupted (rolled back)",
     "It gives up on a database that does not answer after 5 seconds (connecting), and on a lock another session holds after 30 seconds"

@@ -46,8 +46,13 @@ const toMillis = (
   if (input === undefined) return fallback
   // `DurationInput.parse`: a NaN (a `Number(...)` of a bad variable) is refused, not read as 0.
   const duration = DurationInput.parse(input)
-  if (duration === undefined || !Duration.isFinite(duration) || Duration.toMillis(duration) < 0) {
+  if (duration === undefined || !Duration.isFinite(duration)) {
     problems.push(`${name} must be a finite duration, got ${String(input)}`)
+    return fallback
+  }
+  // Finite but negative is a sign slip, not a duration that does not parse: say so.
+  if (Duration.toMillis(duration) < 0) {
+    problems.push(`${name} must not be negative, got ${DurationInput.show(input)}`)
     return fallback
   }
   return Duration.toMillis(duration)

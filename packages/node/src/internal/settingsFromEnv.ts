@@ -1,0 +1,89 @@
+/**
+ * The worker's environment variables read as text and checked here, so that a refusal is one line
+ * an operator can act on (the variable, what it takes, the value given) rather than effect's
+ * schema error (`Expected a valid Duration string at ["SHUTDOWN_BUDGET"]`), which shows neither
+ * the value nor an example.
+ */
+import { DurationInput } from "@jetworker/core"
+import { Config, Duration, Effect, type LogLevel, Option, Schema, SchemaIssue } from "effect"
+
+/** A refusal of `name`'s value, worded as `message`; {@link describeConfigError} gives it back as is. */
+const refuse = (message: string): Config.ConfigError =>
+  new Config.ConfigError(new Schema.SchemaError(new SchemaIssue.InvalidValue({ message })))
+
+/** `name`'s value, or `fallback` when it is unset or empty (an empty variable is an unset one). */
+const text = (name: string, fallback: string): Config.Config<string> =>
+  Config.option(Config.String(name)).pipe(
+    Config.map((value) => Option.isSome(value) && value.value.trim() !== "" ? value.value.trim() : fallback)
+  )
+
+/**
+ * A duration variable, default `fallback` (its example too). `nonNegative`: a negative value is
+ * refused here, naming the variable (the shutdown shares: a sign slip, not a budget).
+ */
+export const duration = (name: string, fallback: string, options: { readonly nonNegative?: boolean } = {}) =>
+  Config.option(Config.String(name)).pipe(
+    Config.mapEffect((value): Effect.Effect<Duration.Duration, Config.ConfigError> => {
+      if (Option.isNone(value) || value.value.trim() === "") return Effect.succeed(Duration.fromInputUnsafe(fallback as Duration.Input))
+      const raw = value.value.trim()
+      const parsed = DurationInput.parse(raw as Duration.Input)
+      if (parsed === undefined) {
+        return Effect.fail(refuse(`${name} must be a duration such as ${JSON.stringify(fallback)}, got ${JSON.stringify(raw)}`))
+      }
+      if (options.nonNegative === true && Duration.isNegative(parsed)) {
+        return Effect.fail(refuse(`${name} must not be negative, got ${JSON.stringify(raw)}`))
+      }
+      return Effect.succeed(parsed)
+    })
+  )
+
+const levels: ReadonlyArray<LogLevel.LogLevel> = ["All", "Trace", "Debug", "Info", "Warn", "Error", "Fatal", "None"]
+
+/** `LOG_LEVEL` in any case (`debug`, `WARN`), as the CLI's `--log-level` takes it; default `Info`. */
+export const logLevel = (name: string): Config.Config<LogLevel.LogLevel> =>
+  text(name, "Info").pipe(
+    Config.mapEffect((raw) => {
+      const level = levels.find((l) => l.toLowerCase() === raw.toLowerCase())
+      return level === undefined
+        ? Effect.fail(refuse(`${name} must be one of ${levels.join(", ")} (any case), got ${JSON.stringify(raw)}`))
+        : Effect.succeed(level)
+    })
+  )
+
+/** A string variable, default `fallback` when unset or empty. */
+export const string = text
+
+/**
+ * Why `host` (from `HEALTH_HOST`) is no host to listen on, or `undefined`: a port given with it
+ * (`localhost:8080`, an easy mistake) would fail as a host name that does not resolve. An IPv6
+ * address has more than one colon and is left alone.
+ */
+export const hostWithPort = (host: string): string | undefined =>
+  /^[^:]+:\d*$/.test(host) || /^\[.*\]:\d*$/.test(host)
+    ? `HEALTH_HOST must be a host name or address without a port, got ${JSON.stringify(host)}`
+    : undefined
+
+const pathOf = (issue: SchemaIssue.Issue): { readonly path: ReadonlyArray<PropertyKey>; readonly leaf: SchemaIssue.Issue } => {
+  if (issue._tag === "Pointer") {
+    const inner = pathOf(issue.issue)
+    return { path: [...issue.path, ...inner.path], leaf: inner.leaf }
+  }
+  // A variable decoded from its text (a number, a duration, a redacted string) wraps what was read.
+  return issue._tag === "Encoding" ? pathOf(issue.issue) : { path: [], leaf: issue }
+}
+
+/**
+ * One line for a configuration failure: a refusal worded here as it is; an unset variable as
+ * `<NAME> is not set`; anything else as `<NAME>: <effect's text>`.
+ */
+export const describeConfigError = (error: Config.ConfigError): string => {
+  const cause = error.cause
+  if (!Schema.isSchemaError(cause)) return cause.message
+  const { leaf, path } = pathOf(cause.issue)
+  const name = path.map(String).join(".")
+  // From the environment every value is text: a string that is not there is an unset variable.
+  const unset = leaf._tag === "MissingKey" || (leaf._tag === "InvalidType" && leaf.ast._tag === "String")
+  if (unset && name !== "") return `${name} is not set`
+  const message = SchemaIssue.makeFormatterDefault()(leaf)
+  return name === "" ? message : `${name}: ${message}`
+}
