@@ -50,9 +50,6 @@ export const logLevel = (name: string): Config.Config<LogLevel.LogLevel> =>
     })
   )
 
-/** A string variable, default `fallback` when unset or empty. */
-export const string = text
-
 /**
  * Why `host` (from `HEALTH_HOST`) is no host to listen on, or `undefined`: a port given with it
  * (`localhost:8080`, an easy mistake) would fail as a host name that does not resolve. An IPv6
