@@ -6,7 +6,8 @@
  * extraction they rely on.
  */
 import { assert, describe, it } from "@effect/vitest"
-import { Effect } from "effect"
+import { Envelope } from "@jetworker/core"
+import { Effect, Schema } from "effect"
 import { readFileSync } from "node:fs"
 import { examplesOf } from "../scripts/doc-examples.ts"
 
@@ -36,6 +37,19 @@ describe("the getting-started guide", () => {
       assert.include(script, `["exec", "tsc", "-p", "tsconfig.json"]`)
       assert.include(guide, "node dist/main.js")
       assert.include(script, `["dist/main.js"]`)
+      // Before the packages are published: the command the guide gives is the script's.
+      assert.include(guide, "node scripts/packed-app.ts --pack-only ")
+      assert.include(script, `"--pack-only"`)
+    }))
+
+  it.effect("its message on the wire decodes with the guide's schema", () =>
+    Effect.sync(() => {
+      const guide = read("docs/getting-started.md")
+      const [wire] = blocks(guide, "jsonc")
+      assert.include(guide, `Envelope.schema("greeting", Schema.Struct({ name: Schema.String }))`)
+      const Greeting = Envelope.schema("greeting", Schema.Struct({ name: Schema.String }))
+      const decoded = Schema.decodeUnknownSync(Greeting)(JSON.parse(wire!))
+      assert.deepStrictEqual([decoded.id, decoded.type, decoded.data], ["greeting-1", "greeting", { name: "Ada" }])
     }))
 })
 
