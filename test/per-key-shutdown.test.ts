@@ -50,18 +50,24 @@ describe("per-key ordering at shutdown", () => {
         const startedAfterStop: Array<number> = []
         const fiber = yield* Effect.forkChild(Consumer.run(consumerOf(first, () => stopping, startedAfterStop)))
         yield* Eventually.holds("the first handler of the key running", Effect.sync(() => started.includes("k1")), "20 seconds")
+        // All four handed out to this instance (the engine takes them into the key's lane as they
+        // arrive; one still in the intake's buffer at the stop is handed back without an outcome).
+        yield* Eventually.holds("all four handed out", Effect.map(stream.info, (info) => info.num_ack_pending === 4), "20 seconds")
         stopping = true
         yield* Fiber.interrupt(fiber)
         const outcomes = (yield* first.all).map(show)
         assert.deepStrictEqual(startedAfterStop, [], `handlers started after the stop began: ${outcomes.join(", ")}`)
-        assert.deepStrictEqual([...outcomes].sort(), ["s1:Committed#1", "s2:Released(Interrupted)#1", "s3:Released(Interrupted)#1", "s4:Released(Interrupted)#1"])
+        // s1 committed; the others released by the engine (waiting for their turn) or, if one was
+        // still in the intake's buffer, handed back by the intake without an outcome.
+        assert.include(outcomes, "s1:Committed#1")
+        assert.deepStrictEqual(outcomes.filter((o) => o !== "s1:Committed#1" && !/^s[234]:Released\(Interrupted\)#1$/.test(o)), [])
 
         // Second run: the released ones come back, each handled once, in the key's order.
         const second = yield* OutcomeLog.make
         const again = yield* Effect.forkChild(Consumer.run(consumerOf(second, () => false, [])))
         const after = yield* second.waitUntil((all) => all.length >= 3, "30 seconds")
         yield* Fiber.interrupt(again)
-        assert.deepStrictEqual(after.map(show), ["s2:Committed#2", "s3:Committed#2", "s4:Committed#2"])
+        assert.deepStrictEqual(after.map((o) => `${o.message.eventId}:${o._tag}`), ["s2:Committed", "s3:Committed", "s4:Committed"])
         assert.deepStrictEqual(started, ["k1", "k2", "k3", "k4"])
       }))
   })
