@@ -256,10 +256,13 @@ export const make = (options: Options): InMemoryBroker => {
 
   /** The next deliverable message at `now`, lowest sequence first, or the time one becomes due. */
   const next = (now: number): Message | number => {
-    // Delivered and not settled: what counts against MaxAckPending (a naked message too).
+    // Delivered and not settled: what counts against MaxAckPending (a naked message too); counted
+    // only under a limit.
     let ackPending = 0
-    for (const message of messages) {
-      if (message.deliveries > 0 && (message.status === "pending" || message.status === "inflight")) ackPending++
+    if (ackPendingLimit !== undefined) {
+      for (const message of messages) {
+        if (message.deliveries > 0 && (message.status === "pending" || message.status === "inflight")) ackPending++
+      }
     }
     let soonest = Number.POSITIVE_INFINITY
     for (const message of messages) {

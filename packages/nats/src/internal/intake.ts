@@ -8,13 +8,13 @@
  * wait; a link lost while `close` waits ends the wait.
  */
 import { type Delivery, Source } from "@jetworker/core"
-import { Clock, Duration, Effect, type Scope, Stream } from "effect"
+import { Clock, Duration, Effect, type Scope } from "effect"
 import type * as DeadLetter from "../DeadLetter.ts"
 import type { Shape } from "../NatsConnection.ts"
 import { toDelivery } from "./delivery.ts"
 import { makeBufferedLeases } from "./bufferedLeases.ts"
 import { type IntakeEnv, initialState, signal } from "./intakeState.ts"
-import { startWatchdog, watchLeader, watchReconnects } from "./intakeWatch.ts"
+import { startWatchdog, watchLeader, watchLink } from "./intakeWatch.ts"
 import { boundedPromise, makePulls } from "./pulls.ts"
 
 /** The checked consumer an intake reads. */
@@ -69,38 +69,21 @@ export const openIntake = (
       }
     }
     const state = initialState()
-    // Whether the link is up, as the client's status says (it opens over a live one: the consumer
-    // was just checked). `close` only waits on the server over a live link: a flush or request
-    // over a dead one would wait out its whole bound (3 × settleTimeout with nothing in flight).
-    const link = { up: true, lost: new Set<() => void>() }
-    yield* Stream.fromAsyncIterable(connection.connection.status(), (error) => error).pipe(
-      Stream.runForEach((status) =>
-        Effect.sync(() => {
-          if (status.type === "reconnect") link.up = true
-          else if (status.type === "disconnect" || status.type === "staleConnection" || status.type === "close") {
-            link.up = false
-            for (const resume of link.lost) resume()
-            link.lost.clear()
-          }
-        })
-      ),
-      Effect.ignore,
-      Effect.forkScoped
-    )
-    const linkUp = () => link.up && !connection.connection.isClosed()
+    // `close` only waits on the server over a live link (`watchLink`): a flush or request over a
+    // dead one would wait out its whole bound (3 × settleTimeout with nothing in flight).
     // Ends when the link is (or goes) down: what raced against it stops waiting on the server.
     const linkLost = Effect.callback<void>((resume) => {
-      if (!linkUp()) return resume(Effect.void)
+      if (state.linkDown || connection.connection.isClosed()) return resume(Effect.void)
       const lost = () => resume(Effect.void)
-      link.lost.add(lost)
+      state.onLinkLost.add(lost)
       return Effect.sync(() => {
-        link.lost.delete(lost)
+        state.onLinkLost.delete(lost)
       })
     })
     const whileLinkUp = <A, E>(effect: Effect.Effect<A, E>) => Effect.asVoid(Effect.raceFirst(effect, linkLost))
     const settling = { connection, settleTimeoutMillis: options.settleTimeoutMillis, destination: options.destination }
     const pulls = makePulls(env, state)
-    yield* watchReconnects(env, state, pulls)
+    yield* watchLink(env, state, pulls)
     const advisories = watchLeader(env, state, pulls)
     const watchdog = startWatchdog(env, state, pulls)
     const bufferedLeases = makeBufferedLeases(env, state, options.leaseMillis)

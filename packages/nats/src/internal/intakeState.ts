@@ -66,6 +66,10 @@ export interface IntakeState {
    * consumer answers again and the room is pulled (`intake.resumed`).
    */
   stalledSince: number | undefined
+  /** Whether the client's link is down (disconnected, stale or closed) since its last reconnect. */
+  linkDown: boolean
+  /** Called once when the link goes down: what waits on the server over it stops waiting. */
+  readonly onLinkLost: Set<() => void>
 }
 
 /** A fresh intake's state: nothing pulled yet. */
@@ -79,7 +83,10 @@ export const initialState = (): IntakeState => ({
   pauseMillis: 0,
   closed: false,
   wake: undefined,
-  stalledSince: undefined
+  stalledSince: undefined,
+  // It opens over a live link: the consumer was just checked.
+  linkDown: false,
+  onLinkLost: new Set()
 })
 
 /** Resumes the waiting `take`, if any. */

@@ -8,15 +8,24 @@ import type { IntakeEnv, IntakeState } from "./intakeState.ts"
 import type { Pulls } from "./pulls.ts"
 
 /**
- * After a reconnect: a pull sent while disconnected was lost with the client's outbound buffer
- * (it is never answered), and those sent before may or may not have survived; all are written off
- * and the room pulled again once the consumer answers (as nats.js does). Runs in the scope.
+ * The client's link, from its status: `state.linkDown` while it is down (disconnected, stale or
+ * closed), and `state.onLinkLost` called as it goes down. After a reconnect: a pull sent while
+ * disconnected was lost with the client's outbound buffer (it is never answered), and those sent
+ * before may or may not have survived; all are written off and the room pulled again once the
+ * consumer answers (as nats.js does). Runs in the scope.
  */
-export const watchReconnects = (env: IntakeEnv, state: IntakeState, pulls: Pulls): Effect.Effect<void, never, Scope.Scope> =>
+export const watchLink = (env: IntakeEnv, state: IntakeState, pulls: Pulls): Effect.Effect<void, never, Scope.Scope> =>
   Stream.fromAsyncIterable(env.connection.connection.status(), (error) => error).pipe(
-    Stream.filter((status) => status.type === "reconnect"),
-    Stream.runForEach(() =>
+    Stream.runForEach((status) =>
       Effect.sync(() => {
+        if (status.type === "disconnect" || status.type === "staleConnection" || status.type === "close") {
+          state.linkDown = true
+          for (const lost of state.onLinkLost) lost()
+          state.onLinkLost.clear()
+          return
+        }
+        if (status.type !== "reconnect") return
+        state.linkDown = false
         if (state.closed || state.failure !== undefined) return
         if (state.requested > 0 || state.waiting.length > 0) {
           env.logWarning(`${env.name}: reconnected; ${state.requested} messages pulled before are written off and the consumer checked before pulling again`)

@@ -22,10 +22,8 @@ const text = (name: string, fallback: string): Config.Config<string> =>
  * refused here, naming the variable (the shutdown shares: a sign slip, not a budget).
  */
 export const duration = (name: string, fallback: string, options: { readonly nonNegative?: boolean } = {}) =>
-  Config.option(Config.String(name)).pipe(
-    Config.mapEffect((value): Effect.Effect<Duration.Duration, Config.ConfigError> => {
-      if (Option.isNone(value) || value.value.trim() === "") return Effect.succeed(Duration.fromInputUnsafe(fallback as Duration.Input))
-      const raw = value.value.trim()
+  text(name, fallback).pipe(
+    Config.mapEffect((raw): Effect.Effect<Duration.Duration, Config.ConfigError> => {
       const parsed = DurationInput.parse(raw as Duration.Input)
       if (parsed === undefined) {
         return Effect.fail(refuse(`${name} must be a duration such as ${JSON.stringify(fallback)}, got ${JSON.stringify(raw)}`))

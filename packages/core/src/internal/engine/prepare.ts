@@ -4,18 +4,17 @@
  * failed attempts are read from the attempt store; and the safety nets' verdict (`defect`) for a
  * delivery whose judging died. Both paths, a single delivery's and a batch's, prepare through it.
  */
-import { type Cause, DateTime, Effect, Result } from "effect"
+import { type Cause, DateTime, Effect, Result, Schema } from "effect"
 import type { Tagged } from "../../Classification.ts"
 import type { Delivery } from "../../Delivery.ts"
-import { isExpired, type Metadata } from "../../Envelope.ts"
+import { EventId, isExpired, type Metadata } from "../../Envelope.ts"
 import * as ErrorSummary from "../../ErrorSummary.ts"
 import * as Outcome from "../../Outcome.ts"
 import type { Shared } from "./shared.ts"
 import { effectCommittedIf, type Prepared, type Verdict } from "./types.ts"
 
 const textDecoder = new TextDecoder()
-// `Envelope.EventId`'s rule, as a plain test (no schema run on the rejection path).
-const eventIdPattern = /^[\x21-\x7e]{1,200}$/
+const isEventId = Schema.is(EventId)
 
 /** The ordering key of every delivery of a consumer without per-key ordering (built once). */
 const noKey: Result.Result<string, ErrorSummary.ErrorSummary> = Result.succeed("")
@@ -64,7 +63,7 @@ export const makePrepare = <A, E extends Tagged, R>(shared: Shared<A, E, R>) => 
     try {
       const parsed: unknown = JSON.parse(textDecoder.decode(delivery.payload))
       const id = typeof parsed === "object" && parsed !== null ? (parsed as { readonly id?: unknown }).id : undefined
-      return typeof id === "string" && eventIdPattern.test(id) ? id : undefined
+      return isEventId(id) ? id : undefined
     } catch {
       return undefined
     }
