@@ -109,7 +109,7 @@ describe("shutdown (BE-SHUT)", () => {
         assert.strictEqual(started[0]!.signal, "SIGTERM")
         assert.strictEqual(completed.length, 1)
         assert.strictEqual(completed[0]!.result, "success")
-        assertStagesOnce(logs, settings.consumer, ["nats", "postgres"])
+        assertStagesOnce(logs, settings.consumer, ["outbox-relay", "nats", "postgres"])
         assert.deepStrictEqual([...(yield* transferCounts(ids)).values()], [1, 1, 1])
         assert.deepStrictEqual(yield* balances([a, b]), { [a]: 97_00n, [b]: 3_00n })
       }))
@@ -140,7 +140,7 @@ describe("shutdown (BE-SHUT)", () => {
         const ignored = W.withMessage(logs, "shutdown.signal_ignored")
         assert.include([3, 4], ignored.length)
         assert.includeMembers(ignored.map((l) => l.signal), ["SIGINT", "SIGTERM"])
-        assertStagesOnce(logs, settings.consumer, ["nats", "postgres"])
+        assertStagesOnce(logs, settings.consumer, ["outbox-relay", "nats", "postgres"])
         // The wait was the slow transfer's, not longer: the procedure ended well inside the budget.
         const completed = W.withMessage(logs, "shutdown.completed")[0]!
         assert.strictEqual(completed.result, "success")
@@ -325,7 +325,7 @@ describe("shutdown (BE-SHUT)", () => {
         yield* worker.child.kill("SIGTERM")
         assert.deepStrictEqual(yield* worker.child.waitForExit("15 seconds"), { code: 0, signal: null })
         const logs = yield* worker.logs
-        assertStagesOnce(logs, settings.consumer, ["nats", "postgres", "http-client"])
+        assertStagesOnce(logs, settings.consumer, ["outbox-relay", "nats", "postgres", "http-client"])
         const messages = logs.map((l) => l.message)
         const started = messages.indexOf("shutdown.started")
         const completed = messages.indexOf("shutdown.completed")

@@ -357,8 +357,8 @@ const PostgresLive = Lifecycle.resource("postgres", DatabaseLive, { check: SqlCl
  * Everything the worker needs: NATS (`NATS_URL`), PostgreSQL with the idempotency and attempt
  * stores and the outbox, the outbox relay (publishing through NATS), and the risk check
  * (`LEDGER_RISK_URL`, with its HTTP client when set). NATS and PostgreSQL are
- * `Lifecycle.resource`s: the worker's shutdown closes each as one stage within the close share
- * (after the relay, which depends on both), and readiness reflects PostgreSQL through a
+ * `Lifecycle.resource`s, and so is the relay: the worker's shutdown closes each as one stage within
+ * the close share (the relay first, which depends on both), and readiness reflects PostgreSQL through a
  * `SELECT 1` every 5 seconds (NATS through its connection status).
  */
 export const WorkerLive = Layer.mergeAll(
@@ -366,5 +366,10 @@ export const WorkerLive = Layer.mergeAll(
   Layer.mergeAll(PgIdempotencyStore.layer(), PgAttemptStore.layer(), PgOutbox.layer()),
   // The applied events' stream named: every event has a subject of its own, so finding the stream
   // by subject would ask the server once per event.
-  Layer.unwrap(Effect.map(settings, (s) => PgOutbox.layerRelay().pipe(Layer.provide(Publisher.outboxPublisher({ stream: s.appliedStream })))))
+  // A resource of its own: stopping it rolls back a round in progress, which waits on the
+  // database; if that hangs, its close is cut and named, and PostgreSQL and NATS still close.
+  Lifecycle.resource(
+    "outbox-relay",
+    Layer.unwrap(Effect.map(settings, (s) => PgOutbox.layerRelay().pipe(Layer.provide(Publisher.outboxPublisher({ stream: s.appliedStream })))))
+  )
 ).pipe(Layer.provideMerge(PostgresLive), Layer.provideMerge(NatsLive))

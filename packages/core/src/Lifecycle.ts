@@ -30,9 +30,11 @@ import * as ErrorSummary from "./ErrorSummary.ts"
 import {
   type Component,
   type ComponentKind,
+  CurrentStageEnd,
   type DependencyDown,
   type LifecycleShape,
   type Stage,
+  type StageOptions,
   type StageResult,
   unmanaged
 } from "./internal/lifecycleService.ts"
@@ -42,10 +44,12 @@ import { type Budget, type Share, shareEnd } from "./internal/shutdownBudget.ts"
 export {
   type Component,
   type ComponentKind,
+  currentDeadline,
   type DependencyDown,
   Lifecycle,
   type LifecycleShape,
   type Stage,
+  type StageOptions,
   type StageResult,
   unmanaged
 } from "./internal/lifecycleService.ts"
@@ -181,6 +185,9 @@ const shared = (effect: Effect.Effect<void>): Effect.Effect<void> => {
   )
 }
 
+/** How long before its enclosing stage's end a stage inside it ends. */
+const nestedStageMarginMillis = 50
+
 /** A `startupTimeout` that is not a duration above zero; the message names the value given. */
 export class InvalidStartupTimeout extends Data.TaggedError("InvalidStartupTimeout")<{ readonly message: string }> {}
 
@@ -211,14 +218,18 @@ export const makeManaged = (options: ManagedOptions): Effect.Effect<Managed, Inv
     const deadline = (share: Share): number | undefined =>
       shutdownAt === undefined ? undefined : shutdownAt + shareEnd(budget, share)
 
-    const stage = <E>(stage: Stage, target: string, share: Share, effect: Effect.Effect<void, E>) =>
+    const stage = <E>(stage: Stage, target: string, share: Share, effect: Effect.Effect<void, E>, options?: StageOptions) =>
       Effect.gen(function*() {
-        const end = deadline(share)
-        if (end === undefined) return yield* unmanaged.stage(stage, target, share, effect)
+        const shareDeadline = deadline(share)
+        if (shareDeadline === undefined) return yield* unmanaged.stage(stage, target, share, effect)
+        // A stage inside another (a resource's close inside the resources' close) ends a little
+        // before it, so that the inner one is cut and its line written before the outer one is cut.
+        const enclosing = yield* CurrentStageEnd
+        const end = Math.min(shareDeadline, options?.endsBy ?? Infinity, enclosing === undefined ? Infinity : enclosing - nestedStageMarginMillis)
         const start = yield* Clock.currentTimeMillis
         // Detached, so an effect stuck in an uninterruptible region (a finalizer waiting on a
         // black-holed socket) cannot hold the procedure past the deadline: it is abandoned.
-        const fiber = yield* Effect.forkDetach(effect)
+        const fiber = yield* Effect.forkDetach(Effect.provideService(effect, CurrentStageEnd, end))
         const exit = yield* Fiber.await(fiber).pipe(Effect.timeoutOption(Duration.millis(Math.max(0, end - start))))
         let result: StageResult
         let failure: Cause.Cause<unknown> | undefined

@@ -271,9 +271,10 @@ export const make = (options: Options) =>
       (connection) =>
         Effect.gen(function*() {
           // Bounded by `drainTimeout` and, under a worker that is shutting down, by what is left
-          // of the budget's close share; then the connection is closed without draining.
+          // of this resource's part of the close share; then the connection is closed without
+          // draining.
           const now = yield* Clock.currentTimeMillis
-          const closeBy = lifecycle.deadline("close")
+          const closeBy = yield* Lifecycle.currentDeadline("close")
           const bound = Math.max(0, Math.min(drainMillis, closeBy === undefined ? drainMillis : closeBy - now))
           const drained = yield* Effect.promise(() => connection.drain().catch(() => undefined)).pipe(
             Effect.timeoutOption(Duration.millis(bound))

@@ -3,10 +3,29 @@
  * as a shutdown stage and, with a check, makes it a readiness component; `waitFor` waits for a
  * dependency at start-up. `Lifecycle` re-exports the public names and documents them.
  */
-import { Data, Duration, Effect, Layer, Schedule, Scope } from "effect"
+import { Clock, Data, Duration, Effect, Layer, Schedule, Scope } from "effect"
 import * as DurationInput from "../DurationInput.ts"
 import * as ErrorSummary from "../ErrorSummary.ts"
-import { Lifecycle } from "./lifecycleService.ts"
+import { currentDeadline, Lifecycle, type LifecycleShape } from "./lifecycleService.ts"
+
+/** How many `resource`s are built and not yet closed, per lifecycle: each closes within its part. */
+const openResources = new WeakMap<LifecycleShape, { count: number }>()
+
+/**
+ * Closes one resource as a `close` stage. With `open` resources still to close (this one among
+ * them), it may take an equal part of what is left of the close share, the last one all of it:
+ * one that hangs (a pool waiting on a black-holed socket) is cut and named by its own line, and
+ * leaves time for the others (NATS still drains).
+ */
+const closeStage = (lifecycle: LifecycleShape, name: string, close: Effect.Effect<void>, open: { count: number }) =>
+  Effect.gen(function*() {
+    const end = yield* currentDeadline("close")
+    const parts = open.count
+    open.count--
+    if (end === undefined || parts <= 1) return yield* lifecycle.stage("close", name, "close", close)
+    const now = yield* Clock.currentTimeMillis
+    return yield* lifecycle.stage("close", name, "close", close, { endsBy: now + Math.max(0, end - now) / parts })
+  })
 
 /**
  * A {@link resource}'s `checkInterval` that is not a positive, finite duration; the message names
@@ -16,7 +35,11 @@ export class InvalidCheckInterval extends Data.TaggedError("InvalidCheckInterval
 
 /**
  * Wraps a resource's Layer so that the worker's shutdown closes it as one `close` stage named
- * `name`, bounded by the close share (abandoned past it). With `check`, readiness reflects it too:
+ * `name`, bounded by the close share (abandoned past it). Resources close one after another; each
+ * may take an equal part of what is left of the share among the resources still open, the last
+ * one all of it, so that one whose close hangs is named by its own `timeout` line and the others
+ * still close in time. A release that waits (a drain) bounds itself by `Lifecycle.currentDeadline`.
+ * With `check`, readiness reflects it too:
  * a dependency component, up once built, probed every `checkInterval` (default 5 seconds; each
  * probe bounded by the same) and down while the check fails, dies or is interrupted; each change
  * is logged once (`dependency.down`, a warning with the reason, and `dependency.up`). Probing goes
@@ -50,7 +73,11 @@ export const resource = <ROut, E, RIn, X = unknown, CE = unknown>(
       }
       const lifecycle = yield* Lifecycle
       const inner = yield* Scope.make()
-      yield* Effect.addFinalizer((exit) => lifecycle.stage("close", name, "close", Scope.close(inner, exit)))
+      let open = openResources.get(lifecycle)
+      if (open === undefined) openResources.set(lifecycle, open = { count: 0 })
+      const counted = open
+      counted.count++
+      yield* Effect.addFinalizer((exit) => closeStage(lifecycle, name, Scope.close(inner, exit), counted))
       const context = yield* Layer.buildWithScope(layer, inner)
       if (options.check !== undefined && lifecycle.managed) {
         // The probe below, also run at once when the engine asks (a handler's failure that the

@@ -30,6 +30,15 @@ export interface DependencyDown {
   readonly reason: string
 }
 
+/** Options of {@link LifecycleShape.stage}. */
+export interface StageOptions {
+  /**
+   * Epoch millis by which the stage must end when that comes before its share's deadline (a
+   * resource's part of the close share); a later value changes nothing.
+   */
+  readonly endsBy?: number | undefined
+}
+
 /** The lifecycle as seen from inside the process. */
 export interface LifecycleShape {
   /** Whether a worker manages the process (then stages are logged and deadlines apply). */
@@ -37,11 +46,19 @@ export interface LifecycleShape {
   /** Epoch millis at which `share` ends, once shutdown has started; `undefined` otherwise. */
   readonly deadline: (share: Share) => number | undefined
   /**
-   * Runs `effect` as one stage of the shutdown: bounded by `share`'s deadline (cut and abandoned
-   * past it) and reported by one `shutdown.stage` line. Before shutdown, or unmanaged, it just
-   * runs `effect`. Never fails.
+   * Runs `effect` as one stage of the shutdown: bounded by `share`'s deadline, by `options.endsBy`
+   * and by the end of the stage it runs in (50 ms before it, so that this stage's line comes
+   * first), whichever comes first (cut and abandoned past it), and
+   * reported by one `shutdown.stage` line. Inside `effect`, {@link currentDeadline} gives that end.
+   * Before shutdown, or unmanaged, it just runs `effect`. Never fails.
    */
-  readonly stage: <E>(stage: Stage, target: string, share: Share, effect: Effect.Effect<void, E>) => Effect.Effect<StageResult>
+  readonly stage: <E>(
+    stage: Stage,
+    target: string,
+    share: Share,
+    effect: Effect.Effect<void, E>,
+    options?: StageOptions
+  ) => Effect.Effect<StageResult>
   /**
    * Registers a part whose state readiness reflects; it starts down ("starting"). A dependency
    * may give `probe`, which checks it now and sets its state (see {@link probeDependencies}).
@@ -98,3 +115,25 @@ export const unmanaged: LifecycleShape = {
 export const Lifecycle = Context.Reference<LifecycleShape>("@jetworker/core/Lifecycle", {
   defaultValue: () => unmanaged
 })
+
+/**
+ * The end (epoch millis) of the shutdown stage the current fiber runs in, if any: set by a managed
+ * lifecycle's `stage` for its effect, so that a stage inside another never outlives it.
+ */
+export const CurrentStageEnd = Context.Reference<number | undefined>("@jetworker/core/Lifecycle/CurrentStageEnd", {
+  defaultValue: () => undefined
+})
+
+/**
+ * Epoch millis by which work of `share` must end here: the share's deadline, or the end of the
+ * stage this runs in when that comes first (a resource's part of the close share). `undefined`
+ * before shutdown or unmanaged. A resource's release bounds its own waits by it (e.g. a drain).
+ */
+export const currentDeadline = (share: Share): Effect.Effect<number | undefined> =>
+  Effect.gen(function*() {
+    const lifecycle = yield* Lifecycle
+    const end = lifecycle.deadline(share)
+    if (end === undefined) return undefined
+    const enclosing = yield* CurrentStageEnd
+    return enclosing === undefined ? end : Math.min(end, enclosing)
+  })
