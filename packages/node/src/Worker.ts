@@ -157,7 +157,9 @@ export interface Options<ROut, LE, TE = never> {
   /**
    * The process's resources (NATS connection, SQL pool, ...), built before `program` runs and
    * closed by the shutdown procedure after it ended. Wrap each with `Lifecycle.resource(name, ...)`
-   * to get one `close` stage line per resource. Default: none.
+   * to get one `close` stage line per resource, bounded by its part of the close share; a layer
+   * whose stop talks to a dependency (an outbox relay rolling back its round) is worth wrapping
+   * too, so that a hang there is cut and named rather than taking the share. Default: none.
    */
   readonly layer?: Layer.Layer<ROut, LE> | undefined
   /** Settings that override the environment's. Default: all from the environment. */
