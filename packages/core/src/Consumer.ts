@@ -101,7 +101,10 @@ export interface BaseOptions<A, E extends Tagged, R, RS> {
   /**
    * How often an INFO line sums up the consumer's progress (outcomes by tag since the last line,
    * deliveries in flight, messages the broker still holds), written only when something happened.
-   * A line also says when the consumer has drained the broker's backlog. `0` turns both off.
+   * A line also says when the consumer has drained the broker's backlog: nothing left on the
+   * broker, nothing running, and no delivery it released (for a retry) waiting for its redelivery
+   * (one that does not come back a lease past its due time, taken by another process, stops
+   * counting). `0` turns both off.
    * Default: 30 seconds.
    */
   readonly progressInterval?: Duration.Input | undefined

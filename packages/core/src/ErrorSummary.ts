@@ -1,7 +1,8 @@
 /**
  * A JSON-safe, bounded description of why a delivery failed: what the dead-letter record, the
  * outcome and the logs carry instead of the error object itself (errors are never outcomes).
- * It keeps the error's tag, message and its own scalar fields, and never its stack.
+ * It keeps the error's tag, message and its own scalar fields; a defect's summary also keeps the
+ * first frames of its stack ({@link ErrorSummary.stack}), for the log line, never the message again.
  *
  * @since 0.1.0
  */
@@ -23,6 +24,13 @@ export interface ErrorSummary {
    * `constraint`. Absent when the error wraps nothing.
    */
   readonly causes?: ReadonlyArray<CauseSummary> | undefined
+  /**
+   * A defect's stack frames (the `at ...` lines, without the message it starts with), where it
+   * threw: its first 10 lines, at most 2,000 characters. On the outcome and its log line (the
+   * `stack` key) so that an operator finds the line of code; never in the dead-letter record.
+   * Absent for a typed failure, and for a defect that has no frames (not an `Error`).
+   */
+  readonly stack?: string | undefined
 }
 
 /** One wrapped error of an {@link ErrorSummary}'s chain. */
@@ -218,18 +226,49 @@ const causesOf = (error: object): Array<CauseSummary> => {
   return chain
 }
 
+const MAX_STACK_LINES = 10
+const MAX_STACK = 2_000
+
+/**
+ * The frames of `value`'s stack (V8's `    at ...` lines), bounded; `undefined` without any. The
+ * header, which repeats the message (and whatever it quoted, over any number of lines), is left out.
+ */
+const framesOf = (value: object): string | undefined => {
+  let stack: unknown
+  try {
+    stack = (value as { readonly stack?: unknown }).stack
+  } catch {
+    return undefined // a `stack` getter that throws
+  }
+  if (typeof stack !== "string") return undefined
+  const frames: Array<string> = []
+  for (const line of stack.split("\n")) {
+    if (frames.length >= MAX_STACK_LINES) break
+    if (/^\s+at /.test(line)) frames.push(line)
+  }
+  if (frames.length === 0) return undefined
+  const text = frames.join("\n")
+  if (text.length <= MAX_STACK) return text
+  // Whole frames where they fit; one frame longer than the bound is cut.
+  const end = text.lastIndexOf("\n", MAX_STACK)
+  return end > 0 ? text.slice(0, end) : `${text.slice(0, MAX_STACK - 1)}…`
+}
+
 /** Summarises one error value (a typed failure or a defect), with the chain it wraps. */
 export const fromError = (error: unknown, kind: "Failure" | "Defect" = "Failure"): ErrorSummary => {
   const tag = tagOf(error, kind === "Defect" ? "Defect" : "UnknownError")
   const message = oneLine(messageOf(error), MAX_MESSAGE)
   const isObject = typeof error === "object" && error !== null
   const causes = isObject ? causesOf(error) : []
+  // Where a defect threw is what an operator needs; a typed error is named by its tag and fields.
+  const stack = isObject && kind === "Defect" ? framesOf(error) : undefined
   return {
     kind,
     tag,
     message: message.length > 0 ? message : tag,
     fields: isObject ? scalarFields(error) : {},
-    ...(causes.length > 0 ? { causes } : {})
+    ...(causes.length > 0 ? { causes } : {}),
+    ...(stack === undefined ? {} : { stack })
   }
 }
 

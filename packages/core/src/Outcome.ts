@@ -238,10 +238,13 @@ export type Command = Data.TaggedEnum<{
 /** Constructors for {@link Command}. */
 export const Command = Data.taggedEnum<Command>()
 
-/** The dead-letter record an outcome carries to the channel, when it goes there. */
+/**
+ * The dead-letter record an outcome carries to the channel, when it goes there. A defect's stack
+ * stays in the log line: the record (a header of the dead letter) keeps its bounded shape.
+ */
 const deadLetterRecord = (
   outcome: Extract<Verdict, { readonly _tag: "Rejected" | "DeadLettered" | "Expired" }>,
-  error: ErrorSummary,
+  { stack: _stack, ...error }: ErrorSummary,
   reason: DeadLetterRecord["reason"],
   failedAt: DateTime.Utc
 ): DeadLetterRecord =>

@@ -305,9 +305,10 @@ export const make = (options: Options) =>
     const back = Effect.suspend(() => {
       if (up) return component.up
       up = true
+      // The line first: marking it up wakes the consumers paused on it (their `consumer.resumed`).
       return Effect.andThen(
-        component.up,
-        Effect.logInfo("dependency nats is back").pipe(Effect.annotateLogs({ event: "dependency.up", dependency: "nats" }))
+        Effect.logInfo("dependency nats is back").pipe(Effect.annotateLogs({ event: "dependency.up", dependency: "nats" })),
+        component.up
       )
     })
     // Log connection status changes for operators, through the configured logger; the fiber ends

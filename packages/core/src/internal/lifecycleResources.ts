@@ -98,9 +98,11 @@ export const resource = <ROut, E, RIn, X = unknown, CE = unknown>(
             onSuccess: () => {
               if (up) return component.up
               up = true
+              // The line first: marking it up wakes the consumers paused on it, whose
+              // `consumer.resumed` lines must follow the cause.
               return Effect.andThen(
-                component.up,
-                Effect.logInfo(`dependency ${name} is back`).pipe(Effect.annotateLogs({ event: "dependency.up", dependency: name }))
+                Effect.logInfo(`dependency ${name} is back`).pipe(Effect.annotateLogs({ event: "dependency.up", dependency: name })),
+                component.up
               )
             },
             onFailure: (cause) => {

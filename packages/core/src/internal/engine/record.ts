@@ -12,7 +12,7 @@ import * as Outcome from "../../Outcome.ts"
 import * as Telemetry from "../../Telemetry.ts"
 import type { BoundedRuns } from "./bounded.ts"
 import { countsInTableOrder } from "./helpers.ts"
-import type { Shared } from "./shared.ts"
+import { rememberNewest, type Shared } from "./shared.ts"
 
 /** Confirmed commits and duplicates: the work that flows, logged at debug level only. */
 const isRoutine = (outcome: Outcome.Outcome): boolean =>
@@ -32,7 +32,14 @@ const logOutcome = (outcome: Outcome.Outcome): Effect.Effect<void> => {
   }
   if (outcome.message.eventId !== undefined) annotations.eventId = outcome.message.eventId
   if ("reason" in outcome) annotations.reason = outcome.reason
-  if ("error" in outcome && outcome.error !== undefined) annotations.error = ErrorSummary.describe(outcome.error)
+  if ("error" in outcome && outcome.error !== undefined) {
+    annotations.error = ErrorSummary.describe(outcome.error)
+    // A thrown exception or a rejected promise, not a typed error: where it threw (bounded frames).
+    if (outcome.error.kind === "Defect") {
+      annotations.defect = true
+      if (outcome.error.stack !== undefined) annotations.stack = outcome.error.stack
+    }
+  }
   // A failure after the commit: the effect is applied, only what followed it failed.
   if ("effectCommitted" in outcome && outcome.effectCommitted === true) annotations.effectCommitted = true
   return log(Outcome.describe(outcome)).pipe(Effect.annotateLogs(annotations))
@@ -71,8 +78,18 @@ export const makeRecord = <A, E extends Tagged, R>(shared: Shared<A, E, R>, { bo
     progress,
     progressMillis,
     reportsProgress,
-    outcomeDeadlines
+    outcomeDeadlines,
+    leaseMillis
   } = shared
+
+  /** Whether a delivery released by this run may still come back (expired ones are forgotten). */
+  const awaitingRedelivery = (at: number): boolean => {
+    for (const [sequence, until] of progress.released) {
+      if (until > at) return true
+      progress.released.delete(sequence)
+    }
+    return false
+  }
 
   /**
    * Record: the attempt count's cleanup, metrics, span, log line, progress, then `onOutcome` when
@@ -94,10 +111,17 @@ export const makeRecord = <A, E extends Tagged, R>(shared: Shared<A, E, R>, { bo
     if (reportsProgress) {
       progress.counts.set(outcome._tag, (progress.counts.get(outcome._tag) ?? 0) + 1)
       progress.settled.set(outcome._tag, (progress.settled.get(outcome._tag) ?? 0) + 1)
-      // The last delivery taken left nothing on the broker, and nothing runs: drained.
+      if (outcome._tag === "Released") {
+        const redeliveryIn = outcome.retryIn === undefined ? leaseMillis : Duration.toMillis(outcome.retryIn)
+        rememberNewest(progress.released, outcome.message.sequence, now() + redeliveryIn + leaseMillis)
+      } else if (progress.released.size > 0) {
+        progress.released.delete(outcome.message.sequence)
+      }
+      // The last delivery taken left nothing on the broker, nothing runs, and no released delivery
+      // waits for its redelivery (JetStream counts those as delivered, not pending): drained.
       if (shared.running === 0 && progress.pending === 0) {
         const at = now()
-        if (at - progress.drainedLineAt >= progressMillis) {
+        if (at - progress.drainedLineAt >= progressMillis && !awaitingRedelivery(at)) {
           progress.drainedLineAt = at
           const counts = countsInTableOrder(progress.settled)
           const settled = Object.values(counts).reduce((sum, n) => sum + n, 0)

@@ -46,7 +46,7 @@ interface CommittedDeliveries {
 const rememberedLimit = 1_024
 
 /** Sets `key` in `memory` as its newest entry, forgetting the oldest past `rememberedLimit`. */
-const rememberNewest = <V>(memory: Map<number, V>, key: number, value: V): void => {
+export const rememberNewest = <V>(memory: Map<number, V>, key: number, value: V): void => {
   memory.delete(key)
   if (memory.size >= rememberedLimit) memory.delete(memory.keys().next().value!)
   memory.set(key, value)
@@ -134,7 +134,12 @@ export const makeShared = <A, E extends Tagged, R>(
     settled: new Map<Outcome.Tag, number>(),
     pending: undefined as number | undefined,
     // At most one "drained" line per interval (a trickle of messages drains after each one).
-    drainedLineAt: Number.NEGATIVE_INFINITY
+    drainedLineAt: Number.NEGATIVE_INFINITY,
+    // Deliveries released (for a retry, or to the lease) and not yet settled again here, by stream
+    // sequence, with when to stop waiting for them (a lease past their redelivery, which another
+    // process may have taken): the broker no longer counts them pending, but the backlog is not
+    // drained. Bounded as the memories below (past it, the line may come early, never late).
+    released: new Map<number, number>()
   }
   const progressMillis = Duration.toMillis(definition.progressInterval)
   const reportsProgress = progressMillis > 0
