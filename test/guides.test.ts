@@ -19,7 +19,11 @@ describe("the getting-started guide", () => {
   it.effect("its tsconfig and main.ts are the packed application's files, whole", () =>
     Effect.sync(() => {
       const guide = read("docs/getting-started.md")
-      assert.deepStrictEqual(blocks(guide, "json"), [read("test/fixtures/packed-app/tsconfig.json")])
+      assert.deepStrictEqual(
+        blocks(guide, "json"),
+        [read("test/fixtures/packed-app/tsconfig.json")],
+        "the guide's one json block is test/fixtures/packed-app/tsconfig.json, whole: change both together"
+      )
       assert.deepStrictEqual(blocks(guide, "ts"), [read("test/fixtures/packed-app/src/main.ts")])
     }))
 

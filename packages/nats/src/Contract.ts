@@ -20,6 +20,7 @@
 import { Data, Duration, Effect } from "effect"
 import * as ContractFile from "./internal/contractFile.ts"
 import { consumerFindings, declaredConsumerFindings, streamFindings } from "./internal/contractFindings.ts"
+import { namingServer } from "./internal/serverHints.ts"
 import { NatsConnection } from "./NatsConnection.ts"
 import * as NatsError from "./NatsError.ts"
 import * as Topology from "./Topology.ts"
@@ -163,7 +164,8 @@ const declarationFindings = (contract: Contract): ReadonlyArray<Finding> => [
  * declared settings and the application's expectations). A missing stream or consumer is a
  * finding, not a failure; the effect fails only when the server cannot be asked. A declaration
  * `Topology` would refuse (a duration that is not one, a 0 the server replaces by its default) is
- * not compared with the server: its error findings, naming each value, are the answer.
+ * not compared with the server: its error findings, naming each value, are the answer. A server
+ * without JetStream is named (host:port) with how to enable it.
  */
 export const check = (contract: Contract): Effect.Effect<ReadonlyArray<Finding>, NatsError.NatsError, NatsConnection> =>
   Effect.gen(function*() {
@@ -210,7 +212,7 @@ export const check = (contract: Contract): Effect.Effect<ReadonlyArray<Finding>,
       )
     }
     return findings
-  })
+  }).pipe(namingServer)
 
 /**
  * The contract's own consistency, without a server: the stream and every consumer as `Topology`
@@ -301,7 +303,7 @@ export const plan = (contract: Contract): Effect.Effect<ReadonlyArray<Topology.C
       changes.push(...Topology.consumerChanges(options, info?.config))
     }
     return changes
-  })
+  }).pipe(namingServer)
 
 /** Why a contract was not applied. */
 export class ContractError extends Data.TaggedError("ContractError")<{

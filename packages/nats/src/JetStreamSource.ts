@@ -23,7 +23,8 @@
  * is lost (nats.js drops its outbound buffer when it redials, and a reply sent on the old link never
  * comes): it is given up and retried at once, not at the end of its API timeout. A final answer (a
  * missing stream or consumer, a refused permission or request, a contract mismatch) and a
- * connection closed for good fail `open` at once.
+ * connection closed for good fail `open` at once. On a server that runs no JetStream, the retry
+ * lines and the failure name the server (host:port) and how to enable JetStream.
  *
  * @since 0.1.0
  */
@@ -33,6 +34,7 @@ import * as Contract from "./Contract.ts"
 import * as DeadLetter from "./DeadLetter.ts"
 import { ackAll } from "./internal/delivery.ts"
 import { openIntake } from "./internal/intake.ts"
+import { explainNoJetStream, noJetStream } from "./internal/serverHints.ts"
 import { mismatch, retryReason, sourceError, withNextStep } from "./internal/sourceErrors.ts"
 import { settingsOf } from "./internal/sourceSettings.ts"
 import * as MaxDeliveries from "./MaxDeliveries.ts"
@@ -122,7 +124,7 @@ const retryOpening = <A, R>(
         const delay = Math.round(Duration.toMillis(duration))
         // The request that failed, when `what` (an ensure) makes several.
         const detail = input.operation.startsWith(what) ? "" : ` (${input.operation})`
-        const reason = lost.has(input) ? "was lost as the NATS link reconnected" : retryReason(input)
+        const reason = lost.has(input) ? "was lost as the NATS link reconnected" : retryReason(input, noJetStream(connection.connection))
         return Effect.as(Effect.logWarning(`JetStreamSource ${name}: ${what}${detail} ${reason}; retrying in ${delay} ms`), true)
       })
     )
@@ -212,6 +214,8 @@ export const make = (options: Options): Source.Source<NatsConnection> => {
       const reconnects = yield* listenForReconnects(connection)
       const retrying = <A>(what: string, effect: Effect.Effect<A, NatsError.NatsError, NatsConnection>) =>
         retryOpening(name, what, connection, reconnects, deadline, effect).pipe(
+          // A server without JetStream named, with the fix, in the failure (its retries say it too).
+          Effect.mapError((error) => explainNoJetStream(error, connection.connection)),
           Effect.provideService(NatsConnection, connection),
           Effect.mapError(sourceError)
         )

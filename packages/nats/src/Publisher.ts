@@ -37,6 +37,7 @@ import type { PubAck } from "@nats-io/jetstream"
 import { DurationInput, Envelope, Outbox, Telemetry } from "@jetworker/core"
 import { Clock, Duration, Effect, Layer, Result, Schedule, Semaphore } from "effect"
 import * as ControlHeaders from "./internal/controlHeaders.ts"
+import { explainNoJetStream } from "./internal/serverHints.ts"
 import { NatsConnection } from "./NatsConnection.ts"
 import * as NatsError from "./NatsError.ts"
 
@@ -270,7 +271,8 @@ const streamFor = (subject: string, boundMillis: number): Effect.Effect<string, 
 /**
  * A publish nobody answered, told apart: nats.js says "JetStream not enabled" both when no stream
  * captures the subject (final: `StreamNotFound`) and when JetStream does not answer (transient:
- * `NoResponders`, as it came). One stream look-up, bounded by the attempt's timeout, decides.
+ * `NoResponders`, as it came). One stream look-up, bounded by the attempt's timeout, decides. A
+ * server that runs no JetStream at all is named (host:port) with how to enable it.
  */
 const explainNoResponders = (
   error: NatsError.NatsError,
@@ -279,7 +281,7 @@ const explainNoResponders = (
   timeoutMillis: number
 ): Effect.Effect<never, NatsError.NatsError, NatsConnection> =>
   Effect.gen(function*() {
-    const { manager, apiTimeoutMillis } = yield* NatsConnection
+    const { connection, manager, apiTimeoutMillis } = yield* NatsConnection
     const found = yield* NatsError.tryPromise(`find the stream of ${subject}`, () => manager.streams.find(subject)).pipe(
       // The API timeout bounds the request too; a shorter attempt timeout bounds it more.
       Effect.timeoutOption(Duration.millis(Math.min(timeoutMillis, apiTimeoutMillis))),
@@ -297,7 +299,8 @@ const explainNoResponders = (
         `a leader); expected stream ${stream}`
       : `JetStream did not answer the publish to ${subject} nor the look-up of its stream ` +
         `(${found._tag === "Failure" ? found.failure.message : "timed out"}); expected stream ${stream}`
-    return yield* new NatsError.NatsError({ ...error, message })
+    // On a server without JetStream, named with the fix.
+    return yield* Effect.fail(explainNoJetStream(new NatsError.NatsError({ ...error, message }), connection))
   })
 
 /**

@@ -22,6 +22,7 @@ import {
   streamProblems,
   windowProblem
 } from "./internal/topologyDeclarations.ts"
+import { explainOverlap, namingServer, SUBJECTS_OVERLAP } from "./internal/serverHints.ts"
 import { NatsConnection } from "./NatsConnection.ts"
 import * as NatsError from "./NatsError.ts"
 
@@ -194,7 +195,9 @@ export const streamChanges = (options: StreamOptions, live: StreamConfig | undef
  * ({@link streamProblems}) or would refuse (a declared duplicate window longer than the max age)
  * is refused before anything is sent. Changing a live stream is logged at WARN (`stream <name>
  * reconfigured: ...`, each setting with its old and new value): an operator must see a worker
- * change a stream it shares with others.
+ * change a stream it shares with others. Subjects another stream captures are refused naming
+ * each of them and that stream (the server names neither); a server without JetStream is named
+ * (host:port) with how to enable it.
  */
 export const ensureStream = (options: StreamOptions): Effect.Effect<StreamInfo, NatsError.NatsError, NatsConnection> =>
   Effect.gen(function*() {
@@ -206,10 +209,13 @@ export const ensureStream = (options: StreamOptions): Effect.Effect<StreamInfo, 
     if (problems.length > 0) return yield* invalid(operation, problems.map((problem) => problem.message).join("; "))
     const { manager } = yield* NatsConnection
     const wanted = streamConfig(options)
+    // The server's refusal names neither the subjects nor the stream that has them.
+    const overlap = (subjects: ReadonlyArray<string>) => (error: NatsError.NatsError) =>
+      error.code === SUBJECTS_OVERLAP ? Effect.flatMap(explainOverlap(error, manager, options.name, subjects), Effect.fail) : Effect.fail(error)
     const existing = yield* call(operation, () => manager.streams.info(options.name)).pipe(
       Effect.catchIf((error) => error.reason === "StreamNotFound", () => Effect.succeed(undefined))
     )
-    if (existing === undefined) return yield* call(operation, () => manager.streams.add(wanted))
+    if (existing === undefined) return yield* call(operation, () => manager.streams.add(wanted)).pipe(Effect.catch(overlap(wanted.subjects!)))
     const changes = streamChanges(options, existing.config)
     const refused = changes.find((change) => change.action === "refuse")
     if (refused !== undefined) return yield* invalid(operation, refused.message)
@@ -218,6 +224,7 @@ export const ensureStream = (options: StreamOptions): Effect.Effect<StreamInfo, 
     // the live config with these changes).
     const changed = new Set(changes.map((change) => change.setting))
     const pick = <K extends keyof StreamConfig>(key: K) => changed.has(key) ? { [key]: wanted[key] } : {}
+    const subjects = wantedSubjects(options, existing.config.subjects)
     const updated = yield* call(operation, () =>
       manager.streams.update(options.name, {
         ...pick("duplicate_window"),
@@ -226,13 +233,13 @@ export const ensureStream = (options: StreamOptions): Effect.Effect<StreamInfo, 
         ...pick("max_msgs"),
         ...pick("discard"),
         ...pick("num_replicas"),
-        subjects: wantedSubjects(options, existing.config.subjects)
-      }))
+        subjects
+      })).pipe(Effect.catch(overlap(subjects)))
     yield* Effect.logWarning(`stream ${options.name} reconfigured: ${changes.map((change) => change.message).join("; ")}`).pipe(
       Effect.annotateLogs({ stream: options.name, settings: [...changed].join(",") })
     )
     return updated
-  })
+  }).pipe(namingServer)
 
 /**
  * The replicas of a stream that serves stream `source` (its dead-letter or MaxDeliver-capture
@@ -249,7 +256,7 @@ export const inheritedReplicas = (source: string, target: string): Effect.Effect
         Effect.catchIf((error) => error.reason === "StreamNotFound", () => Effect.succeed(1))
       )
     return Math.max(yield* replicasOf(source), yield* replicasOf(target), 1)
-  })
+  }).pipe(namingServer)
 
 /** Whether the dotted server `version` (`2.9.10`) is `wanted` or later. */
 export const versionAtLeast = (version: string, wanted: string): boolean => {
@@ -342,7 +349,8 @@ export const consumerChanges = (options: ConsumerOptions, live: ConsumerConfig |
 /**
  * Creates the durable consumer, or updates its mutable settings to the declaration. Returns the
  * live info. A declared filter is first checked against the live stream's subjects
- * ({@link filterProblems}): one outside them is refused before anything is sent.
+ * ({@link filterProblems}): one outside them is refused before anything is sent. A server without
+ * JetStream is named (host:port) with how to enable it.
  */
 export const ensureConsumer = (
   options: ConsumerOptions
@@ -390,4 +398,4 @@ export const ensureConsumer = (
         ...(wanted.filter_subject === undefined ? {} : { filter_subject: wanted.filter_subject }),
         ...(wanted.filter_subjects === undefined ? {} : { filter_subjects: wanted.filter_subjects })
       }))
-  })
+  }).pipe(namingServer)

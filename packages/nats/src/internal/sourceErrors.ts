@@ -20,13 +20,14 @@ export const sourceError = (error: NatsError.NatsError): Source.SourceError =>
 
 /**
  * What a retryable failure of an opening request says, and why waiting may help, for the one
- * warning line `open` logs before it tries again.
+ * warning line `open` logs before it tries again. `noJetStream`: the sentence naming a server that
+ * runs no JetStream (`internal/serverHints.ts`), which then explains no responders.
  */
-export const retryReason = (error: NatsError.NatsError): string =>
+export const retryReason = (error: NatsError.NatsError, noJetStream?: string | undefined): string =>
   error.reason === "Timeout"
     ? "timed out (the NATS link may be reconnecting)"
     : error.reason === "NoResponders"
-    ? "had no responders (JetStream may be restarting or electing a leader)"
+    ? noJetStream === undefined ? "had no responders (JetStream may be restarting or electing a leader)" : `had no responders: ${noJetStream}`
     : error.reason === "Unavailable"
     ? `was refused for now${error.code === undefined ? "" : ` (JetStream code ${error.code})`} (JetStream may be electing a leader)`
     : "found the NATS connection down (the NATS link may be reconnecting)"
