@@ -3,7 +3,9 @@
  * expected stream with a positive sequence. The caller gives the stable id (`Nats-Msg-Id`,
  * equal to the event id for events) before the first attempt; on a timeout, a missing responder
  * or a broken connection the same message is sent again with the same id, so the stream's
- * duplicate window turns a publish that was in fact stored into `duplicate: true`. Retries follow
+ * duplicate window turns a publish that was in fact stored into `duplicate: true`. A connection
+ * closed for good (closed or draining: nats.js does not reopen it) ends the retries at once with
+ * `ConnectionClosed`, for a publish in flight then too, whose result is unknown. Retries follow
  * a jittered, capped, finite `Schedule`; a refusal answered at once, as while a stream elects its
  * leader (no responders, "temporarily unavailable"), is retried beyond `attempts` while the next
  * attempt still ends within the {@link republishHorizon}, so the defaults ride out an election of
@@ -17,7 +19,9 @@
  * or answered "not now" (`Unavailable`), is asked again by the next attempt, with the same id. A
  * publish nobody answers asks the server once whether any stream captures its subject: none is a
  * final `StreamNotFound`, anything else (JetStream down or electing a leader) stays a retryable
- * `NoResponders`.
+ * `NoResponders`. A publish the stream found refuses with "expected stream does not match" (10060:
+ * the subject has moved to another stream since, as when a stream is replaced) forgets it, and the
+ * next attempt, within `attempts`, asks again, with the same id.
  *
  * Options are checked before anything is sent (and by {@link outboxPublisher} when its layer is
  * built): `attempts` an integer from 1 to 100, `timeout` from 1 ms to {@link maxTimeoutMillis}, the
@@ -47,7 +51,8 @@ export interface PublishOptions {
   readonly msgId: string
   /**
    * The stream that must store it; a PubAck from another stream is an error. Default: the stream
-   * whose subjects capture `subject`, asked of the server once per subject and connection.
+   * whose subjects capture `subject`, asked of the server once per subject and connection, and
+   * again (by the next attempt) when that stream refuses the publish as no longer its own (10060).
    */
   readonly stream?: string | undefined
   /** Extra headers. */
@@ -230,6 +235,47 @@ export const checkHorizon = (
 const streamsBySubject = new WeakMap<object, Map<string, string>>()
 
 /**
+ * JetStream's "expected stream does not match": the stream that captures the subject is not the
+ * one the publish expected.
+ */
+const expectedStreamMismatch = 10060
+
+/**
+ * A publish that expected `stream`, found capturing `subject`, refused with
+ * {@link expectedStreamMismatch}: the subject has moved to another stream since (an operator
+ * deleted the stream and created another for its subjects). The look-up is forgotten, unless a
+ * newer one replaced it already, so that the next attempt asks again; the error says so.
+ */
+const forgetMovedStream = (connection: object, subject: string, stream: string, error: NatsError.NatsError): NatsError.NatsError => {
+  const known = streamsBySubject.get(connection)
+  if (known?.get(subject) === stream) known.delete(subject)
+  return new NatsError.NatsError({
+    ...error,
+    message: `${error.message}: stream ${stream}, found capturing ${subject}, no longer does (the subject moved to ` +
+      `another stream); its stream is looked up again`
+  })
+}
+
+/**
+ * A request in flight when its connection closed for good: nats.js rejects it with `RequestError`
+ * "connection closed", which `NatsError` maps to `Unknown` (and rejects it before it marks the
+ * connection closed, so the message is what tells it). A `ConnectionClosed` saying `what` waited
+ * instead: neither an `Unknown` nor "no stream captures subject" stands for it.
+ */
+const closedWhileWaiting = (
+  error: NatsError.NatsError,
+  connection: { readonly isClosed: () => boolean },
+  what: string
+): NatsError.NatsError =>
+  error.reason === "Unknown" && (error.message === "connection closed" || connection.isClosed())
+    ? new NatsError.NatsError({
+      reason: "ConnectionClosed",
+      operation: error.operation,
+      message: `the NATS connection closed for good while ${what}`
+    })
+    : error
+
+/**
  * The stream whose subjects capture `subject`, from the cache or asked of the server within
  * `boundMillis` (a part of a publish's attempt). Nobody answering in time is a retryable `Timeout`
  * and "not now" (`Unavailable`) stays retryable: the attempt asks again. No stream is final.
@@ -246,11 +292,12 @@ const streamFor = (subject: string, boundMillis: number): Effect.Effect<string, 
     if (cached !== undefined) return cached
     const operation = `find the stream of ${subject}`
     const found = yield* NatsError.tryPromise(operation, () => connection.manager.streams.find(subject)).pipe(
-      // The server answers "no stream matches subject" with an API error (not retryable).
+      // The server answers "no stream matches subject" with an API error (not retryable). Another
+      // failure nats.js does not name (`Unknown`) says nothing about the subject: it stays itself.
       Effect.mapError((error) =>
-        error.reason === "ApiError" || error.reason === "Unknown" || error.reason === "StreamNotFound"
+        error.reason === "ApiError" || error.reason === "StreamNotFound"
           ? new NatsError.NatsError({ ...error, reason: "StreamNotFound", message: `no stream captures subject ${subject}` })
-          : error
+          : closedWhileWaiting(error, connection.connection, `the look-up of the stream of ${subject} waited for its answer (nothing was published)`)
       ),
       // The API timeout bounds the request too; what is left of the attempt may bound it more.
       Effect.timeoutOption(Duration.millis(Math.min(boundMillis, connection.apiTimeoutMillis)))
@@ -307,6 +354,8 @@ const explainNoResponders = (
  * Publishes `payload` to `subject` until the stream confirms it, retrying with the same id. Bad
  * input (options out of range, a subject `Outbox.subjectProblem` refuses, an invalid `msgId`, a
  * header containing `Nats-Msg-Id`) fails with `ApiError`, not retryable, before anything is sent.
+ * A connection closed for good ends it at once with `ConnectionClosed` (still `isRetryable`: the
+ * same id, sent again over a new connection, is stored once within the duplicate window).
  */
 export const publish = (
   subject: string,
@@ -370,11 +419,23 @@ export const publish = (
           // The id and the expected stream are in `h`, first (see `ControlHeaders`).
           return jetstream.publish(subject, payload, { headers: h, timeout: remaining })
         },
-        catch: (error) => NatsError.fromUnknown(operation, error)
+        catch: (error) =>
+          closedWhileWaiting(
+            NatsError.fromUnknown(operation, error),
+            connection.connection,
+            `the publish waited for its PubAck: whether ${stream} stored it is unknown; publish it again with the same ` +
+              `id over a new connection`
+          )
       }).pipe(
         Effect.catchIf(
           (error) => error.reason === "NoResponders",
           (error) => Effect.flatMap(left, (rest) => explainNoResponders(error, subject, stream, Math.max(1, rest)))
+        ),
+        // Only a stream this publish found can have been replaced; a named one is the caller's.
+        Effect.mapError((error) =>
+          options.stream === undefined && error.code === expectedStreamMismatch
+            ? forgetMovedStream(connection, subject, stream, error)
+            : error
         ),
         Effect.flatMap((ack) => checkPubAck(operation, stream, ack))
       )
@@ -383,7 +444,11 @@ export const publish = (
     const attempting = Effect.flatMap(Clock.currentTimeMillis, (started) =>
       once.pipe(Effect.retry({
         schedule: retrySchedule(attempts, timeout, started + horizonMillis(attempts, timeout)),
-        while: (error) => error.isRetryable
+        // A connection closed for good does not come back: retrying over it cannot help. A stream
+        // the publish found and that no longer captures the subject is looked up again.
+        while: (error) =>
+          error.reason !== "ConnectionClosed" &&
+          (error.isRetryable || (options.stream === undefined && error.code === expectedStreamMismatch))
       })))
     return yield* attempting.pipe(
       Semaphore.withPermits(publishPermits, 1),

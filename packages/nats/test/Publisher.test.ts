@@ -74,7 +74,8 @@ describe("Publisher", () => {
         assert.strictEqual((yield* Publisher.publish(subject, encoder.encode("1"), { msgId: "moved-1" })).stream, first)
         yield* remove(first)
         yield* Effect.promise(() => manager.streams.add({ name: second, subjects }))
-        // The cached stream is gone: this publish expects it and fails (not stored in the other).
+        // The cached stream is gone: this publish expects it and fails (not stored in the other);
+        // with one attempt, none is left to look it up again (PublisherStaleStream.test.ts: with more).
         yield* Effect.flip(Publisher.publish(subject, encoder.encode("2"), { msgId: "moved-2", attempts: 1 }))
         assert.strictEqual((yield* Publisher.publish(subject, encoder.encode("3"), { msgId: "moved-3" })).stream, second)
       }).pipe(Effect.scoped))
