@@ -14,9 +14,11 @@
  *
  * @since 0.1.0
  */
+import * as Lifecycle from "@jetworker/core/Lifecycle"
 import { Effect, Layer } from "effect"
 import { Migrator, SqlClient } from "effect/sql"
 import type { SqlError } from "effect/sql/SqlError"
+import { isConnectionLoss } from "./internal/errors.ts"
 import * as Table from "./internal/table.ts"
 
 /** The table in which the migrator records which of these migrations ran. */
@@ -84,5 +86,21 @@ export const run: Effect.Effect<
   SqlClient.SqlClient
 > = Migrator.make({})({ loader: Migrator.fromRecord(migrations), table })
 
-/** Applies the pending migrations while the layer is built. */
-export const layer: Layer.Layer<never, Migrator.MigrationError | SqlError, SqlClient.SqlClient> = Layer.effectDiscard(run)
+export {
+  /**
+   * A store's table does not exist where its statements look for it: what building
+   * `PgIdempotencyStore.layer`, `PgAttemptStore.layer` or `PgOutbox.layer` fails with on a database
+   * and schema these migrations have not run on.
+   */
+  MissingTable
+} from "./internal/tableCheck.ts"
+
+/**
+ * Applies the pending migrations while the layer is built. Provided beneath the stores' layers
+ * (`PgIdempotencyStore.layer().pipe(Layer.provide(Migrations.layer))`), it runs before their check
+ * of their tables. Under a worker that is still starting, a database that cannot be reached yet
+ * is waited for (`Lifecycle.waitFor`, dependency `postgres`), as the stores' check waits.
+ */
+export const layer: Layer.Layer<never, Migrator.MigrationError | SqlError, SqlClient.SqlClient> = Layer.effectDiscard(
+  Lifecycle.waitFor("postgres", run, { while: (error) => error._tag === "SqlError" && (error.isRetryable || isConnectionLoss(error)) })
+)

@@ -19,6 +19,7 @@ import * as DurationInput from "@jetworker/core/DurationInput"
 import { connectionLost } from "./internal/errors.ts"
 import * as PurgeLimit from "./internal/purgeLimit.ts"
 import * as Table from "./internal/table.ts"
+import { type MissingTable, requireTable } from "./internal/tableCheck.ts"
 
 /** Options of the store. */
 export interface Options {
@@ -66,9 +67,21 @@ RETURNING failures`
     }
   })
 
-/** The store as a layer over the current `SqlClient`. */
-export const layer = (options?: Options): Layer.Layer<AttemptStore, AttemptStoreError, SqlClient.SqlClient> =>
-  Layer.effect(AttemptStore, Effect.map(make(options), (shape) => AttemptStore.of(shape)))
+/**
+ * The store as a layer over the current `SqlClient`. Building it fails with `AttemptStoreError`
+ * when the table name is invalid, and with `Migrations.MissingTable` when the table does not exist
+ * (the migrations have not run on this database and schema), as `PgIdempotencyStore.layer` does;
+ * a database that cannot be reached fails the check with its `SqlError`, never as a missing table.
+ * {@link make} checks nothing.
+ */
+export const layer = (options?: Options): Layer.Layer<AttemptStore, AttemptStoreError | MissingTable | SqlError, SqlClient.SqlClient> =>
+  Layer.effect(
+    AttemptStore,
+    Effect.map(
+      Effect.tap(make(options), () => requireTable(options?.table ?? Table.defaultAttemptsTable, "attempts")),
+      (shape) => AttemptStore.of(shape)
+    )
+  )
 
 /**
  * Deletes at most `limit` rows not updated for `olderThan` (messages that stopped failing

@@ -41,8 +41,9 @@
  * {@link commitStatement} commits an effect that is a single statement with its row in one round
  * trip, without `BEGIN` and `COMMIT`.
  *
- * It deliberately does not create its table (see `Migrations`), retry, or delete rows on its own:
- * rows stay until {@link purge} removes them, and they must outlive the redelivery horizon.
+ * It deliberately does not create its table (see `Migrations`; its {@link layer} refuses to build
+ * without it), retry, or delete rows on its own: rows stay until {@link purge} removes them, and
+ * they must outlive the redelivery horizon.
  *
  * @since 0.1.0
  */
@@ -76,6 +77,7 @@ import {
 import * as PurgeLimit from "./internal/purgeLimit.ts"
 import * as StatementGuard from "./internal/statementGuard.ts"
 import * as Table from "./internal/table.ts"
+import { type MissingTable, requireTable } from "./internal/tableCheck.ts"
 
 /** Options of the store. */
 export interface Options {
@@ -317,12 +319,21 @@ export const make: (options?: Options) => Effect.Effect<
 })
 
 /**
- * The store as a layer over the current `SqlClient`, with its table as {@link DedupTable}; fails
- * with `Misconfigured` when the table name is invalid. The table itself is checked on first use,
- * not here.
+ * The store as a layer over the current `SqlClient`, with its table as {@link DedupTable}. Building
+ * it fails with `Misconfigured` when the table name is invalid, and with `Migrations.MissingTable`
+ * when the table does not exist (the migrations have not run on this database and schema: run
+ * them first, or provide `Migrations.layer` beneath this layer), so that a worker refuses to
+ * start instead of dead-lettering every message. The check is one bounded query: a database that
+ * cannot be reached fails it with its `SqlError` (waited for while a worker starts), never as a
+ * missing table. {@link make} checks nothing.
  */
-export const layer = (options?: Options): Layer.Layer<IdempotencyStore, IdempotencyError, SqlClient.SqlClient> =>
-  Layer.merge(Layer.effect(IdempotencyStore, make(options)), Layer.succeed(DedupTable, options?.table ?? Table.defaultTable))
+export const layer = (
+  options?: Options
+): Layer.Layer<IdempotencyStore, IdempotencyError | MissingTable | SqlError.SqlError, SqlClient.SqlClient> =>
+  Layer.merge(
+    Layer.effect(IdempotencyStore, Effect.tap(make(options), () => requireTable(options?.table ?? Table.defaultTable, "idempotency"))),
+    Layer.succeed(DedupTable, options?.table ?? Table.defaultTable)
+  )
 
 /**
  * Commits an effect that is one data-modifying statement (`INSERT`, `UPDATE` or `DELETE`) together

@@ -47,6 +47,7 @@ import { SqlClient } from "effect/sql"
 import { isSqlError, type SqlError } from "effect/sql/SqlError"
 import { connectionLost, isConnectionLoss, sqlState } from "./internal/errors.ts"
 import * as Table from "./internal/table.ts"
+import { type MissingTable, requireTable } from "./internal/tableCheck.ts"
 
 /** Where the outbox lives. */
 export interface Options {
@@ -129,9 +130,16 @@ const violatesIdIndex = (error: SqlError, table: string): boolean => {
   return reported.table === name && reported.constraint === `${name}_id_key`
 }
 
-/** Provides `Outbox` on the application's `SqlClient`. */
-export const layer = (options: Options = {}): Layer.Layer<Outbox.Outbox, Outbox.OutboxError, SqlClient.SqlClient> =>
-  Layer.effect(Outbox.Outbox, make(options))
+/**
+ * Provides `Outbox` on the application's `SqlClient`. Building it fails with `OutboxError` when the
+ * table name is invalid, and with `Migrations.MissingTable` when the table does not exist (the
+ * migrations have not run on this database and schema), as `PgIdempotencyStore.layer` does; a
+ * database that cannot be reached fails the check with its `SqlError`, never as a missing table.
+ * {@link make} checks nothing, and neither does the relay ({@link layerRelay}), which waits for
+ * its table.
+ */
+export const layer = (options: Options = {}): Layer.Layer<Outbox.Outbox, Outbox.OutboxError | MissingTable | SqlError, SqlClient.SqlClient> =>
+  Layer.effect(Outbox.Outbox, Effect.tap(make(options), () => requireTable(options.table ?? Table.defaultOutboxTable, "outbox")))
 
 /** How the relay runs. */
 export interface RelayOptions extends Options {

@@ -272,7 +272,8 @@ layer(
     Effect.gen(function*() {
       for (const table of ["dedup; DROP TABLE ledger", "Dedup", "a.b.c", "", "1dedup", "x".repeat(64)]) {
         const error = yield* Effect.flip(Layer.build(PgIdempotencyStore.layer({ table })))
-        assert.strictEqual(error.reason, "Misconfigured", table)
+        assert.instanceOf(error, IdempotencyError, table)
+        assert.strictEqual((error as IdempotencyError).reason, "Misconfigured", table)
         assert.include(error.message, "invalid idempotency table name")
       }
     }))
