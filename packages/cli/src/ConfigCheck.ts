@@ -2,12 +2,15 @@
  * Checks a worker's shutdown and probe settings against the orchestrator's manifest that runs
  * it (a Kubernetes Deployment or StatefulSet), so that the application's, the probes' and the
  * orchestrator's timings agree (BE-SHUT-002, BE-SHUT-004). The settings are read from the
- * container's environment in the manifest with the worker's own defaults (`Worker.settings`), so
- * a setting left out is checked at the value the process would really use.
+ * container's environment in the manifest as the worker reads them (`Worker.readSettings`: its
+ * defaults, its checks), so a setting left out is checked at the value the process would really
+ * use, and a variable set twice at its last entry, as the pod does.
  *
  * The checks, each `ok`, `warning` or `error` with the numbers that decided it:
  *
- * - `settings`: the settings parse and the budget's shares fit (`Lifecycle.makeBudget`);
+ * - `settings`: the worker would start with the settings: every check `Worker.run` makes on them
+ *   (`Worker.readSettings`), each refusal an error worded as the worker's `worker.invalid_settings`
+ *   line (the variable and the value given); with any, the other checks are not made;
  * - `budget-under-grace`: preStop hook + `SHUTDOWN_BUDGET` stay below
  *   `terminationGracePeriodSeconds` (default 30), so the process exits before the forced kill
  *   (the budget's reserve is the margin inside it);
@@ -24,7 +27,6 @@
  *
  * @since 0.2.0
  */
-import { Lifecycle } from "@jetworker/core"
 import { Worker } from "@jetworker/node"
 import { ConfigProvider, Data, Duration, Effect, Result } from "effect"
 import * as Yaml from "effect/encoding/Yaml"
@@ -151,42 +153,37 @@ export const check = (options: Options): Effect.Effect<Report, ManifestError> =>
     const add = (check: string, level: Level, message: string) => findings.push({ check, level, message })
 
     // The container's literal environment; values from secrets or config maps cannot be read here.
+    // A name given twice takes its last entry, as in the pod (the API server warns that it "hides
+    // previous definition").
     const env: Record<string, string> = {}
+    const seen = new Set<string>()
     for (const entry of (Array.isArray(container.env) ? container.env : []) as Array<unknown>) {
       if (!isObject(entry) || typeof entry.name !== "string") continue
+      const checked = /^(SHUTDOWN_|HEALTH_|STARTUP_|LOG_LEVEL$|LOG_BUFFER_BYTES$)/.test(entry.name) ||
+        entry.name === options.ackWaitEnv
+      if (checked && seen.has(entry.name)) {
+        add("settings", "warning", `${entry.name} is set more than once; its last entry, which the pod uses, is checked`)
+      }
+      seen.add(entry.name)
+      delete env[entry.name]
       if (typeof entry.value === "string") env[entry.name] = entry.value
       else if (typeof entry.value === "number" || typeof entry.value === "boolean") env[entry.name] = String(entry.value)
-      else if (/^(SHUTDOWN_|HEALTH_|STARTUP_)/.test(entry.name) || entry.name === options.ackWaitEnv) {
+      else if (checked) {
         add("settings", "warning", `${entry.name} comes from valueFrom and cannot be checked here; its default is assumed`)
       }
     }
 
+    // The worker's own reading and checks, so that what it refuses at start cannot pass here.
     const read = yield* Effect.result(
-      Effect.provideService(
-        Effect.gen(function*() {
-          return yield* Worker.settings
-        }),
-        ConfigProvider.ConfigProvider,
-        ConfigProvider.fromEnv({ env })
-      )
+      Worker.readSettings().pipe(Effect.provideService(ConfigProvider.ConfigProvider, ConfigProvider.fromEnv({ env })))
     )
     if (Result.isFailure(read)) {
-      add("settings", "error", `the container's settings do not parse: ${String(read.failure)}`)
+      for (const problem of read.failure.problems) {
+        add("settings", "error", problem.nextStep === undefined ? problem.error : `${problem.error}; ${problem.nextStep}`)
+      }
       return { workload: workloadName, container: containerName, findings, ok: false }
     }
-    const settings = read.success
-    const budget = Lifecycle.makeBudget({
-      total: settings.budget,
-      readinessGrace: settings.readinessGrace,
-      close: settings.close,
-      telemetry: settings.telemetry,
-      reserve: settings.reserve
-    })
-    if (Result.isFailure(budget)) {
-      add("settings", "error", budget.failure.message)
-      return { workload: workloadName, container: containerName, findings, ok: false }
-    }
-    const b = budget.success
+    const { budget: b, settings } = read.success
     add(
       "settings",
       "ok",

@@ -83,7 +83,7 @@ export interface Settings {
    * (waiting for dependencies).
    */
   readonly startupTimeout: Duration.Duration
-  /** `HEALTH_PORT`, default 8080; 0 picks a free port; `off` serves no probes. */
+  /** `HEALTH_PORT`, default 8080, from 0 to 65535; 0 picks a free port; `off` serves no probes. */
   readonly healthPort: number | "off"
   /** `HEALTH_HOST`, default `0.0.0.0`. */
   readonly healthHost: string
@@ -106,14 +106,6 @@ export interface Settings {
   readonly logBufferBytes: number
 }
 
-/** `off`, or a port number; anything else is `NaN`, which `run` reports as an invalid setting. */
-const parsePort = (raw: string): number | "off" => {
-  if (raw.trim().toLowerCase() === "off") return "off"
-  // Digits only: `Number` would also take "1e3", "0x1F90" or " 80 ".
-  const port = /^\d{1,5}$/.test(raw.trim()) ? Number(raw.trim()) : Number.NaN
-  return Number.isInteger(port) && port >= 0 && port <= 65535 ? port : Number.NaN
-}
-
 /**
  * Why `duration`, read from `name`, cannot be used where only a positive, finite duration makes
  * sense (a lag of 0 fails every liveness probe, a start-up timeout of 0 has already run out);
@@ -128,7 +120,9 @@ const notPositiveFinite = (name: string, duration: Duration.Duration): string | 
  * Reads {@link Settings} from the environment (managed configuration). A value that cannot be
  * used fails with one line naming the variable, what it takes and the value given (see
  * `describeConfigError`): `LOG_LEVEL` in any case; durations as `"25 seconds"`; the `SHUTDOWN_*`
- * shares not negative.
+ * shares not negative; `HEALTH_PORT` a port or `off`. What the values must be together (a budget
+ * whose shares fit, a positive start-up timeout) is checked by {@link settingsProblems};
+ * {@link readSettings} does both, as `run` does.
  */
 export const settings: Config.Config<Settings> = Config.all({
   budget: FromEnv.duration("SHUTDOWN_BUDGET", "25 seconds", { nonNegative: true }),
@@ -137,12 +131,93 @@ export const settings: Config.Config<Settings> = Config.all({
   telemetry: FromEnv.duration("SHUTDOWN_TELEMETRY", "2 seconds", { nonNegative: true }),
   reserve: FromEnv.duration("SHUTDOWN_RESERVE", "1 second", { nonNegative: true }),
   startupTimeout: FromEnv.duration("STARTUP_TIMEOUT", "60 seconds"),
-  healthPort: Config.String("HEALTH_PORT").pipe(Config.withDefault("8080"), Config.map(parsePort)),
+  healthPort: FromEnv.port("HEALTH_PORT", "8080"),
   healthHost: Config.String("HEALTH_HOST").pipe(Config.withDefault("0.0.0.0")),
   maxEventLoopLag: FromEnv.duration("HEALTH_MAX_EVENT_LOOP_LAG", "5 seconds"),
   logLevel: FromEnv.logLevel("LOG_LEVEL"),
   logBufferBytes: Config.Int("LOG_BUFFER_BYTES").pipe(Config.withDefault(JsonLogger.defaultMaxBufferedBytes))
 })
+
+/** One reason `run` refuses its settings, worded as its `worker.invalid_settings` line. */
+export interface SettingsProblem {
+  /** One line naming the variable, what it takes and the value given. */
+  readonly error: string
+  /** What to do, when the error alone does not say it. */
+  readonly nextStep?: string | undefined
+}
+
+/** The shutdown budget of `settings` (its `SHUTDOWN_*` shares). */
+const budgetOf = (s: Settings) =>
+  Lifecycle.makeBudget({ total: s.budget, readinessGrace: s.readinessGrace, close: s.close, telemetry: s.telemetry, reserve: s.reserve })
+
+/**
+ * Every reason `run` refuses to start with `settings`, in the order it checks them; empty when it
+ * would start. This is the one place those checks live: `run` refuses on the first problem, and
+ * `jetworker config check` reports each, so the two cannot disagree.
+ */
+export const settingsProblems = (s: Settings): ReadonlyArray<SettingsProblem> => {
+  const problems: Array<SettingsProblem> = []
+  // Checked before listening: with a port, the host would fail as a name that does not resolve.
+  const hostProblem = s.healthPort === "off" ? undefined : FromEnv.hostWithPort(s.healthHost)
+  if (hostProblem !== undefined) {
+    problems.push({
+      error: hostProblem,
+      nextStep: "set HEALTH_HOST to the host or address alone (e.g. 0.0.0.0), and the port with HEALTH_PORT"
+    })
+  }
+  // From the environment a port that is not one is refused as it is read; this is one given in code.
+  if (s.healthPort !== "off" && !(Number.isInteger(s.healthPort) && s.healthPort >= 0 && s.healthPort <= 65535)) {
+    problems.push({ error: `HEALTH_PORT must be a port (0-65535) or "off", got ${s.healthPort}` })
+  }
+  if (!(s.logBufferBytes >= 65_536 && s.logBufferBytes <= 1_073_741_824)) {
+    problems.push({ error: `LOG_BUFFER_BYTES must be from 65536 to 1073741824, got ${s.logBufferBytes}` })
+  }
+  for (
+    const problem of [
+      notPositiveFinite("HEALTH_MAX_EVENT_LOOP_LAG", s.maxEventLoopLag),
+      notPositiveFinite("STARTUP_TIMEOUT", s.startupTimeout)
+    ]
+  ) {
+    if (problem !== undefined) problems.push({ error: problem })
+  }
+  const budget = budgetOf(s)
+  if (Result.isFailure(budget)) {
+    // The budget names its shares as options; the operator set them as variables.
+    problems.push({
+      error: `${budget.failure.message} (total is SHUTDOWN_BUDGET, readinessGrace SHUTDOWN_READINESS_GRACE, ` +
+        `close SHUTDOWN_CLOSE, telemetry SHUTDOWN_TELEMETRY, reserve SHUTDOWN_RESERVE)`
+    })
+  }
+  return problems
+}
+
+/** Settings `run` refuses to start with: `problems` holds each reason, never none. */
+export class InvalidSettings extends Data.TaggedError("InvalidSettings")<{
+  readonly message: string
+  readonly problems: ReadonlyArray<SettingsProblem>
+}> {}
+
+const invalid = (problems: ReadonlyArray<SettingsProblem>) =>
+  new InvalidSettings({ message: problems.map((p) => p.error).join("; "), problems })
+
+/**
+ * The settings as `run` takes them: {@link settings} read from the current `ConfigProvider`,
+ * `overrides` on top, then checked by {@link settingsProblems}; with their shutdown budget. Fails
+ * with {@link InvalidSettings} when `run` would refuse them: one problem when a value cannot be
+ * read (worded as `run` writes it), otherwise every problem found.
+ */
+export const readSettings = (
+  overrides?: Partial<Settings>
+): Effect.Effect<{ readonly settings: Settings; readonly budget: Lifecycle.Budget }, InvalidSettings> =>
+  Effect.gen(function*() {
+    const read = yield* Effect.result(settings)
+    if (Result.isFailure(read)) return yield* invalid([{ error: FromEnv.describeConfigError(read.failure) }])
+    const s: Settings = { ...read.success, ...overrides }
+    const problems = settingsProblems(s)
+    const budget = budgetOf(s)
+    if (problems.length > 0 || Result.isFailure(budget)) return yield* invalid(problems)
+    return { settings: s, budget: budget.success }
+  })
 
 /** What `runMain` takes besides the program. */
 export interface Options<ROut, LE, TE = never> {
@@ -222,46 +297,17 @@ export const run = <E, ROut = never, LE = never, TE = never>(
   options: Options<ROut, LE, TE> = {}
 ): Effect.Effect<number> =>
   Effect.gen(function*() {
-    const read = yield* Effect.result(settings)
+    const read = yield* Effect.result(readSettings(options.settings))
     if (Result.isFailure(read)) {
+      // One line, the first problem: the one start-up stopped at.
+      const { error, nextStep }: SettingsProblem = read.failure.problems[0] ?? { error: read.failure.message }
       yield* Effect.logError("worker.invalid_settings").pipe(
-        Effect.annotateLogs({ error: FromEnv.describeConfigError(read.failure) })
+        Effect.annotateLogs(nextStep === undefined ? { error } : { error, nextStep })
       )
       return exitCodes.failure
     }
-    const s: Settings = { ...read.success, ...options.settings }
-    // Checked before listening: with a port, the host would fail as a name that does not resolve.
-    const hostProblem = s.healthPort === "off" ? undefined : FromEnv.hostWithPort(s.healthHost)
-    if (hostProblem !== undefined) {
-      yield* Effect.logError("worker.invalid_settings").pipe(
-        Effect.annotateLogs({ error: hostProblem, nextStep: "set HEALTH_HOST to the host or address alone (e.g. 0.0.0.0), and the port with HEALTH_PORT" })
-      )
-      return exitCodes.failure
-    }
-    if (s.healthPort !== "off" && Number.isNaN(s.healthPort)) {
-      yield* Effect.logError("worker.invalid_settings").pipe(
-        Effect.annotateLogs({ error: `HEALTH_PORT must be a port (0-65535) or "off"` })
-      )
-      return exitCodes.failure
-    }
-    if (!(s.logBufferBytes >= 65_536 && s.logBufferBytes <= 1_073_741_824)) {
-      yield* Effect.logError("worker.invalid_settings").pipe(
-        Effect.annotateLogs({ error: `LOG_BUFFER_BYTES must be from 65536 to 1073741824, got ${s.logBufferBytes}` })
-      )
-      return exitCodes.failure
-    }
-    // The shutdown shares (SHUTDOWN_*) are checked by `Lifecycle.makeBudget`, in `runWith`.
-    for (
-      const problem of [
-        notPositiveFinite("HEALTH_MAX_EVENT_LOOP_LAG", s.maxEventLoopLag),
-        notPositiveFinite("STARTUP_TIMEOUT", s.startupTimeout)
-      ]
-    ) {
-      if (problem === undefined) continue
-      yield* Effect.logError("worker.invalid_settings").pipe(Effect.annotateLogs({ error: problem }))
-      return exitCodes.failure
-    }
-    return yield* runWith(program, options, s).pipe(
+    const s = read.success.settings
+    return yield* runWith(program, options, s, read.success.budget).pipe(
       LifecycleEvents.withLevel(s.logLevel),
       Effect.provide(JsonLogger.layerWith({ maxBufferedBytes: s.logBufferBytes }))
     )
@@ -273,32 +319,16 @@ export const run = <E, ROut = never, LE = never, TE = never>(
 const runWith = <E, ROut, LE, TE>(
   program: Effect.Effect<unknown, E, ROut>,
   options: Options<ROut, LE, TE>,
-  s: Settings
+  s: Settings,
+  budget: Lifecycle.Budget
 ): Effect.Effect<number> =>
   Effect.gen(function*() {
-    const budget = Lifecycle.makeBudget({
-      total: s.budget,
-      readinessGrace: s.readinessGrace,
-      close: s.close,
-      telemetry: s.telemetry,
-      reserve: s.reserve
-    })
-    if (Result.isFailure(budget)) {
-      // The budget names its shares as options; the operator set them as variables.
-      yield* Effect.logError("worker.invalid_settings").pipe(
-        Effect.annotateLogs({
-          error: `${budget.failure.message} (total is SHUTDOWN_BUDGET, readinessGrace SHUTDOWN_READINESS_GRACE, ` +
-            `close SHUTDOWN_CLOSE, telemetry SHUTDOWN_TELEMETRY, reserve SHUTDOWN_RESERVE)`
-        })
-      )
-      return exitCodes.failure
-    }
     const managed = yield* Effect.result(Lifecycle.makeManaged({
-      budget: budget.success,
+      budget,
       startupTimeout: s.startupTimeout,
       readyWhen: options.readyWhen
     }))
-    // STARTUP_TIMEOUT was checked with the settings; kept for a caller's own value all the same.
+    // STARTUP_TIMEOUT was checked with the settings (`settingsProblems`); kept should the lifecycle check more.
     if (Result.isFailure(managed)) {
       yield* Effect.logError("worker.invalid_settings").pipe(
         Effect.annotateLogs({ error: `${managed.failure.message} (STARTUP_TIMEOUT)` })
@@ -416,7 +446,7 @@ const runWith = <E, ROut, LE, TE>(
     const signal = first.signal
     const reason = signal !== undefined ? "signal" : Exit.isSuccess(first.exit!) ? "completed" : "failure"
     yield* Effect.logInfo("shutdown.started").pipe(
-      Effect.annotateLogs({ signal: signal ?? null, reason, budgetMs: budget.success.totalMillis })
+      Effect.annotateLogs({ signal: signal ?? null, reason, budgetMs: budget.totalMillis })
     )
     yield* lifecycle.stage("readiness", "probe", "readinessGrace", Effect.void)
 
@@ -482,10 +512,10 @@ const runWith = <E, ROut, LE, TE>(
     // closing the telemetry scope (the SDK's own shutdown) may use the first half of the reserve,
     // the last stdout flush what is left, so a gone collector or a log reader that stopped
     // reading cannot move the exit past the budget.
-    const budgetEnd = startedAt + budget.success.totalMillis
+    const budgetEnd = startedAt + budget.totalMillis
     const untilMillis = (end: number) =>
       Effect.map(Clock.currentTimeMillis, (now) => Duration.millis(Math.max(0, end - now)))
-    const closeTelemetryBy = budgetEnd - budget.success.reserveMillis / 2
+    const closeTelemetryBy = budgetEnd - budget.reserveMillis / 2
     yield* Effect.forkDetach(Scope.close(telemetryScope, Exit.void)).pipe(
       Effect.flatMap((fiber) =>
         Effect.flatMap(untilMillis(closeTelemetryBy), (left) => Fiber.await(fiber).pipe(Effect.timeoutOption(left)))
@@ -497,7 +527,7 @@ const runWith = <E, ROut, LE, TE>(
     const result: ShutdownResult = failed || lifecycle.stageFailed() ? "failure" : lifecycle.overran() ? "timeout" : "success"
     const durationMs = (yield* Clock.currentTimeMillis) - startedAt
     yield* (result === "success" ? Effect.logInfo : Effect.logError)("shutdown.completed").pipe(
-      Effect.annotateLogs({ result, durationMs, budgetMs: budget.success.totalMillis, signal: signal ?? null })
+      Effect.annotateLogs({ result, durationMs, budgetMs: budget.totalMillis, signal: signal ?? null })
     )
     yield* Effect.flatMap(untilMillis(budgetEnd), (left) => flushStdout.pipe(Effect.timeoutOption(left)))
     process.off("SIGTERM", onTerm)

@@ -35,6 +35,21 @@ export const duration = (name: string, fallback: string, options: { readonly non
     })
   )
 
+/**
+ * A port variable: `off`, or 0 to 65535 in digits only (`Number` would also take "1e3", "0x1F90" or
+ * " 80 "), default `fallback`. Refused here, so that the refusal names the value given.
+ */
+export const port = (name: string, fallback: string): Config.Config<number | "off"> =>
+  text(name, fallback).pipe(
+    Config.mapEffect((raw): Effect.Effect<number | "off", Config.ConfigError> => {
+      if (raw.toLowerCase() === "off") return Effect.succeed("off")
+      const value = /^\d{1,5}$/.test(raw) ? Number(raw) : Number.NaN
+      return value <= 65535
+        ? Effect.succeed(value)
+        : Effect.fail(refuse(`${name} must be a port (0-65535) or "off", got ${JSON.stringify(raw)}`))
+    })
+  )
+
 const levels: ReadonlyArray<LogLevel.LogLevel> = ["All", "Trace", "Debug", "Info", "Warn", "Error", "Fatal", "None"]
 
 /** `LOG_LEVEL` in any case (`debug`, `WARN`), as the CLI's `--log-level` takes it; default `Info`. */
