@@ -420,7 +420,11 @@ export interface BaseBatchOptions<A, EE extends Tagged, EW extends Tagged, R, RS
    * `Result.fail(error)` for an element that failed on its own (classified like a handler's
    * error; only that element is retried or dead-lettered). `IdempotencyStore.commitBatch` returns
    * exactly this. A failure of the whole effect is not charged to every element: the engine then
-   * runs each element alone, as a batch of one. The engine provides `CurrentBatch`.
+   * runs each element alone, as a batch of one, every element's first run before any element's
+   * in-process retries, and settles each element (its ack, nak or dead letter, then `onOutcome`)
+   * as soon as its verdict is reached. So a poison element fails by itself: an element after it
+   * waits for its first run alone at most (up to `handlerTimeout`), never for its retries or a
+   * hold. The engine provides `CurrentBatch`.
    */
   readonly handleBatch: (events: ReadonlyArray<A>) => Effect.Effect<ReadonlyArray<Result.Result<unknown, EE>>, EW, R>
   /** Batches running at once, 1 to 10 000. Default: 2. */

@@ -1,10 +1,11 @@
 /**
  * The batch path (BE-JOB-007): `many` gives a batch its span and runs `processBatch`, which
  * prepares each element on its own, runs the batch handler once for the rest, judges each element
- * from its own result (or, when the run fails as a whole, runs each alone), and settles them
- * together (`settleAll`); `batchDefect` is its safety net.
+ * from its own result and settles them together (`settleAll`); when the run fails as a whole,
+ * `runEachAlone` runs each element alone and settles each as soon as its verdict is reached.
+ * `batchDefect` is its safety net.
  */
-import { Cause, Duration, Effect, Exit, Result, type Tracer } from "effect"
+import { Cause, Duration, Effect, Exit, Fiber, Result, type Tracer } from "effect"
 import type { Tagged } from "../../Classification.ts"
 import { CurrentBatch } from "../../CurrentDelivery.ts"
 import type { Delivery } from "../../Delivery.ts"
@@ -29,7 +30,7 @@ export const makeBatchPath = <A, E extends Tagged, R>(
   shared: Shared<A, E, R>,
   { messageRef, defect, defectVerdict, prepare, checkNow }: PrepareStage<A, E, R>,
   { supervised }: BoundedRuns<A, E, R>,
-  { attempt, heldAfter, gated }: RunStage<A, E, R>,
+  { attempt, attemptInSteps, heldAfter, gated }: RunStage<A, E, R>,
   { conclude }: ConcludeStage<A, E, R>,
   { settleAll }: SettleStage<A, E, R>
 ) => {
@@ -53,8 +54,9 @@ export const makeBatchPath = <A, E extends Tagged, R>(
    * result and the store's reports, and settled with its own command. A run that fails as a whole
    * (its transaction, a defect, an interruption of its own, a result that is not one `Result` per
    * element) is not charged to every element: each element then runs alone, as a batch of one
-   * with the consumer's in-process retries, so a poison element fails by itself and the others
-   * commit. Whatever dies on the way, every element still ends in an outcome and its lease is
+   * with the consumer's in-process retries, and is settled as soon as its verdict is reached
+   * (`runEachAlone`), so a poison element fails by itself and the others commit without waiting
+   * for it. Whatever dies on the way, every element still ends in an outcome and its lease is
    * given back.
    */
   const processBatch = (deliveries: ReadonlyArray<Delivery>, batch: BatchDefinition<A, E, R>): Effect.Effect<void, never, R> =>
@@ -71,24 +73,57 @@ export const makeBatchPath = <A, E extends Tagged, R>(
         }
         // What the safety net keeps: the verdicts reached before a defect, and the elements' refs.
         let prepared: PreparedBatch<A> | undefined
+        const settling = settlingOf(deliveries, receivedAt, leases)
         return prepareBatch(deliveries).pipe(
           Effect.flatMap((batchPrepared) => {
             prepared = batchPrepared
             const { verdicts } = batchPrepared
             const runnable = withoutTakenPastLease(batchPrepared, leases)
-            return runnable.length === 0 ? Effect.succeed(verdicts) : runBatch(deliveries, batch, leases, verdicts, runnable, restore)
+            return runnable.length === 0
+              ? Effect.succeed(verdicts)
+              : runBatch(deliveries, batch, leases, verdicts, runnable, restore, settling.now)
           }),
           Effect.catchCause((cause) => Effect.sync(() => batchDefect(deliveries, prepared, cause))),
           Effect.flatMap((verdicts) => {
             unregister()
-            // Each element its own command, sent at once: individual acks, naks and dead letters.
-            return settleAll(deliveries, verdicts as ReadonlyArray<Verdict>, receivedAt, leases)
+            return settling.rest(verdicts as ReadonlyArray<Verdict>)
           }),
           // Never left to the keeper: it would extend these leases for as long as the process lives.
           Effect.ensuring(Effect.sync(unregister))
         )
       })
     )
+
+  /**
+   * How a batch's elements are settled, each with its own command (individual acks, naks and dead
+   * letters). An element run alone is settled as soon as its verdict is reached (`now`), in a fiber
+   * of its own, so that neither its command nor its `onOutcome` holds back the next element's run;
+   * its lease is given back to the keeper first (nothing of it is left to run, and a lease the
+   * keeper found lost would interrupt the batch's other elements). The others are settled together
+   * once the batch is judged (`rest`, sent at once), which then waits for the early ones: the
+   * batch ends once every element has its outcome.
+   */
+  const settlingOf = (deliveries: ReadonlyArray<Delivery>, receivedAt: number, leases: ReadonlyArray<LeaseKeeper.Lease>) => {
+    // By index, the fiber settling each element settled early; none on a batch that did not fail as a whole.
+    const early = new Map<number, Fiber.Fiber<void>>()
+    const now = (index: number, verdict: Verdict): Effect.Effect<void> =>
+      Effect.suspend(() => {
+        keeper.unregister(leases[index]!)
+        const settling = settleAll([deliveries[index]!], [verdict], receivedAt, [leases[index]!])
+        return Effect.map(Effect.forkChild(Effect.uninterruptible(settling), { startImmediately: true }), (fiber) => {
+          early.set(index, fiber)
+        })
+      })
+    const rest = (verdicts: ReadonlyArray<Verdict>): Effect.Effect<void> => {
+      if (early.size === 0) return settleAll(deliveries, verdicts, receivedAt, leases)
+      const left = deliveries.flatMap((_, index) => (early.has(index) ? [] : [index]))
+      return Effect.andThen(
+        settleAll(left.map((i) => deliveries[i]!), left.map((i) => verdicts[i]!), receivedAt, left.map((i) => leases[i]!)),
+        Effect.asVoid(Fiber.joinAll(early.values()))
+      )
+    }
+    return { now, rest }
+  }
 
   /**
    * The runnable elements of a batch but those taken past their lease (they waited in the source's
@@ -203,7 +238,8 @@ export const makeBatchPath = <A, E extends Tagged, R>(
     leases: ReadonlyArray<LeaseKeeper.Lease>,
     verdicts: Array<Verdict | undefined>,
     runnable: ReadonlyArray<Runnable<A>>,
-    restore: <X, Y, Z>(effect: Effect.Effect<X, Y, Z>) => Effect.Effect<X, Y, Z>
+    restore: <X, Y, Z>(effect: Effect.Effect<X, Y, Z>) => Effect.Effect<X, Y, Z>,
+    settleNow: (index: number, verdict: Verdict) => Effect.Effect<void>
   ): Effect.Effect<Array<Verdict | undefined>, never, R> => {
     // A probe's defect must not cost the batch its outcomes.
     const hits = probe === undefined ? Effect.void : Effect.forEach(runnable, ({ index, prepared }) =>
@@ -272,43 +308,36 @@ export const makeBatchPath = <A, E extends Tagged, R>(
     const cutByEngine: Effect.Effect<boolean> = leases.some((lease) => lease.lost)
       ? Effect.succeed(true)
       : Effect.map(Effect.exit(restore(Effect.void)), Exit.isFailure)
+    // The elements held one after another share one hold: `maxHold` bounds them together.
+    const holding: Holding = { until: undefined }
+    // The verdict on an element from the exit of its run alone; paused on dependencies, an element
+    // that failed is held as a single delivery is, and runs alone again once they are back.
+    const judgeAlone = ({ index, prepared, reports }: Runnable<A>, exit: Exit.Exit<unknown, unknown>): Effect.Effect<Verdict, never, R> => {
+      const delivery = deliveries[index]!
+      return gated && Exit.isFailure(exit)
+        ? Effect.flatMap(
+          heldAfter(exit.cause, runAlone(prepared, delivery, reports, leases[index]!), delivery, prepared, reports, leases[index]!, restore, noop, holding),
+          (held) => concludeSafely(prepared, delivery, held, reports, leases[index]!)
+        )
+        : concludeSafely(prepared, delivery, exit, reports, leases[index]!)
+    }
+    // An element run alone: its verdict in its place, and settled at once.
+    const settleAlone = (index: number, verdict: Verdict) => {
+      verdicts[index] = verdict
+      return settleNow(index, verdict)
+    }
     const failedAsWhole = (exit: Exit.Exit<unknown, unknown>, problem: string | undefined) => {
-      // The elements held one after another share one hold: `maxHold` bounds them together.
-      const holding: Holding = { until: undefined }
       if (runnable.length === 1) {
         const failed = Exit.isFailure(exit) ? exit : Exit.die(new Error(problem))
-        return judgeEach(runnable, ({ index, prepared, reports }) => {
-          const delivery = deliveries[index]!
-          // Paused on dependencies, a batch of one is held as a single delivery is, and runs alone.
-          return gated && Exit.isFailure(failed)
-            ? Effect.flatMap(
-              heldAfter(failed.cause, runAlone(prepared, delivery, reports, leases[index]!), delivery, prepared, reports, leases[index]!, restore, noop, holding),
-              (single) => concludeSafely(prepared, delivery, single, reports, leases[index]!)
-            )
-            : concludeSafely(prepared, delivery, failed, reports, leases[index]!)
-        })
+        // Paused on dependencies, a batch of one is held as a single delivery is, and runs alone.
+        return judgeEach(runnable, (element) => judgeAlone(element, failed))
       }
       return Effect.andThen(
         Effect.logWarning(
           `batch of ${runnable.length} failed as a whole; running its elements one by one`,
           Exit.isFailure(exit) ? ErrorSummary.fromCause(exit.cause) : ErrorSummary.make("BatchResultInvalid", problem ?? "")
         ),
-        judgeEach(runnable, ({ index, prepared }) => {
-          const delivery = deliveries[index]!
-          const reports = noReportsYet()
-          const alone = runAlone(prepared, delivery, reports, leases[index]!)
-          return Effect.flatMap(
-            Effect.exit(restore(alone)),
-            (single) =>
-              // Paused on dependencies, an element that fails alone is held as a single delivery is.
-              gated && Exit.isFailure(single)
-                ? Effect.flatMap(
-                  heldAfter(single.cause, alone, delivery, prepared, reports, leases[index]!, restore, noop, holding),
-                  (held) => concludeSafely(prepared, delivery, held, reports, leases[index]!)
-                )
-                : concludeSafely(prepared, delivery, single, reports, leases[index]!)
-          )
-        })
+        Effect.as(runEachAlone(deliveries, leases, runnable, restore, judgeAlone, settleAlone), verdicts)
       )
     }
     return Effect.andThen(hits, Effect.flatMap(run, (exit): Effect.Effect<Array<Verdict | undefined>, never, R> => {
@@ -324,6 +353,44 @@ export const makeBatchPath = <A, E extends Tagged, R>(
           : failedAsWhole(exit, undefined))
     }))
   }
+
+  /**
+   * The elements of a batch that failed as a whole, each run alone (BE-JOB-007): first every
+   * element's first run, in order, then the in-process retries of those whose first run failed
+   * for a while, in order; each is judged (`judge`) and settled (`settle`) as soon as its runs
+   * end. So an element waits for a poison element's first run at most (cut at `handlerTimeout`),
+   * never for its retries or its hold, and its ack is not held back by them.
+   */
+  const runEachAlone = (
+    deliveries: ReadonlyArray<Delivery>,
+    leases: ReadonlyArray<LeaseKeeper.Lease>,
+    runnable: ReadonlyArray<Runnable<A>>,
+    restore: <X, Y, Z>(effect: Effect.Effect<X, Y, Z>) => Effect.Effect<X, Y, Z>,
+    judge: (element: Runnable<A>, exit: Exit.Exit<unknown, unknown>) => Effect.Effect<Verdict, never, R>,
+    settle: (index: number, verdict: Verdict) => Effect.Effect<void>
+  ): Effect.Effect<void, never, R> =>
+    Effect.suspend(() => {
+      const finish = (element: Runnable<A>, exit: Exit.Exit<unknown, unknown>) =>
+        Effect.flatMap(judge(element, exit), (verdict) => settle(element.index, verdict))
+      const retriesDue: Array<{ readonly element: Runnable<A>; readonly retries: Effect.Effect<unknown, unknown, R> }> = []
+      const firstRuns = Effect.forEach(runnable, ({ index, prepared }) => {
+        const delivery = deliveries[index]!
+        // Its own reports: the batch's run (rolled back) reported nothing that holds.
+        const element: Runnable<A> = { index, prepared, reports: noReportsYet() }
+        const steps = attemptInSteps(prepared.event, delivery, prepared.metadata, prepared.failedBefore + 1, element.reports, leases[index]!)
+        return Effect.flatMap(Effect.exit(restore(steps.first)), (exit) => {
+          const retries = steps.retriesAfter(exit)
+          if (retries === undefined) return finish(element, exit)
+          retriesDue.push({ element, retries })
+          return Effect.void
+        })
+      }, { discard: true })
+      const thenRetries = Effect.suspend(() =>
+        Effect.forEach(retriesDue, ({ element, retries }) => Effect.flatMap(Effect.exit(restore(retries)), (exit) => finish(element, exit)), { discard: true })
+      )
+      return Effect.andThen(firstRuns, thenRetries)
+    })
+
   /** An element run alone, as a batch of one with the consumer's in-process retries. */
   const runAlone = (prepared: Prepared<A>, delivery: Delivery, reports: Reports, lease: LeaseKeeper.Lease) =>
     attempt(prepared.event, delivery, prepared.metadata, prepared.failedBefore + 1, reports, lease)

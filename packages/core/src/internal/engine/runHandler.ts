@@ -2,7 +2,8 @@
  * Run: the handler under the lease (`runHandler`), each run a fiber of its own bounded by
  * `handlerTimeout` and skipped once the event has expired, with the in-process retries built only
  * after a transient failure (`attempt`), then the verdict (`conclude`). The batch path runs an
- * element alone through `attempt` too.
+ * element alone through `attempt` too, its first run and its retries as two steps
+ * (`attemptInSteps`).
  */
 import { Cause, Duration, Effect, Exit, Option } from "effect"
 import type { Tagged } from "../../Classification.ts"
@@ -69,6 +70,20 @@ export const makeRunHandler = <A, E extends Tagged, R>(
     }).pipe(Effect.retry({ schedule: inProcess, while: isTransient }))
   }
 
+  /** What the handler's context says of the delivery it runs for (`CurrentDelivery`). */
+  const currentDelivery = (delivery: Delivery, metadata: Metadata, attemptNumber: number, reports: Reports, lease: LeaseKeeper.Lease) => ({
+    consumer: definition.name,
+    eventId: metadata.id,
+    attempt: attemptNumber,
+    attempts: definition.retry.attempts,
+    subject: delivery.subject,
+    sequence: delivery.sequence,
+    deliveryCount: delivery.deliveryCount,
+    expiresAt: metadata.expiresAt === undefined ? undefined : metadata.expiresAt.epochMilliseconds + definition.skewMillis,
+    leaseDeadline: leaseMillis > 0 ? leaseDeadlineOf(lease.hold, leaseMillis, env.clock) : noDeadline,
+    report: reporter(reports, now)
+  })
+
   const attempt = (
     event: A,
     delivery: Delivery,
@@ -83,19 +98,35 @@ export const makeRunHandler = <A, E extends Tagged, R>(
     // defect (transient) rather than killing the delivery's fiber. The retry machinery is built
     // only after a transient failure: a run that succeeds pays for none of it.
     Effect.catch(runOnce(event, metadata), (error) => isTransient(error) ? retryAfter(event, metadata, error) : Effect.fail(error)).pipe(
-      Effect.provideService(CurrentDelivery, {
-        consumer: definition.name,
-        eventId: metadata.id,
-        attempt: attemptNumber,
-        attempts: definition.retry.attempts,
-        subject: delivery.subject,
-        sequence: delivery.sequence,
-        deliveryCount: delivery.deliveryCount,
-        expiresAt: metadata.expiresAt === undefined ? undefined : metadata.expiresAt.epochMilliseconds + definition.skewMillis,
-        leaseDeadline: leaseMillis > 0 ? leaseDeadlineOf(lease.hold, leaseMillis, env.clock) : noDeadline,
-        report: reporter(reports, now)
-      })
+      Effect.provideService(CurrentDelivery, currentDelivery(delivery, metadata, attemptNumber, reports, lease))
     )
+
+  /**
+   * `attempt` in two steps, for a batch element run alone (the batch path runs every element's
+   * first run before any element's retries): `first`, the first run, and `retriesAfter(exit)`,
+   * the in-process retries `attempt` would go on to after that run's `exit` (a typed transient
+   * failure, as `Effect.catch` finds it: no defect), or `undefined` when none is due.
+   */
+  const attemptInSteps = (
+    event: A,
+    delivery: Delivery,
+    metadata: Metadata,
+    attemptNumber: number,
+    reports: Reports,
+    lease: LeaseKeeper.Lease
+  ) => {
+    const context = currentDelivery(delivery, metadata, attemptNumber, reports, lease)
+    return {
+      first: Effect.provideService(runOnce(event, metadata), CurrentDelivery, context),
+      retriesAfter: (exit: Exit.Exit<unknown, E | ExpiredBeforeRun | HandlerTimeout>) => {
+        if (Exit.isSuccess(exit) || Cause.hasDies(exit.cause) || definition.retry.inProcess.times === 0) return undefined
+        const error = Cause.findErrorOption(exit.cause)
+        return Option.isSome(error) && isTransient(error.value)
+          ? Effect.provideService(retryAfter(event, metadata, error.value), CurrentDelivery, context)
+          : undefined
+      }
+    }
+  }
 
   /** Run: the handler (with its in-process retries) under the lease, then the verdict. */
   const runHandler = (
@@ -234,7 +265,7 @@ export const makeRunHandler = <A, E extends Tagged, R>(
     return Option.isNone(failure) || isTransient(failure.value as E | ExpiredBeforeRun | HandlerTimeout)
   }
 
-  return { attempt, runHandler, heldAfter, gated: dependencyGate.active }
+  return { attempt, attemptInSteps, runHandler, heldAfter, gated: dependencyGate.active }
 }
 
 /** Where a hold ends (monotonic ms), set at its first hold; shared by the elements of a batch. */
