@@ -12,7 +12,7 @@
  *
  * @since 0.4.0
  */
-import { Context, Data, Effect } from "effect"
+import { Context, Data, type Duration, Effect } from "effect"
 import * as Envelope from "./Envelope.ts"
 
 /** One event to publish. */
@@ -79,13 +79,56 @@ export const subjectProblem = (subject: string): string | undefined => {
 }
 
 /**
+ * The default largest message an outbox records, in bytes as {@link messageBytes} counts them:
+ * 1 MiB (1 048 576), NATS's default `max_payload`.
+ */
+export const defaultMaxMessageBytes = 1024 * 1024
+
+/**
+ * The headers a relay's publisher (`Publisher.outboxPublisher`) adds to every message besides
+ * `Nats-Msg-Id`, with the size of the longest value each takes: a stream name of up to 255 bytes,
+ * and a W3C `traceparent`.
+ */
+const addedHeaders: ReadonlyArray<readonly [string, number]> = [
+  ["Nats-Expected-Stream", 255],
+  ["traceparent", "00-00000000000000000000000000000000-0000000000000000-00".length]
+]
+
+/**
+ * The size of `message` as a NATS server measures it against its `max_payload`: the payload plus
+ * the encoded header block (`NATS/1.0`, then `\r\n<name>: <value>` per header, then `\r\n\r\n`,
+ * in UTF-8), counting the message's own headers and the ones the relay's publisher adds
+ * (`Nats-Msg-Id: <id>`, `Nats-Expected-Stream` with a stream name of up to 255 bytes, and a
+ * `traceparent`), so that a message within an outbox's limit is one the publisher can send.
+ */
+export const messageBytes = (message: OutboxMessage): number => {
+  const header = (name: string, valueBytes: number) => 4 + encoder.encode(name).byteLength + valueBytes
+  let bytes = message.payload.byteLength + "NATS/1.0".length + 4 + header("Nats-Msg-Id", encoder.encode(message.id).byteLength)
+  for (const [name, valueBytes] of addedHeaders) bytes += header(name, valueBytes)
+  for (const [name, value] of message.headers ?? []) bytes += header(name, encoder.encode(value).byteLength)
+  return bytes
+}
+
+/** What {@link problems} checks beyond the message itself. */
+export interface Limits {
+  /**
+   * The largest message, in bytes as {@link messageBytes} counts them (payload and headers), that
+   * can be published: at most the NATS server's `max_payload`. Default:
+   * {@link defaultMaxMessageBytes} (1 MiB, NATS's default `max_payload`).
+   */
+  readonly maxMessageBytes?: number | undefined
+}
+
+/**
  * What makes `message` impossible to publish, checked before it is recorded: a row that can never
  * be published would hold back every row recorded after it. Empty: it can be published. The id
  * must be 1 to 200 printable ASCII characters without spaces (it is the `Nats-Msg-Id`); the
  * subject a literal NATS subject ({@link subjectProblem}); a header name printable without `:`,
- * not containing `Nats-Msg-Id`, its value on one line.
+ * not containing `Nats-Msg-Id`, its value on one line; the whole, payload and headers
+ * ({@link messageBytes}), at most `limits.maxMessageBytes` bytes (default 1 MiB, NATS's default
+ * `max_payload`: the server refuses a larger message, for good).
  */
-export const problems = (message: OutboxMessage): ReadonlyArray<string> => {
+export const problems = (message: OutboxMessage, limits: Limits = {}): ReadonlyArray<string> => {
   const found: Array<string> = []
   if (!isValidId(message.id)) {
     found.push(`id ${JSON.stringify(message.id)}: must be 1 to 200 printable ASCII characters without spaces`)
@@ -101,6 +144,12 @@ export const problems = (message: OutboxMessage): ReadonlyArray<string> => {
     } else if (/[\r\n]/.test(value)) {
       found.push(`header ${JSON.stringify(name)}: its value must be one line`)
     }
+  }
+  const limit = limits.maxMessageBytes ?? defaultMaxMessageBytes
+  const bytes = messageBytes(message)
+  if (bytes > limit) {
+    found.push(`${bytes} bytes (a ${message.payload.byteLength}-byte payload and its headers as published), more than the ` +
+      `${limit} bytes of maxMessageBytes: the NATS server refuses a message larger than its max_payload (1 MiB by default)`)
   }
   return found
 }
@@ -178,4 +227,24 @@ export class PublishFailed extends Data.TaggedError("PublishFailed")<{
 export class OutboxPublisher extends Context.Service<OutboxPublisher, {
   /** Publishes one recorded event, with the trace context of the transaction that recorded it. */
   readonly publish: (message: OutboxMessage, traceparent: string | undefined) => Effect.Effect<void, PublishFailed>
+  /**
+   * Optional: run once when a relay starts, to compare the relay's settings with the broker's and
+   * log a warning for what would go wrong (it never fails, and bounds its own waits).
+   * `Publisher.outboxPublisher` warns when `maxMessageBytes` exceeds the server's `max_payload`,
+   * and when the stream it names deduplicates for less than the relay's republish period.
+   */
+  readonly checkRelay?: ((relay: RelaySettings) => Effect.Effect<void>) | undefined
 }>()("@jetworker/core/OutboxPublisher") {}
+
+/** What a relay tells its publisher when it starts ({@link OutboxPublisher}'s `checkRelay`). */
+export interface RelaySettings {
+  /** The largest message the relay's outbox records, in bytes as {@link messageBytes} counts them. */
+  readonly maxMessageBytes: number
+  /**
+   * How long a round may go on publishing before it marks its rows sent (`roundBudget`). A round
+   * that does not commit leaves its rows to the next one: with the publisher's own republish
+   * horizon, this is how long after a row's first publish it may be published again, which the
+   * stream's duplicate window should cover.
+   */
+  readonly roundBudget: Duration.Duration
+}

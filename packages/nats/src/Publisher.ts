@@ -218,8 +218,7 @@ export const checkHorizon = (
   Effect.gen(function*() {
     const { manager, apiTimeoutMillis } = yield* NatsConnection
     const horizon = yield* Effect.fromResult(republishHorizon(options, apiTimeoutMillis))
-    const info = yield* NatsError.tryPromise(`stream info ${stream}`, () => manager.streams.info(stream))
-    const duplicateWindow = Duration.millis(Math.floor((info.config.duplicate_window ?? 0) / 1_000_000))
+    const duplicateWindow = yield* duplicateWindowOf(manager, stream)
     const covered = Duration.isGreaterThanOrEqualTo(duplicateWindow, horizon)
     if (!covered) {
       yield* Effect.logWarning(
@@ -230,6 +229,57 @@ export const checkHorizon = (
     }
     return { stream, horizon, duplicateWindow, covered }
   })
+
+/** `stream`'s duplicate window, as the server says (zero: it deduplicates nothing). */
+const duplicateWindowOf = (manager: NatsConnection["Service"]["manager"], stream: string) =>
+  Effect.map(
+    NatsError.tryPromise(`stream info ${stream}`, () => manager.streams.info(stream)),
+    (info) => Duration.millis(Math.floor((info.config.duplicate_window ?? 0) / 1_000_000))
+  )
+
+/**
+ * The outbox publisher's `checkRelay`: once, when a relay starts, a warning (never a failure) for
+ * each setting of the relay the broker does not bear out. The outbox's `maxMessageBytes` above the
+ * server's `max_payload`: a row between the two can never be published and blocks the relay. And,
+ * when `options` name the stream, a duplicate window shorter than the relay's republish period,
+ * its `roundBudget` plus the publisher's {@link republishHorizon} (INT-NATS-007): a row published
+ * again after the window is stored twice. Without a stream named, the streams are only known
+ * publish by publish, and their windows are not checked. A stream that cannot be read is said at
+ * DEBUG level: the first publish says more.
+ */
+const checkRelay = (
+  options: Omit<PublishOptions, "msgId" | "headers">,
+  relay: Outbox.RelaySettings
+): Effect.Effect<void, never, NatsConnection> =>
+  Effect.gen(function*() {
+    const { connection, manager, apiTimeoutMillis } = yield* NatsConnection
+    const maxPayload = connection.info?.max_payload
+    if (maxPayload !== undefined && relay.maxMessageBytes > maxPayload) {
+      yield* Effect.logWarning(
+        `outbox: maxMessageBytes is ${relay.maxMessageBytes} bytes, but the NATS server takes messages of at most ` +
+          `${maxPayload} (max_payload): an event recorded between the two can never be published and blocks the ` +
+          `relay; set maxMessageBytes to at most ${maxPayload} on PgOutbox.layer and layerRelay`
+      ).pipe(Effect.annotateLogs({ event: "outbox.max_payload_exceeded" }))
+    }
+    const stream = options.stream
+    if (stream === undefined) return
+    // The options were checked when the layer was built: the horizon is there.
+    const horizon = yield* Effect.fromResult(republishHorizon(options, apiTimeoutMillis))
+    const period = Duration.sum(relay.roundBudget, horizon)
+    // Bounded by the JetStream API timeout, as any request of the manager.
+    const duplicateWindow = yield* duplicateWindowOf(manager, stream)
+    if (Duration.isLessThan(duplicateWindow, period)) {
+      yield* Effect.logWarning(
+        `outbox: stream ${stream} deduplicates publishes for ${Duration.format(duplicateWindow)}, but the relay may ` +
+          `publish a row again up to ${Duration.format(period)} after its first publish (roundBudget ` +
+          `${Duration.format(relay.roundBudget)} + republish horizon ${Duration.format(horizon)}): a row published again ` +
+          `after the window is stored twice, which consumers must take as a duplicate; widen the window or lower ` +
+          `roundBudget, attempts or timeout`
+      ).pipe(Effect.annotateLogs({ event: "outbox.duplicate_window_short" }))
+    }
+  }).pipe(
+    Effect.catch((error) => Effect.logDebug(`outbox: the relay's start check could not read the stream: ${error.message}`))
+  )
 
 /** The stream capturing each subject, per connection: asked of the server once. */
 const streamsBySubject = new WeakMap<object, Map<string, string>>()
@@ -551,6 +601,12 @@ const sameBytes = (a: Uint8Array, b: Uint8Array): boolean => {
  * `duplicate` is checked against the message the stream holds under the id: the same message (a
  * row republished after a relay was killed) passes; another fails, retryable, until the stream's
  * duplicate window has forgotten the id.
+ *
+ * When a relay starts, its `checkRelay` warns (once, never failing) when the relay's
+ * `maxMessageBytes` exceeds the server's `max_payload` (`outbox.max_payload_exceeded`), and, with
+ * a `stream` in `options`, when that stream's duplicate window is shorter than the relay's
+ * republish period, `roundBudget` plus {@link republishHorizon} (`outbox.duplicate_window_short`,
+ * naming both figures).
  */
 export const outboxPublisher = (
   options: Omit<PublishOptions, "msgId" | "headers"> = {}
@@ -558,6 +614,7 @@ export const outboxPublisher = (
   Layer.effect(
     Outbox.OutboxPublisher,
     Effect.andThen(checkOptions("Publisher.outboxPublisher", options), Effect.context<NatsConnection>()).pipe(Effect.map((context) => ({
+      checkRelay: (relay: Outbox.RelaySettings) => Effect.provideContext(checkRelay(options, relay), context),
       publish: (message: Outbox.OutboxMessage, traceparent: string | undefined) => {
         const sent = Effect.flatMap(
           publish(message.subject, message.payload, { ...options, msgId: message.id, headers: message.headers }),

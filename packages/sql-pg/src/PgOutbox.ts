@@ -12,11 +12,12 @@
  * after the other (each confirmed before the next, so the stream stores them in that order), marks
  * the published ones sent and commits. A relay killed between a publish and the commit leaves the
  * rows pending, and the next round publishes them again with the same id (`Nats-Msg-Id`), which
- * the stream's duplicate window turns into a duplicate. A failed publish ends the round (the rows
- * before it are marked) and the relay retries after a jittered, capped backoff. Rows keep the
- * trace context (`traceparent`) of the transaction that wrote them, so the publish span continues
- * that trace; the relay's own statements are not traced (an idle relay polls every
- * `pollInterval`). Sent rows are deleted after `retention` by a bounded clean-up.
+ * the stream's duplicate window turns into a duplicate. An interrupted relay (a worker shutting
+ * down) stops publishing and commits the marks of the rows the stream confirmed. A failed publish
+ * ends the round (the rows before it are marked) and the relay retries after a jittered, capped
+ * backoff. Rows keep the trace context (`traceparent`) of the transaction that wrote them, so the
+ * publish span continues that trace; the relay's own statements are not traced (an idle relay
+ * polls every `pollInterval`). Sent rows are deleted after `retention` by a bounded clean-up.
  *
  * Ids are unique per event: the stream keeps one message per `Nats-Msg-Id` within its duplicate
  * window, so a second event under an id would be marked sent and dropped as a duplicate. The
@@ -25,10 +26,11 @@
  * keep `retention` longer than the stream's duplicate window, so that the index refuses any reuse
  * the stream would drop.
  *
- * A message that could never be published (`Outbox.problems`: its id, subject or headers) is
- * refused when it is recorded, and so is a record outside a transaction: a row that can never be
- * published would hold back every row after it. A publish that fails for good all the same (no
- * stream captures the subject) is logged as `outbox.relay_blocked` (ERROR) on every try, since
+ * A message that could never be published (`Outbox.problems`: its id, subject or headers, or its
+ * size, payload and headers, above `maxMessageBytes`, 1 MiB by default) is refused when it is
+ * recorded, and so is a record outside a transaction: a row that can never be published would
+ * hold back every row after it. A publish that fails for good all the same (no stream captures
+ * the subject) is logged as `outbox.relay_blocked` (ERROR) on every try, since
  * nothing may be skipped. A round publishes for at most `roundBudget` (a publish under way is cut
  * there, but for its first), so a relay killed in it republishes only rows the stream's duplicate
  * window still remembers.
@@ -42,7 +44,7 @@
  * @since 0.4.0
  */
 import { DurationInput, ErrorSummary, Outbox, Telemetry } from "@jetworker/core"
-import { Cause, Clock, Duration, Effect, Layer, Predicate, Result, Schedule } from "effect"
+import { Cause, Clock, Deferred, Duration, Effect, Exit, Fiber, Layer, Predicate, Result, Schedule } from "effect"
 import { SqlClient } from "effect/sql"
 import { isSqlError, type SqlError } from "effect/sql/SqlError"
 import { connectionLost, isConnectionLoss, sqlState } from "./internal/errors.ts"
@@ -57,6 +59,16 @@ export interface Options {
    * `UNIQUE (id)` names it (a reused id is then reported as such). Default: `"jetworker_outbox"`.
    */
   readonly table?: string | undefined
+  /**
+   * The largest event `record` accepts, in bytes: its payload plus its headers as the relay's
+   * publisher sends them (`Outbox.messageBytes`), a positive integer. A larger one fails `record`
+   * with `OutboxError` naming its size and this limit: the NATS server refuses, for good, a message
+   * larger than its `max_payload`, and such a row would block every row recorded after it. Keep it
+   * at most the server's `max_payload`, and give the relay ({@link layerRelay}) the same value: it
+   * warns at start when the server takes less. Default: 1 MiB (1 048 576), NATS's default
+   * `max_payload`.
+   */
+  readonly maxMessageBytes?: number | undefined
 }
 
 const quoted = (name: string): Effect.Effect<string, Outbox.OutboxError> => {
@@ -66,21 +78,32 @@ const quoted = (name: string): Effect.Effect<string, Outbox.OutboxError> => {
     : Effect.succeed(table)
 }
 
+const maxMessageBytesOf = (options: Options): Effect.Effect<number, Outbox.OutboxError> => {
+  const bytes = options.maxMessageBytes ?? Outbox.defaultMaxMessageBytes
+  return Number.isSafeInteger(bytes) && bytes > 0
+    ? Effect.succeed(bytes)
+    : Effect.fail(new Outbox.OutboxError({ message: `maxMessageBytes must be a positive integer (bytes), got ${bytes}` }))
+}
+
 /**
  * The `Outbox` port on the current `SqlClient`: `record` inserts a row in the current transaction.
  * An id already in the table (a committed row not yet cleaned up, or one recorded earlier in the
  * same transaction) fails with `OutboxError` naming it; one recorded by a transaction still open
  * waits for it, and fails if it commits. A failed insert aborts the transaction in PostgreSQL, so
- * the transaction cannot commit (the handler fails, and is retried or dead-lettered as usual).
+ * the transaction cannot commit (the handler fails, and is retried or dead-lettered as usual). An
+ * event larger than `maxMessageBytes` (payload and headers) fails with `OutboxError` naming its
+ * size and the limit, before anything is written. A bad `table` or `maxMessageBytes` fails `make`
+ * with `OutboxError` naming it.
  */
 export const make = (options: Options = {}): Effect.Effect<Outbox.Outbox["Service"], Outbox.OutboxError, SqlClient.SqlClient> =>
   Effect.gen(function*() {
     const sql = yield* SqlClient.SqlClient
     const table = yield* quoted(options.table ?? Table.defaultOutboxTable)
+    const maxMessageBytes = yield* maxMessageBytesOf(options)
     return {
       record: (message) =>
         Effect.gen(function*() {
-          const invalid = Outbox.problems(message)
+          const invalid = Outbox.problems(message, { maxMessageBytes })
           if (invalid.length > 0) {
             return yield* new Outbox.OutboxError({ message: `cannot record ${JSON.stringify(message.id)} in the outbox: ${invalid.join("; ")}` })
           }
@@ -132,8 +155,9 @@ const violatesIdIndex = (error: SqlError, table: string): boolean => {
 
 /**
  * Provides `Outbox` on the application's `SqlClient`. Building it fails with `OutboxError` when the
- * table name is invalid, and with `Migrations.MissingTable` when the table does not exist (the
- * migrations have not run on this database and schema), as `PgIdempotencyStore.layer` does; a
+ * table name or `maxMessageBytes` is invalid, and with `Migrations.MissingTable` when the table
+ * does not exist (the migrations have not run on this database and schema), as
+ * `PgIdempotencyStore.layer` does; a
  * database that cannot be reached fails the check with its `SqlError`, never as a missing table.
  * {@link make} checks nothing, and neither does the relay ({@link layerRelay}), which waits for
  * its table.
@@ -241,7 +265,10 @@ const checkCount = (name: string, value: number | undefined, fallback: number): 
 /**
  * One round of the relay: under the outbox's lock, publish up to `batchSize` pending rows in order
  * and mark them sent, in one transaction. A failed publish ends the round after marking the rows
- * published before it, and fails with it.
+ * published before it, and fails with it. An interruption (a worker shutting down) stops the
+ * publishing only: the rows the stream has confirmed are marked sent and committed (waited for up
+ * to 5 seconds; past that the round is given up and rolls back, with a warning), and the
+ * interruption goes on; the publish it cut leaves its row pending.
  */
 export const relayRound = (
   options: RelayOptions = {}
@@ -254,6 +281,8 @@ export const relayRound = (
     const budget = yield* positive("roundBudget", options.roundBudget, "30 seconds")
     const budgetMillis = Duration.toMillis(budget)
     const clock = yield* Clock.Clock
+    // Done when this round is interrupted: publishing stops, what the stream confirmed is marked.
+    const stop = yield* Deferred.make<void>()
     const round = Effect.gen(function*() {
       // One 64-bit lock key per outbox table, held until the transaction ends. Advisory locks are
       // per database, so the key is the table's oid (tables of one name in two schemas are two
@@ -273,48 +302,54 @@ export const relayRound = (
       const elapsedMillis = () => Number(clock.monotonicTimeNanosUnsafe()) / 1e6
       const started = elapsedMillis()
       let outOfTime = false
-      for (const row of rows) {
-        // Past the budget, what was published is marked now: a relay killed later in a long round
-        // would republish rows the stream no longer remembers. A publish under way is cut at the
-        // budget too (its retries could go on for its whole horizon); cut, it may have been stored,
-        // and the next round publishes it again with the same id, inside the duplicate window.
-        // A round's first publish is not cut (it is bounded by its own attempts and timeout), so
-        // that every round gets one row further, whatever the budget.
-        const left = budgetMillis - (elapsedMillis() - started)
-        if (sent.length > 0 && left <= 0) {
-          outOfTime = true
-          break
-        }
-        const headers = rowHeaders(row.headers)
-        // A defect (a publisher that throws on what the row holds) fails this row alone: escaping
-        // the round, it would roll back the marks of the rows the stream has already confirmed,
-        // and every later round would publish them again.
-        const result = typeof headers === "string"
-          ? Result.fail(new Outbox.PublishFailed({ message: headers, retryable: false }))
-          : yield* Effect.result(cutAt(
-            publisher.publish({ subject: row.subject, id: row.id, payload: row.payload, headers }, row.traceparent ?? undefined).pipe(
-              Effect.catchDefect((defect) =>
-                Effect.fail(new Outbox.PublishFailed({ message: `unexpected defect: ${ErrorSummary.fromError(defect, "Defect").message}`, retryable: true }))
+      const publishing = Effect.gen(function*() {
+        for (const row of rows) {
+          // Past the budget, what was published is marked now: a relay killed later in a long round
+          // would republish rows the stream no longer remembers. A publish under way is cut at the
+          // budget too (its retries could go on for its whole horizon); cut, it may have been stored,
+          // and the next round publishes it again with the same id, inside the duplicate window.
+          // A round's first publish is not cut (it is bounded by its own attempts and timeout), so
+          // that every round gets one row further, whatever the budget.
+          const left = budgetMillis - (elapsedMillis() - started)
+          if (sent.length > 0 && left <= 0) {
+            outOfTime = true
+            return
+          }
+          const headers = rowHeaders(row.headers)
+          // A defect (a publisher that throws on what the row holds) fails this row alone: escaping
+          // the round, it would roll back the marks of the rows the stream has already confirmed,
+          // and every later round would publish them again.
+          const result = typeof headers === "string"
+            ? Result.fail(new Outbox.PublishFailed({ message: headers, retryable: false }))
+            : yield* Effect.result(cutAt(
+              publisher.publish({ subject: row.subject, id: row.id, payload: row.payload, headers }, row.traceparent ?? undefined).pipe(
+                Effect.catchDefect((defect) =>
+                  Effect.fail(new Outbox.PublishFailed({ message: `unexpected defect: ${ErrorSummary.fromError(defect, "Defect").message}`, retryable: true }))
+                ),
+                // The publish is traced (in the trace of the transaction that wrote the row), not the round.
+                Effect.withTracerEnabled(true)
               ),
-              // The publish is traced (in the trace of the transaction that wrote the row), not the round.
-              Effect.withTracerEnabled(true)
-            ),
-            sent.length === 0 ? undefined : left,
-            () => {
-              outOfTime = true
-            }
-          ))
-        // Cut at the budget: the rows confirmed before it are marked, and the round ends in time.
-        if (outOfTime) break
-        if (result._tag === "Failure") {
-          failure = new Outbox.PublishFailed({
-            message: `row ${row.position} (id ${row.id}, subject ${row.subject}): ${result.failure.message}`,
-            retryable: result.failure.retryable
-          })
-          break
+              sent.length === 0 ? undefined : left,
+              () => {
+                outOfTime = true
+              }
+            ))
+          // Cut at the budget: the rows confirmed before it are marked, and the round ends in time.
+          if (outOfTime) return
+          if (result._tag === "Failure") {
+            failure = new Outbox.PublishFailed({
+              message: `row ${row.position} (id ${row.id}, subject ${row.subject}): ${result.failure.message}`,
+              retryable: result.failure.retryable
+            })
+            return
+          }
+          sent.push(row.position)
         }
-        sent.push(row.position)
-      }
+      })
+      // Interrupted, the round stops publishing (the publish under way is cut, its row stays
+      // pending) and still marks and commits the rows the stream confirmed: rolled back, they would
+      // be published again by the next relay, maybe after the stream's duplicate window.
+      if (!(yield* Deferred.isDone(stop))) yield* Effect.raceFirst(publishing, Deferred.await(stop))
       if (sent.length > 0) {
         yield* sql.unsafe(`UPDATE ${table} SET sent_at = now() WHERE seq = ANY(string_to_array($1, ',')::bigint[])`, [sent.join(",")])
       }
@@ -322,7 +357,7 @@ export const relayRound = (
     })
     // The round's own statements are bookkeeping, run every `pollInterval` even when idle: traced,
     // an idle worker would export a trace per poll (some 15 spans a second). Only publishes are.
-    const { round: done, failure } = yield* sql.withTransaction(round).pipe(
+    const transaction = sql.withTransaction(round).pipe(
       Effect.catchCause((cause) => {
         const lost = lostConnection(cause)
         return lost === undefined ? Effect.failCause(cause) : Effect.fail(lost)
@@ -330,8 +365,46 @@ export const relayRound = (
       Effect.mapError(sqlFailure("relay")),
       Effect.withTracerEnabled(false)
     )
+    // The transaction runs in a fiber that an interruption of this one does not reach: interrupted,
+    // this one stops its publishing and waits, bounded, for its marks and commit.
+    const { round: done, failure } = yield* Effect.uninterruptibleMask((restore) =>
+      Effect.flatMap(Effect.forkDetach(transaction), (fiber) =>
+        restore(Fiber.join(fiber)).pipe(Effect.onInterrupt(() => finishInterrupted(fiber, stop))))
+    )
     if (failure !== undefined) return yield* failure
     return done
+  })
+
+/**
+ * How long an interrupted round may take to mark the rows the stream confirmed and commit: a
+ * database that does not answer must not hold a worker's shutdown.
+ */
+const interruptedRoundMillis = 5_000
+
+/**
+ * An interrupted round: stops its publishing and waits up to {@link interruptedRoundMillis} for it
+ * to mark what was confirmed and commit. Past that, the round is interrupted (its statements are
+ * cancelled by the driver and it rolls back, unless its commit is already under way) without being
+ * waited for; then, or when it failed, the rows it published stay pending and are published again
+ * by the next relay (the stream drops the copies its duplicate window still remembers): said as a
+ * warning.
+ */
+const finishInterrupted = <A>(fiber: Fiber.Fiber<A, Outbox.OutboxError>, stop: Deferred.Deferred<void>) =>
+  Effect.gen(function*() {
+    yield* Deferred.succeed(stop, undefined)
+    const ended = yield* Effect.timeoutOption(Fiber.await(fiber), Duration.millis(interruptedRoundMillis))
+    let why: string
+    if (ended._tag === "None") {
+      // Interrupted now (rolled back, unless its commit is under way), but not waited for.
+      yield* Effect.forkDetach(Fiber.interrupt(fiber), { startImmediately: true })
+      why = `it did not commit within ${interruptedRoundMillis} ms`
+    } else if (Exit.isFailure(ended.value)) {
+      why = `it failed: ${ErrorSummary.fromCause(ended.value.cause).message}`
+    } else return
+    yield* Effect.logWarning(
+      `outbox relay interrupted in a round that could not mark the rows it published (${why}); the next relay publishes ` +
+        `them again, and the stream drops the copies its duplicate window still remembers`
+    ).pipe(Effect.annotateLogs({ event: "outbox.relay_interrupted" }))
   })
 
 /** `publish`, cut after `millis` (then `onCut`, and it succeeds: the round ends there); uncut without `millis`. */
@@ -392,11 +465,20 @@ export const cleanup = (options: RelayOptions = {}): Effect.Effect<number, Outbo
  * The relay, until interrupted: rounds back to back while batches come full, a `pollInterval`
  * pause when idle, a jittered backoff (reset by a successful round) after a failed one, and the
  * clean-up at most once a minute. Failures are logged (`outbox.relay_failed`, with the innermost
- * cause) and retried, never returned; an interruption in the middle of a round rolls it back (its
- * rows are published again). A relay that starts before its table exists (its migrations run
- * later in the start-up, or as a separate job) says so once (`outbox.relay_waiting`, INFO) and
- * keeps trying on the same backoff. A bad setting (a zero pause, a negative or NaN `retention`...)
- * fails with `OutboxError` naming it, before the first round.
+ * cause) and retried, never returned. An interruption in the middle of a round (the worker
+ * shutting down) stops its publishing, marks the rows the stream has confirmed sent and commits
+ * them, waiting up to 5 seconds for the database, then ends the relay; only the row whose publish
+ * it cut (and, past those 5 seconds, the round's rows: `outbox.relay_interrupted`, WARN) is
+ * published again by the next relay. A relay that starts before its table exists (its migrations
+ * run later in the start-up, or as a separate job) says so once (`outbox.relay_waiting`, INFO) and
+ * keeps trying on the same backoff. A bad setting (a zero pause, a negative or NaN `retention`, a
+ * `maxMessageBytes` that is not a positive integer...) fails with `OutboxError` naming it, before
+ * the first round.
+ *
+ * At start, when the publisher has a `checkRelay` (`Publisher.outboxPublisher` does), the relay
+ * gives it `maxMessageBytes` (pass the one `layer` has) and `roundBudget`, once, alongside the
+ * first rounds: it logs a warning when the NATS server's `max_payload` is below `maxMessageBytes`,
+ * or when the stream it publishes to deduplicates for less than the relay's republish period.
  */
 export const relay = (
   options: RelayOptions = {}
@@ -404,6 +486,16 @@ export const relay = (
   Effect.gen(function*() {
     // Reject bad settings before the first round.
     const settings = yield* relaySettings(options)
+    const publisher = yield* Outbox.OutboxPublisher
+    if (publisher.checkRelay !== undefined) {
+      // Advisory, and not in the way of the first rounds; a defect in it is no reason to stop.
+      yield* Effect.forkChild(
+        publisher.checkRelay({ maxMessageBytes: settings.maxMessageBytes, roundBudget: settings.roundBudget }).pipe(
+          Effect.timeoutOption("30 seconds"),
+          Effect.catchDefect((defect) => Effect.logDebug(`outbox relay: the publisher's start check died: ${ErrorSummary.fromError(defect, "Defect").message}`))
+        )
+      )
+    }
     const backoff = Schedule.exponential(settings.backoff, 2).pipe(
       Schedule.jittered,
       Schedule.modifyDelay(({ duration }) => Effect.succeed(Duration.min(duration, settings.maxBackoff)))
@@ -473,7 +565,8 @@ const relaySettings = (options: RelayOptions) =>
     yield* checkCount("batchSize", options.batchSize, 100)
     yield* quoted(options.table ?? Table.defaultOutboxTable)
     yield* retentionOf(options)
-    yield* positive("roundBudget", options.roundBudget, "30 seconds")
+    const roundBudget = yield* positive("roundBudget", options.roundBudget, "30 seconds")
+    const maxMessageBytes = yield* maxMessageBytesOf(options)
     const backoff = yield* positive("backoff", options.backoff, "200 millis")
     const maxBackoff = yield* positive("maxBackoff", options.maxBackoff, "10 seconds")
     if (Duration.isLessThan(maxBackoff, backoff)) {
@@ -485,7 +578,9 @@ const relaySettings = (options: RelayOptions) =>
       cleanupBatch: yield* checkCount("cleanupBatch", options.cleanupBatch, 1000),
       pollInterval: yield* positive("pollInterval", options.pollInterval, "200 millis"),
       backoff,
-      maxBackoff
+      maxBackoff,
+      roundBudget,
+      maxMessageBytes
     }
   })
 
