@@ -341,7 +341,7 @@ describe("jetworker CLI", () => {
 
         const none = yield* jetworker("dlq", "purge", "--stream", deadLetterStream, "--reason", "PermanentError", "--yes", "--json", ...server)
         assert.strictEqual(none.code, 0, none.stderr)
-        assert.deepStrictEqual(JSON.parse(none.stdout), { action: "purge", selected: 0, done: 0, stored: [], failed: [] })
+        assert.deepStrictEqual(JSON.parse(none.stdout), { action: "purge", selected: 0, done: 0, stored: [], failed: [], count: 0, next: null })
         const missing = `${deadLetterStream}_MISSING`
         const notFound = yield* jetworker("dlq", "list", "--stream", missing, ...server)
         assert.strictEqual(notFound.code, 1)

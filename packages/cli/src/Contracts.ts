@@ -29,14 +29,26 @@ export const formatFindings = (contract: Contract.Contract, findings: ReadonlyAr
 
 const symbol = { create: "+", update: "~", refuse: "!" } as const
 
-/** A plan's changes as text, one line each (`+` create, `~` update, `!` refused), or a line saying there are none. */
-export const formatChanges = (contract: Contract.Contract, changes: ReadonlyArray<Topology.Change>): string =>
-  changes.length === 0
-    ? `the server matches the ${title(contract)}: nothing to change`
-    : changes.map((change) =>
-      change.action === "create"
-        ? `+ create ${change.target}`
-        : change.action === "update"
-        ? `~ ${change.target} ${change.setting}: ${change.live} -> ${change.wanted}`
-        : `${symbol.refuse} ${change.target} ${change.setting}: ${change.live} -> ${change.wanted} cannot change in place\n    ${change.message}`
-    ).join("\n")
+/**
+ * A plan's changes as text, one line each (`+` create, `~` update, `!` refused), or a line saying
+ * there are none. An update that can delete stored messages is marked `DELETES DATA` with what it
+ * deletes, and a last line says that `contract apply` makes it only with `--allow-data-loss`.
+ */
+export const formatChanges = (contract: Contract.Contract, changes: ReadonlyArray<Topology.Change>): string => {
+  if (changes.length === 0) return `the server matches the ${title(contract)}: nothing to change`
+  const lines = changes.map((change) =>
+    change.action === "create"
+      ? `+ create ${change.target}`
+      : change.action === "update"
+      ? `~ ${change.target} ${change.setting}: ${change.live} -> ${change.wanted}` +
+        (change.destructive === true ? ` DELETES DATA\n    ${change.message}` : "")
+      : `${symbol.refuse} ${change.target} ${change.setting}: ${change.live} -> ${change.wanted} cannot change in place\n    ${change.message}`
+  )
+  const destructive = changes.filter((change) => change.destructive === true).length
+  return [
+    ...lines,
+    ...(destructive === 0 ? [] : [
+      `${destructive} change(s) can delete stored messages: contract apply makes them only with --allow-data-loss`
+    ])
+  ].join("\n")
+}

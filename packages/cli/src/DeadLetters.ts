@@ -144,6 +144,38 @@ export const select = (
 ): Effect.Effect<ReadonlyArray<DeadLetter.DeadLetterMessage>, NatsError.NatsError, NatsConnection.NatsConnection> =>
   collect(stream, filter, options.from, Math.min(options.limit ?? maxSelected, maxSelected))
 
+/** A selection that knows whether it is complete. */
+export interface Selection {
+  /** The dead letters selected, oldest first. */
+  readonly messages: ReadonlyArray<DeadLetter.DeadLetterMessage>
+  /**
+   * The sequence of the first dead letter that matches but was left out by the limit (the rest
+   * follow it); `undefined` when the messages are all that match.
+   *
+   * @since 0.5.0
+   */
+  readonly next: number | undefined
+}
+
+/**
+ * Like {@link select}, and says whether more dead letters match than `limit` (default and most
+ * {@link maxSelected}) took: it reads one more than it selects, as {@link listPage} does, so that
+ * `dlq replay` and `dlq purge` can say that `--max` cut their selection.
+ *
+ * @since 0.5.0
+ */
+export const selectPage = (
+  stream: string,
+  filter: Filter,
+  options: { readonly from?: number | undefined; readonly limit?: number | undefined } = {}
+): Effect.Effect<Selection, NatsError.NatsError, NatsConnection.NatsConnection> => {
+  const limit = Math.min(options.limit ?? maxSelected, maxSelected)
+  return Effect.map(collect(stream, filter, options.from, limit + 1), (messages) => ({
+    messages: messages.slice(0, limit),
+    next: messages.length > limit ? messages[limit]!.sequence : undefined
+  }))
+}
+
 /**
  * Whether `stream` can be a dead-letter stream: its first message is a dead letter, or it has
  * none. Any other stream's message (a source stream given by mistake) has no dead-letter headers,

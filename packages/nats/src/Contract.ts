@@ -8,15 +8,19 @@
  *
  * Ownership says who may write: a `service`-owned contract is applied with {@link apply} (which
  * creates what is missing and brings mutable settings to the declaration, through `Topology`), a
- * `platform`-owned one is only ever checked. {@link plan} says what `apply` would change. A
- * contract kept as a reviewed JSON file in the repository is read with {@link fromJson}.
+ * `platform`-owned one is only ever checked. {@link plan} says what `apply` would change, and
+ * which of its changes can delete stored messages (`destructive`: `apply` makes those only when
+ * allowed). A contract kept as a reviewed JSON file in the repository is read with {@link fromJson}.
  *
  * The checks deliberately do not compare settings a contract leaves out (a stream's limits in
- * bytes or messages when it declares none, a consumer's deliver policy), nor fix anything they
- * find: each finding says what to do.
+ * bytes or messages when it declares none, a consumer's deliver policy when it declares none),
+ * nor fix anything they find: each finding says what to do. A live consumer jetworker cannot use
+ * as it is (a push consumer, a replay policy other than instant) is an error whatever the contract
+ * declares.
  *
  * @since 0.1.0
  */
+import type { ConsumerConfig } from "@nats-io/jetstream"
 import { Data, Duration, Effect } from "effect"
 import * as ContractFile from "./internal/contractFile.ts"
 import { consumerFindings, declaredConsumerFindings, streamFindings } from "./internal/contractFindings.ts"
@@ -101,6 +105,9 @@ export type Check =
   | "max_expires"
   | "max_waiting"
   | "filter_subject"
+  | "deliver_subject"
+  | "replay_policy"
+  | "deliver_policy"
   | "backoff"
   | "headers_only"
   | "inactive_threshold"
@@ -159,6 +166,25 @@ const declarationFindings = (contract: Contract): ReadonlyArray<Finding> => [
   )
 ]
 
+/** `Topology`'s refusals that only deleting the consumer and declaring it again resolves. */
+const RECREATE: ReadonlySet<string> = new Set(["deliver_subject", "replay_policy", "deliver_policy"])
+
+/**
+ * The live consumer's settings that cannot change in place and are not what the declaration
+ * stands for (`Topology.consumerChanges`' refusals: a push consumer, a replay policy other than
+ * instant, a declared deliver policy it does not have), as error findings saying what to do. (Its
+ * ack policy is {@link consumerFindings}' error.)
+ */
+const recreateFindings = (
+  target: string,
+  live: ConsumerConfig,
+  declared: ConsumerContract,
+  stream: string
+): ReadonlyArray<Finding> =>
+  Topology.consumerChanges({ ...declared, stream }, live)
+    .filter((change) => change.action === "refuse" && RECREATE.has(change.setting))
+    .map((change) => ({ severity: "error", target, check: change.setting as Check, message: change.message }))
+
 /**
  * Every check of `contract` against the live server: the stream, then each consumer (its
  * declared settings and the application's expectations). A missing stream or consumer is a
@@ -207,6 +233,7 @@ export const check = (contract: Contract): Effect.Effect<ReadonlyArray<Finding>,
         continue
       }
       findings.push(
+        ...recreateFindings(target, info.config, consumer, name),
         ...declaredConsumerFindings(target, info.config, consumer, name),
         ...consumerFindings(target, info.config, consumer.expect)
       )
@@ -271,7 +298,9 @@ export const validate = (contract: Contract): ReadonlyArray<Finding> => {
 
 /**
  * What {@link apply} would change on the server, in order: the stream, then each consumer. An
- * empty list: the server already matches the contract. A declaration `Topology` would refuse (a
+ * empty list: the server already matches the contract. A change that can delete stored messages
+ * is marked `destructive`, its message saying how many go (from the stream's state) or that some
+ * may. A declaration `Topology` would refuse (a
  * duration that is not one, a 0 the server replaces by its default) has no plan: it fails with a
  * `NatsError` (reason `ApiError`) naming each value, as `Topology.ensureStream` would.
  */
@@ -291,7 +320,7 @@ export const plan = (contract: Contract): Effect.Effect<ReadonlyArray<Topology.C
       Effect.catchIf((error) => error.reason === "StreamNotFound", () => Effect.succeed(undefined))
     )
     const changes: Array<Topology.Change> = [
-      ...Topology.streamChanges(inFull(contract.stream), stream?.config),
+      ...Topology.streamChanges(inFull(contract.stream), stream?.config, stream?.state),
       ...contract.consumers.flatMap((consumer) => Topology.unsupported({ ...consumer, stream: name }, connection.info?.version))
     ]
     for (const consumer of contract.consumers) {
@@ -310,23 +339,41 @@ export class ContractError extends Data.TaggedError("ContractError")<{
   /**
    * `PlatformOwned`: the contract is only checked, never applied; `Invalid`: the contract
    * contradicts itself (its `findings`); `Refused`: the server cannot change a setting in place
-   * (its `changes`); `Unreadable`: a contract file is not a contract.
+   * (its `changes`); `DataLoss`: a change would delete stored messages and was not allowed to
+   * (its `changes`, see {@link ApplyOptions}); `Unreadable`: a contract file is not a contract.
    */
-  readonly reason: "PlatformOwned" | "Invalid" | "Refused" | "Unreadable"
+  readonly reason: "PlatformOwned" | "Invalid" | "Refused" | "DataLoss" | "Unreadable"
   readonly message: string
   readonly findings?: ReadonlyArray<Finding> | undefined
   readonly changes?: ReadonlyArray<Topology.Change> | undefined
 }> {}
 
+/** How {@link apply} applies a contract. */
+export interface ApplyOptions {
+  /**
+   * Apply the changes that can delete stored messages (a stream's lower limit on messages, bytes
+   * or age, a switch to discard `old`: {@link plan} marks them `destructive`). Default: `false`,
+   * and a contract needing one is not applied (`DataLoss`).
+   */
+  readonly allowDataLoss?: boolean | undefined
+  /**
+   * Check all that applying checks and return the changes it would make, writing nothing (it
+   * fails as the apply would). Default: `false`.
+   */
+  readonly dryRun?: boolean | undefined
+}
+
 /**
  * Applies a `service`-owned contract: creates the stream and consumers that are missing and
  * brings their mutable settings to the contract, and returns what it changed (empty: nothing).
  * It applies nothing when the contract is `platform`-owned, contradicts itself ({@link validate}
- * errors) or needs a change the server cannot make in place (a stream's storage, a consumer's ack
- * policy); the error says which.
+ * errors), needs a change the server cannot make in place (a stream's storage, a consumer's ack,
+ * replay or deliver policy, a push consumer), or needs a change that can delete stored messages
+ * without `allowDataLoss`; the error says which.
  */
 export const apply = (
-  contract: Contract
+  contract: Contract,
+  options?: ApplyOptions
 ): Effect.Effect<ReadonlyArray<Topology.Change>, ContractError | NatsError.NatsError, NatsConnection> =>
   Effect.gen(function*() {
     const name = contract.stream.name
@@ -354,7 +401,17 @@ export const apply = (
         changes: refused
       })
     }
-    if (changes.length === 0) return changes
+    const destructive = changes.filter((change) => change.destructive === true)
+    if (destructive.length > 0 && options?.allowDataLoss !== true) {
+      return yield* new ContractError({
+        reason: "DataLoss",
+        message: `the contract of stream ${name} needs changes that delete stored messages: ` +
+          `${destructive.map((change) => change.message).join("; ")}; apply them only on purpose (allowDataLoss, ` +
+          `jetworker contract apply --allow-data-loss), or change the contract`,
+        changes: destructive
+      })
+    }
+    if (changes.length === 0 || options?.dryRun === true) return changes
     yield* Topology.ensureStream(inFull(contract.stream))
     for (const consumer of contract.consumers) yield* Topology.ensureConsumer({ ...consumer, stream: name })
     return changes

@@ -21,6 +21,7 @@ import { DateTime, Duration, Effect } from "effect"
 import * as ControlHeaders from "./internal/controlHeaders.ts"
 import { Header, keptName } from "./internal/deadLetterHeaders.ts"
 import { type DeadLetterMessage, read } from "./internal/deadLetterReader.ts"
+import { explainUnansweredPublish } from "./internal/unansweredPublish.ts"
 import { NatsConnection } from "./NatsConnection.ts"
 import * as NatsError from "./NatsError.ts"
 import { checkPubAck } from "./Publisher.ts"
@@ -199,6 +200,13 @@ export const replayId = (m: DeadLetterMessage): string =>
  * letter twice within the original stream's duplicate window stores it once; a duplicate PubAck
  * therefore means this very dead letter was stored already (a replay whose delete was lost), so
  * it is deleted then too.
+ *
+ * A replay nobody answered is told apart as `Publisher.publish` tells it: when no stream captures
+ * the subject (the source stream was deleted, or no longer captures it) it fails with
+ * `StreamNotFound`, final, naming the subject and what became of the source stream ("no stream
+ * captures subject orders.created (source stream ORDERS does not exist)"); otherwise with
+ * `NoResponders`, retryable (JetStream unavailable, or not run by the server). Either way the
+ * dead letter is kept.
  */
 export const replay = (
   stream: string,
@@ -218,7 +226,13 @@ export const replay = (
       try: () =>
         jetstream.publish(message.subject, message.payload, { headers: h, timeout: apiTimeoutMillis }),
       catch: (error) => NatsError.fromUnknown(operation, error)
-    })
+    }).pipe(
+      // nats.js says "jetstream is not enabled" also when the source stream was deleted.
+      Effect.catchIf(
+        (error) => error.reason === "NoResponders",
+        (error) => Effect.flatMap(explainUnansweredPublish(error, message.subject, message.sourceStream, { role: "source stream" }), Effect.fail)
+      )
+    )
     yield* checkPubAck(operation, message.sourceStream, ack)
     yield* Effect.tryPromise({
       try: () => manager.streams.deleteMessage(stream, sequence, false),

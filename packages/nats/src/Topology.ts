@@ -10,7 +10,15 @@
  *
  * @since 0.1.0
  */
-import { AckPolicy, type ConsumerConfig, type ConsumerInfo, type StreamConfig, type StreamInfo } from "@nats-io/jetstream"
+import {
+  AckPolicy,
+  type ConsumerConfig,
+  type ConsumerInfo,
+  ReplayPolicy,
+  type StreamConfig,
+  type StreamInfo,
+  type StreamState
+} from "@nats-io/jetstream"
 import { Duration, Effect } from "effect"
 import {
   captures,
@@ -110,6 +118,17 @@ export interface Change {
   readonly wanted: string
   /** What happens, or for a refusal what to do instead. */
   readonly message: string
+  /**
+   * `true` when the update can delete messages the stream stores: a lower (or a first) limit on
+   * its messages, bytes or age, which nats-server applies at once to what the stream holds
+   * (whatever its discard policy) and under discard `old` makes stored messages go sooner, or a
+   * switch from discard `new` to `old` under a limit, after which the server deletes the oldest
+   * messages at the limit instead of refusing a publish. `message` then says how many messages go
+   * when the stream's state tells, else that it may delete stored messages. A stream known to hold
+   * no message loses none. `Contract.apply` applies such a change only when allowed to
+   * (`allowDataLoss`). Absent: it deletes none.
+   */
+  readonly destructive?: boolean | undefined
 }
 
 const NAME = /^[A-Za-z0-9_-]{1,200}$/
@@ -140,6 +159,60 @@ const wantedSubjects = (options: StreamOptions, live: ReadonlyArray<string>): Ar
     ? [...live, ...options.subjects.filter((subject) => !live.some((pattern) => captures(pattern, subject)))]
     : [...options.subjects]
 
+/** Whether a limit (`0` or `-1`: none) goes from `before` to a lower one, or to one where there was none. */
+const lowered = (before: number | undefined, after: number | undefined): boolean =>
+  (after ?? -1) > 0 && ((before ?? -1) <= 0 || after! < before!)
+
+/**
+ * What an update of `setting` from `live` to `wanted` (the stream as the update leaves it) can
+ * delete of the messages the stream stores (`undefined`: none of them): how many when `state`
+ * tells, else that it may delete some. nats-server 2.9 applies a lower limit at once to what the
+ * stream stores, with discard `new` as with `old` (checked on 2.9.10); under discard `old` a lower
+ * limit or a shorter age also deletes stored messages sooner than before. A stream that stores
+ * nothing loses nothing.
+ */
+const dataLoss = (
+  setting: string,
+  live: StreamConfig,
+  wanted: { readonly [K in "max_msgs" | "max_bytes" | "max_age" | "discard"]?: StreamConfig[K] | undefined },
+  state: StreamState | undefined
+): string | undefined => {
+  if (state !== undefined && state.messages === 0) return undefined
+  const held = state === undefined ? "" : ` (it holds ${state.messages} messages, ${state.bytes} bytes)`
+  const discardOld = wanted.discard !== "new"
+  switch (setting) {
+    case "max_msgs": {
+      const limit = wanted.max_msgs!
+      if (!lowered(live.max_msgs, limit)) return undefined
+      if (state === undefined) return "may delete stored messages (a lower limit applies at once to what the stream holds)"
+      const excess = state.messages - limit
+      if (excess > 0) return `deletes the oldest ${excess} of the ${state.messages} stored messages`
+      return discardOld ? `may delete stored messages: the oldest go once more than ${limit} are stored${held}` : undefined
+    }
+    case "max_bytes": {
+      const limit = wanted.max_bytes!
+      if (!lowered(live.max_bytes, limit)) return undefined
+      if (state === undefined) return "may delete stored messages (a lower limit applies at once to what the stream holds)"
+      if (state.bytes > limit) return `deletes the oldest stored messages until at most ${limit} bytes remain${held}`
+      return discardOld ? `may delete stored messages: the oldest go once more than ${limit} bytes are stored${held}` : undefined
+    }
+    case "max_age":
+      return lowered(live.max_age, wanted.max_age)
+        ? `may delete stored messages: those older than ${formatNanos(wanted.max_age)} go (now kept ` +
+          `${live.max_age > 0 ? `for ${formatNanos(live.max_age)}` : "for ever"})${held}`
+        : undefined
+    case "discard": {
+      const limited = [wanted.max_msgs ?? live.max_msgs, wanted.max_bytes ?? live.max_bytes, live.max_msgs_per_subject]
+        .some((limit) => (limit ?? -1) > 0)
+      return live.discard === "new" && wanted.discard === "old" && limited
+        ? `may delete stored messages: at its limits the server then deletes the oldest instead of refusing a publish${held}`
+        : undefined
+    }
+    default:
+      return undefined
+  }
+}
+
 /**
  * What {@link ensureStream} would do to the live stream (`undefined`: none exists): nothing (an
  * empty list), create it, update the settings listed, or refuse a change of storage. It compares
@@ -147,9 +220,15 @@ const wantedSubjects = (options: StreamOptions, live: ReadonlyArray<string>): Ar
  * replicas, age, duplicate window, storage or limits that an operator or platform set and the
  * declaration leaves out stay as they are. One exception: a live duplicate window longer than a
  * declared max age comes down to the default window (the server refuses the pair). A declaration
- * with {@link streamProblems} is refused by `ensureStream` whatever this says.
+ * with {@link streamProblems} is refused by `ensureStream` whatever this says. An update that can
+ * delete stored messages is marked `destructive`; given the live stream's `state`, its message says
+ * how many go.
  */
-export const streamChanges = (options: StreamOptions, live: StreamConfig | undefined): ReadonlyArray<Change> => {
+export const streamChanges = (
+  options: StreamOptions,
+  live: StreamConfig | undefined,
+  state?: StreamState | undefined
+): ReadonlyArray<Change> => {
   const target = `stream ${options.name}`
   const wanted = streamConfig(options)
   if (live === undefined) {
@@ -167,8 +246,25 @@ export const streamChanges = (options: StreamOptions, live: StreamConfig | undef
     }]
   }
   const changes: Array<Change> = []
-  const update = (setting: string, liveText: string, wantedText: string) =>
-    changes.push({ target, action: "update", setting, live: liveText, wanted: wantedText, message: `set ${setting} of ${target} to ${wantedText} (now ${liveText})` })
+  // The stream as the update leaves it: a discard switch deletes only under the limits it will have.
+  const after = {
+    max_msgs: options.maxMessages === undefined ? live.max_msgs : wanted.max_msgs,
+    max_bytes: options.maxBytes === undefined ? live.max_bytes : wanted.max_bytes,
+    max_age: wanted.max_age,
+    discard: wanted.discard
+  }
+  const update = (setting: string, liveText: string, wantedText: string) => {
+    const loss = dataLoss(setting, live, after, state)
+    const message = `set ${setting} of ${target} to ${wantedText} (now ${liveText})`
+    changes.push({
+      target,
+      action: "update",
+      setting,
+      live: liveText,
+      wanted: wantedText,
+      ...(loss === undefined ? { message } : { message: `${message}: ${loss}`, destructive: true })
+    })
+  }
   const subjects = wantedSubjects(options, live.subjects)
   if (!sameList(live.subjects, subjects)) update("subjects", live.subjects.join(", "), subjects.join(", "))
   // Settings are compared only when declared: a platform's replicas, retention, disk or count cap
@@ -216,7 +312,7 @@ export const ensureStream = (options: StreamOptions): Effect.Effect<StreamInfo, 
       Effect.catchIf((error) => error.reason === "StreamNotFound", () => Effect.succeed(undefined))
     )
     if (existing === undefined) return yield* call(operation, () => manager.streams.add(wanted)).pipe(Effect.catch(overlap(wanted.subjects!)))
-    const changes = streamChanges(options, existing.config)
+    const changes = streamChanges(options, existing.config, existing.state)
     const refused = changes.find((change) => change.action === "refuse")
     if (refused !== undefined) return yield* invalid(operation, refused.message)
     if (changes.length === 0) return existing
@@ -302,7 +398,10 @@ const formatBackoff = (backoff: ReadonlyArray<number> | undefined): string =>
 
 /**
  * What {@link ensureConsumer} would do to the live consumer (`undefined`: none exists): nothing
- * (an empty list), create it, update the settings listed, or refuse a change of ack policy. It
+ * (an empty list), create it, update the settings listed, or refuse what the server cannot change
+ * in place (nats-server 2.9.10 refuses it, or nats.js cannot pull from it): an ack policy other than
+ * explicit, a push consumer (`deliver_subject` set), a replay policy other than instant, and a
+ * deliver policy other than the declared one (compared only when `deliverPolicy` is declared). It
  * compares {@link consumerConfig}: a declaration with {@link consumerProblems} is refused by
  * `ensureConsumer` whatever this says.
  */
@@ -325,6 +424,44 @@ export const consumerChanges = (options: ConsumerOptions, live: ConsumerConfig |
   const changes: Array<Change> = []
   const update = (setting: string, liveText: string, wantedText: string) =>
     changes.push({ target, action: "update", setting, live: liveText, wanted: wantedText, message: `set ${setting} of ${target} to ${wantedText} (now ${liveText})` })
+  const remove = `delete it (\`nats consumer rm ${options.stream} ${options.name}\`; its delivery state goes with it) and apply ` +
+    `the declaration again`
+  const refuse = (setting: string, liveText: string, wantedText: string, message: string) =>
+    changes.push({ target, action: "refuse", setting, live: liveText, wanted: wantedText, message })
+  if ((live.deliver_subject ?? "") !== "") {
+    refuse(
+      "deliver_subject",
+      live.deliver_subject!,
+      "none (pull)",
+      `${target} is a push consumer (deliver_subject ${live.deliver_subject}): jetworker pulls, and nats.js cannot pull ` +
+        `from it ("not a pull consumer"); push cannot change to pull in place: ${remove} (a pull consumer)`
+    )
+  }
+  if ((live.replay_policy ?? ReplayPolicy.Instant) !== ReplayPolicy.Instant) {
+    refuse(
+      "replay_policy",
+      live.replay_policy,
+      ReplayPolicy.Instant,
+      `${target} has replay policy ${live.replay_policy}: the server hands out messages no faster than they were ` +
+        `published (a backlog drains at its original pace); jetworker declares instant, and a replay policy cannot ` +
+        `change in place: ${remove}`
+    )
+  }
+  if (options.deliverPolicy !== undefined && live.deliver_policy !== wanted.deliver_policy) {
+    // It only decides where a new consumer starts: keeping the consumer is usually the fix.
+    const declarable = live.deliver_policy === "all" || live.deliver_policy === "new"
+    refuse(
+      "deliver_policy",
+      live.deliver_policy,
+      wanted.deliver_policy!,
+      `${target} has deliver policy ${live.deliver_policy}, the declaration ${wanted.deliver_policy}; a deliver policy ` +
+        `cannot change in place (it decides where a new consumer starts): ` +
+        (declarable ? `declare deliverPolicy "${live.deliver_policy}"` : "leave deliverPolicy out of the declaration") +
+        ` (the consumer keeps its position), or delete it (\`nats consumer rm ${options.stream} ${options.name}\`; its ` +
+        `position goes with it) and apply the declaration again (it then starts ` +
+        `${wanted.deliver_policy === "new" ? "with the next message published" : "at the stream's first message"})`
+    )
+  }
   if (live.ack_wait !== wanted.ack_wait) update("ack_wait", formatNanos(live.ack_wait), formatNanos(wanted.ack_wait))
   if ((live.max_deliver ?? -1) !== wanted.max_deliver) update("max_deliver", `${live.max_deliver ?? -1}`, `${wanted.max_deliver}`)
   if (live.max_ack_pending !== wanted.max_ack_pending) update("max_ack_pending", `${live.max_ack_pending}`, `${wanted.max_ack_pending}`)

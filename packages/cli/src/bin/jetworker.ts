@@ -10,14 +10,16 @@
  *   jetworker dlq recover --stream <source stream> --consumer <name> --sequence <seq> [--server <url>]
  *   jetworker contract check --contract <file> [--json] [--server <url>]
  *   jetworker contract diff --contract <file> [--json] [--server <url>]
- *   jetworker contract apply --contract <file> [--dry-run] [--yes] [--json] [--server <url>]
+ *   jetworker contract apply --contract <file> [--dry-run] [--yes] [--allow-data-loss] [--json] [--server <url>]
  *   jetworker migrate [--sql]
  *
  * Exit codes: `config check`: 0 the settings agree with the manifest (warnings allowed); 1 they
  * disagree (the report says where); 2 the check could not run (unreadable manifest, no such
- * container, bad arguments). `dlq`: 0 done; 1 the server refused (no such stream, consumer or
- * message, not stored), a dead letter of a bulk run failed, or a replay or purge was not confirmed;
- * 2 bad arguments (`--sequence` below 1, or with a filter or `--all`; a `--server` that is no
+ * container, bad arguments). `dlq`: 0 done (also a `replay` or `purge` whose `--max` left some
+ * that match out: it says so on stderr, and as `next` in `--json`); 1 the server refused (no such
+ * stream, consumer or message, not stored), a dead letter of a bulk run failed, or a replay or
+ * purge was not confirmed; 2 bad arguments (`--sequence` or `--from` below 1, `--sequence` with a
+ * filter or `--all`; a `--server` that is no
  * URL; a `list`, `replay` or `purge` of a stream that is not a dead-letter stream; a `show` of a message
  * that is not a dead letter; a `--since` or `--until` that is not ISO 8601) or no connection
  * (unreachable, not a NATS server, credentials refused, no JetStream on the server or for the
@@ -32,7 +34,10 @@
  * `contract check`: 0 the server fits the contract (warnings allowed), 1 it does not (the report
  * says where and what to do). `contract diff`: 0 nothing to change, 1 changes pending. `contract apply`: 0 applied (or nothing to change) and
  * the server then fits, 1 refused (platform-owned, a contract that contradicts itself, a change the
- * server cannot make in place, or not confirmed) or errors remain. Every `contract` command exits
+ * server cannot make in place, a change that deletes stored messages without `--allow-data-loss`,
+ * or not confirmed) or errors remain; with `--dry-run` it writes nothing and exits 0 when it would
+ * apply (or nothing to change), 1 when it would refuse. Refused with `--json`, it prints
+ * `{ applied: false, reason, message, changes | findings }`. Every `contract` command exits
  * 2 when it cannot run (an unreadable contract, no connection). The server is `--server`, else
  * `NATS_URL`, else `nats://127.0.0.1:4222`; the credentials and TLS files are read as a worker reads
  * them (`NATS_TOKEN`, `NATS_USER`/`NATS_PASSWORD`, `NATS_NKEY_SEED`, `NATS_CREDS`, `NATS_TLS_*`).
@@ -241,11 +246,11 @@ const usageError = (what: string, message: string) =>
     false
   )
 
-/** Whether `--sequence` names a stream sequence; one below 1 is a usage error. */
-const validSequence = (what: string, sequence: number) =>
+/** Whether `--sequence` (or `flag`, e.g. `--from`) names a stream sequence; one below 1 is a usage error. */
+const validSequence = (what: string, sequence: number, flag = "--sequence") =>
   sequence >= 1
     ? Effect.succeed(true)
-    : usageError(what, `--sequence takes a stream sequence, 1 or more (as dlq list shows them), got ${sequence}`)
+    : usageError(what, `${flag} takes a stream sequence, 1 or more (as dlq list shows them), got ${sequence}`)
 
 /**
  * Whether `value` can name a stream or consumer (what nats.js checks before sending); anything
@@ -289,7 +294,7 @@ const filterFrom = (what: string, input: FilterInput) =>
 
 const dlqList = Command.make("list", {
   stream: Flag.String("stream").pipe(Flag.withDescription("The dead-letter stream, e.g. LEDGER_DLQ")),
-  from: Flag.Int("from").pipe(Flag.optional, Flag.withDescription("The first sequence to show (default: the oldest)")),
+  from: Flag.Int("from").pipe(Flag.optional, Flag.withDescription("The first sequence to show, 1 or more (default: the oldest)")),
   limit: Flag.Int("limit").pipe(Flag.withDefault(100), Flag.withDescription("The most dead letters to show")),
   ...filterFlags,
   json: Flag.Boolean("json").pipe(Flag.withDefault(false), Flag.withDescription("Print them as JSON")),
@@ -299,6 +304,8 @@ const dlqList = Command.make("list", {
     if (!(yield* validName("dlq list", "--stream", input.stream))) return
     const filter = yield* filterFrom("dlq list", input)
     if (Option.isNone(filter)) return
+    // Refused as --sequence below 1 is: the server would list from the oldest, as if none was given.
+    if (Option.isSome(input.from) && !(yield* validSequence("dlq list", input.from.value, "--from"))) return
     if (!(input.limit >= 1 && input.limit <= DeadLetters.maxSelected)) {
       yield* Console.error(`jetworker dlq list: --limit takes 1 to ${DeadLetters.maxSelected}`)
       process.exitCode = 2
@@ -370,6 +377,13 @@ const dlqShow = Command.make("show", {
  * `dlq replay` and `dlq purge` over a selection: one `--sequence`, or the filters, or `--all`;
  * `--dry-run` lists the selection; otherwise, unless `--yes`, a terminal confirms (without one the
  * command refuses), and the run is paced at `--rate` a second with a progress bar on stderr.
+ *
+ * At most `--max` are selected, oldest first. When more match, the dry run and the run say so on
+ * stderr ("more dead letters match than --max N; the next from sequence S") and exit 0 all the
+ * same: at most `--max` was asked and done; running the command again takes the next ones.
+ * `--json` prints one document: `count`, how many were selected, and `next`, the sequence of the
+ * first that matches and was left out by `--max` (`null` when none was); in a dry run `selected`
+ * is the selected rows, in a run their number, with `done`, `stored`, `failed` and `stopped`.
  */
 const bulk = (action: DeadLetters.BulkResult["action"], description: string, confirmSingle: boolean) =>
   Command.make(action, {
@@ -380,7 +394,10 @@ const bulk = (action: DeadLetters.BulkResult["action"], description: string, con
     dryRun: Flag.Boolean("dry-run").pipe(Flag.withDefault(false), Flag.withDescription("List what would be done, change nothing")),
     yes: Flag.Boolean("yes").pipe(Flag.withDefault(false), Flag.withDescription("Do it without asking")),
     rate: Flag.Int("rate").pipe(Flag.withDefault(50), Flag.withDescription("At most this many a second (1 to 10000)")),
-    max: Flag.Int("max").pipe(Flag.withDefault(10_000), Flag.withDescription(`At most this many in one run (at most ${DeadLetters.maxSelected})`)),
+    max: Flag.Int("max").pipe(
+      Flag.withDefault(10_000),
+      Flag.withDescription(`At most this many in one run, oldest first (at most ${DeadLetters.maxSelected}); it says when more match`)
+    ),
     json: Flag.Boolean("json").pipe(Flag.withDefault(false), Flag.withDescription("Print the result as JSON")),
     server
   }, (input) =>
@@ -415,10 +432,11 @@ const bulk = (action: DeadLetters.BulkResult["action"], description: string, con
           // letter (any other stream's message has no dead-letter headers, whatever its name).
           if (single) {
             const named = yield* DeadLetter.read(input.stream, input.sequence.value)
-            return DeadLetter.isDeadLetter(named) ? Option.some([named]) : Option.none()
+            return DeadLetter.isDeadLetter(named) ? Option.some<DeadLetters.Selection>({ messages: [named], next: undefined }) : Option.none()
           }
+          // One more than --max is read, so that a selection --max cut is told from a complete one.
           return (yield* DeadLetters.isDeadLetterStream(input.stream))
-            ? Option.some(yield* DeadLetters.select(input.stream, filter.value, { limit: input.max }))
+            ? Option.some(yield* DeadLetters.selectPage(input.stream, filter.value, { limit: input.max }))
             : Option.none()
         })
       )
@@ -430,26 +448,36 @@ const bulk = (action: DeadLetters.BulkResult["action"], description: string, con
         process.exitCode = 2
         return
       }
-      const messages = selected.value.value
+      const { messages, next } = selected.value.value
+      // --max left some out: said on stderr (stdout stays the result, or one JSON document) and as
+      // `next` in the JSON. Still exit 0: what was asked, at most --max, was done.
+      const cut = next === undefined ? "" : ` (--max ${input.max}: more match)`
+      const sayMore = next === undefined ? Effect.void : Console.error(
+        `jetworker ${what}: more dead letters match than --max ${input.max}; the next from sequence ${next}` +
+          (input.dryRun ? "" : `, not ${verb}: run the command again for the rest`)
+      )
+      // `count` is how many were selected in both; `selected` is their rows in a dry run, their number in a run.
+      const json = (result: object) => JSON.stringify({ ...result, next: next ?? null }, null, 2)
       if (input.dryRun || messages.length === 0) {
         const rows = messages.map((m) => ({ sequence: m.sequence, reason: m.reason, subject: m.subject, eventId: m.eventId }))
         const nothing: DeadLetters.BulkResult = { action, selected: 0, done: 0, stored: [], failed: [] }
         yield* Console.log(
           input.json
-            ? JSON.stringify(input.dryRun ? { action, dryRun: true, selected: rows } : nothing, null, 2)
+            ? json(input.dryRun ? { action, dryRun: true, count: rows.length, selected: rows } : { ...nothing, count: 0 })
             : messages.length === 0
             ? `no dead letters in ${input.stream} match`
             : [`would ${action} ${messages.length} dead letter(s) of ${input.stream}:`, ...rows.map((r) => `  #${r.sequence} ${r.reason} ${r.subject} (event ${r.eventId ?? "-"})`)].join("\n")
         )
+        yield* sayMore
         return
       }
       if (!input.yes && (confirmSingle || !single)) {
         if (!process.stdin.isTTY) {
-          yield* Console.error(`jetworker ${what}: not done: ${messages.length} dead letter(s) selected; without a terminal to confirm, pass --yes (or --dry-run to see them)`)
+          yield* Console.error(`jetworker ${what}: not done: ${messages.length} dead letter(s) selected${cut}; without a terminal to confirm, pass --yes (or --dry-run to see them)`)
           process.exitCode = 1
           return
         }
-        const confirmed = yield* Prompt.Confirm({ message: `${action} ${messages.length} dead letter(s) of ${input.stream}?` }).pipe(
+        const confirmed = yield* Prompt.Confirm({ message: `${action} ${messages.length} dead letter(s) of ${input.stream}${cut}?` }).pipe(
           Effect.orElseSucceed(() => false)
         )
         if (!confirmed) {
@@ -477,7 +505,7 @@ const bulk = (action: DeadLetters.BulkResult["action"], description: string, con
       const r = result.value
       if (tty && r.stopped !== undefined) process.stderr.write("\n")
       if (input.json) {
-        yield* Console.log(JSON.stringify(r, null, 2))
+        yield* Console.log(json({ ...r, count: r.selected }))
       } else {
         yield* Console.log(
           single && r.stored.length === 1
@@ -487,6 +515,7 @@ const bulk = (action: DeadLetters.BulkResult["action"], description: string, con
               (r.failed.length === 0 ? "" : `; ${r.failed.length} failed:\n${r.failed.map((f) => `  #${f.sequence}: ${f.message}`).join("\n")}`)
         )
       }
+      yield* sayMore
       if (r.stopped !== undefined) {
         yield* Console.error(
           `jetworker ${what}: stopped, ${r.done} of ${r.selected} ${verb}, ${r.selected - r.done - r.failed.length} not tried: ${r.stopped}`
@@ -498,7 +527,8 @@ const bulk = (action: DeadLetters.BulkResult["action"], description: string, con
       }
     })).pipe(described(
       description,
-      "exit 0 done (or nothing selected), 1 the server refused, a dead letter failed, or not confirmed, 2 bad arguments, " +
+      "exit 0 done (or nothing selected; also when --max left some that match out: it says so on stderr, and as next in --json), " +
+        "1 the server refused, a dead letter failed, or not confirmed, 2 bad arguments, " +
         "not a dead-letter stream, or no connection (a run that loses it stops and says how many were done), " +
         "130 interrupted (it says how many were done)",
       natsBounds
@@ -605,10 +635,40 @@ const contractDiff = Command.make("diff", { contract: contractFile, json: jsonFl
     natsBounds
   ))
 
+/**
+ * Reports an apply that writes nothing (exit 1): why on stderr and, with `--json`, as the stdout
+ * document `{ applied: false, reason, message, changes | findings }` (`findings` when the contract
+ * contradicts itself, else the changes concerned).
+ */
+const notApplied = (
+  input: { readonly json: boolean; readonly dryRun: boolean },
+  reason: string,
+  message: string,
+  detail: { readonly changes?: ReadonlyArray<unknown> | undefined; readonly findings?: ReadonlyArray<unknown> | undefined }
+) =>
+  Effect.gen(function*() {
+    yield* Console.error(`jetworker contract apply: ${input.dryRun ? "it would not apply" : "not applied"} (${reason}): ${message}`)
+    if (input.json) {
+      const why = detail.findings === undefined ? { changes: detail.changes ?? [] } : { findings: detail.findings }
+      yield* Console.log(JSON.stringify({ applied: false, reason, message, ...why }, null, 2))
+    }
+    process.exitCode = 1
+  })
+
 const contractApply = Command.make("apply", {
   contract: contractFile,
-  dryRun: Flag.Boolean("dry-run").pipe(Flag.withDefault(false), Flag.withDescription("Show the changes, write nothing")),
+  dryRun: Flag.Boolean("dry-run").pipe(
+    Flag.withDefault(false),
+    Flag.withDescription("Show the changes and whether they would be applied, write nothing")
+  ),
   yes: Flag.Boolean("yes").pipe(Flag.withDefault(false), Flag.withDescription("Apply without asking")),
+  allowDataLoss: Flag.Boolean("allow-data-loss").pipe(
+    Flag.withDefault(false),
+    Flag.withDescription(
+      "Apply changes that delete stored messages (a stream's lower limit on messages, bytes or age, discard new to old; " +
+        "the plan marks them DELETES DATA): refused without it"
+    )
+  ),
   json: jsonFlag,
   server
 }, (input) =>
@@ -619,40 +679,51 @@ const contractApply = Command.make("apply", {
     if (Option.isNone(planned)) return
     const changes = planned.value
     if (!input.json) yield* Console.log(Contracts.formatChanges(contract.value, changes))
-    if (input.dryRun || changes.length === 0) {
+    if (changes.length === 0) {
       if (input.json) yield* Console.log(JSON.stringify({ applied: false, changes }, null, 2))
       return
     }
-    if (!input.yes) {
+    const options = { allowDataLoss: input.allowDataLoss, dryRun: input.dryRun }
+    // Contract.apply refuses these before writing anything: no confirmation is asked for them.
+    const refused = contract.value.ownership === "platform" || changes.some((change) => change.action === "refuse") ||
+      (!input.allowDataLoss && changes.some((change) => change.destructive === true))
+    if (!input.yes && !input.dryRun && !refused) {
       if (!process.stdin.isTTY) {
-        yield* Console.error("jetworker contract apply: not applied: without a terminal to confirm, pass --yes")
-        process.exitCode = 1
-        return
+        return yield* notApplied(input, "NotConfirmed", "without a terminal to confirm, pass --yes", { changes })
       }
-      const confirmed = yield* Prompt.Confirm({ message: `apply ${changes.length} change(s) to ${contract.value.stream.name}?` }).pipe(
-        Effect.orElseSucceed(() => false)
-      )
-      if (!confirmed) {
-        yield* Console.error("jetworker contract apply: not applied")
-        process.exitCode = 1
-        return
-      }
+      const destructive = changes.filter((change) => change.destructive === true).length
+      const confirmed = yield* Prompt.Confirm({
+        message: `apply ${changes.length} change(s) to ${contract.value.stream.name}` +
+          `${destructive > 0 ? ` (${destructive} deleting stored messages)` : ""}?`
+      }).pipe(Effect.orElseSucceed(() => false))
+      if (!confirmed) return yield* notApplied(input, "NotConfirmed", "not confirmed", { changes })
     }
     const applied = yield* withNats(
       "contract apply",
       input.server,
-      Effect.andThen(Contract.apply(contract.value), (done) => Effect.map(Contract.check(contract.value), (findings) => ({ done, findings }))).pipe(
+      Effect.gen(function*() {
+        const done = yield* Contract.apply(contract.value, options)
+        // A dry run wrote nothing: the check after an apply would say what it said before.
+        const findings = input.dryRun ? undefined : yield* Contract.check(contract.value)
+        return { done, findings }
+      }).pipe(
         Effect.catchTag("ContractError", (error) =>
           Effect.as(
-            Effect.andThen(Console.error(`jetworker contract apply: not applied (${error.reason}): ${error.message}`), Effect.sync(() => {
-              process.exitCode = 1
-            })),
+            notApplied(input, error.reason, error.message, {
+              changes: error.changes ?? (error.findings === undefined ? changes : undefined),
+              findings: error.findings
+            }),
             undefined
           ))
       )
     )
     if (Option.isNone(applied) || applied.value === undefined) return
     const { done, findings } = applied.value
+    if (findings === undefined) {
+      // A dry run the apply would go ahead with: the plan printed above.
+      if (input.json) yield* Console.log(JSON.stringify({ applied: false, changes: done }, null, 2))
+      return
+    }
     const ok = !findings.some((f) => f.severity === "error")
     yield* Console.log(
       input.json
@@ -663,7 +734,12 @@ const contractApply = Command.make("apply", {
   })).pipe(described(
     "Create or update the stream and consumers to a service-owned contract",
     "exit 0 applied (or nothing to change) and the server then fits, 1 refused (platform-owned, contradictory, a change " +
-      "the server cannot make in place, not confirmed) or errors remain, 2 it cannot run (an unreadable contract, no connection)",
+      "the server cannot make in place, a change that deletes stored messages without --allow-data-loss, not confirmed) " +
+      "or errors remain, 2 it cannot run (an unreadable contract, no connection)",
+    "--dry-run writes nothing and exits as the apply would be decided: 0 it would apply the changes shown (or there are " +
+      "none), 1 it would refuse them (the reason on stderr; diff exits 1 for any pending change)",
+    "--json prints one document on stdout: { applied: true, changes, ok, findings }, or { applied: false, changes } " +
+      "(nothing to change, or a dry run), or { applied: false, reason, message, changes | findings } when refused",
     natsBounds
   ))
 
