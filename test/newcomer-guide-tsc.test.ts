@@ -55,9 +55,9 @@ describe("the getting-started guide's compiler settings", () => {
       const wiring = /`(Layer\.mergeAll\(PgIdempotencyStore\.layer\(\), PgAttemptStore\.layer\(\)\)[^`]*)`/.exec(guide)?.[1]
       assert.isDefined(wiring, "the guide says how to add PgAttemptStore")
       const withAttempts = program!
-        .replace("PgIdempotencyStore.layer().pipe(Layer.provideMerge(Database))", wiring!)
+        .replace("PgIdempotencyStore.layer().pipe(Layer.provide(Migrations.layer), Layer.provideMerge(Database))", wiring!)
         .replace("import { Migrations, PgIdempotencyStore }", "import { Migrations, PgAttemptStore, PgIdempotencyStore }")
-      assert.include(withAttempts, `PgAttemptStore.layer()).pipe(Layer.provideMerge(Database))`)
+      assert.include(withAttempts, `PgAttemptStore.layer()).pipe(Layer.provide(Migrations.layer), Layer.provideMerge(Database))`)
       assert.include(withAttempts, "import { Migrations, PgAttemptStore, PgIdempotencyStore }")
       const files: Record<string, string> = { "guide-main.ts": program!, "guide-with-attempts.ts": withAttempts }
       for (const name of readdirSync(example)) files[name] = readFileSync(join(example, name), "utf8")

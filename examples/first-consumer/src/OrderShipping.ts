@@ -2,9 +2,8 @@
  * Your first consumer, the service's own code: the event, its error, the effect, the consumer and
  * its declarations. `main.ts` runs it as a process; `test/OrderShipping.test.ts` tests it.
  */
-import { Consumer, Envelope, IdempotencyStore, Lifecycle, type Outcome, type Source } from "@jetworker/core"
+import { Consumer, Envelope, IdempotencyStore, type Outcome, type Source } from "@jetworker/core"
 import { JetStreamSource, type NatsConnection, Topology } from "@jetworker/nats"
-import { Migrations } from "@jetworker/sql-pg"
 import { Data, Effect, Schema } from "effect"
 import { SqlClient } from "effect/sql"
 
@@ -43,19 +42,17 @@ export const shipping = (options: {
     onOutcome: options.onOutcome
   })
 
-// 5. This service owns its stream and consumer; jetworker's migrations create the dedup table.
+// 5. This service owns its stream and consumer, and its tables. (jetworker's tables come from its
+//    migrations, which main.ts runs beneath the stores.)
 export const setup = Effect.gen(function*() {
   yield* Topology.ensureStream({ name: "ORDERS", subjects: ["orders.>"] })
   // MaxDeliver above the engine's crash-loop guard (twice the 5 attempts of the default policy).
   yield* Topology.ensureConsumer({ stream: "ORDERS", name: "order-shipping", maxDeliver: 11 })
-  // The first contact with PostgreSQL: under a starting worker, a database that is not up yet is
-  // waited for (each try logged as startup.waiting, bounded by STARTUP_TIMEOUT).
-  yield* Lifecycle.waitFor("postgres", tables, { while: (error) => error._tag === "SqlError" && error.reason.isRetryable })
+  yield* tables
 })
 
-/** The dedup table (jetworker's migrations) and the service's own tables, with two known SKUs. */
+/** The service's own tables, with two known SKUs. */
 export const tables = Effect.gen(function*() {
-  yield* Migrations.run
   const sql = yield* SqlClient.SqlClient
   yield* sql`CREATE TABLE IF NOT EXISTS skus (sku text PRIMARY KEY)`
   yield* sql`CREATE TABLE IF NOT EXISTS shipments (order_id text PRIMARY KEY, sku text NOT NULL, quantity int NOT NULL)`

@@ -1,9 +1,9 @@
 /**
  * Your first consumer (README, "Your first consumer"): it ships orders. The whole program a new
  * service needs, in two files: `OrderShipping.ts` (the event's schema, a permanent error of its
- * own, an idempotent effect, the consumer, the stream and consumer declarations with the
- * migrations) and this one (a few events published, and the process under `Worker.runMain`:
- * signals, health, the budgeted shutdown).
+ * own, an idempotent effect, the consumer, the stream and consumer declarations with its tables)
+ * and this one (a few events published, and the process under `Worker.runMain`: signals, health,
+ * the budgeted shutdown, the stores with jetworker's migrations beneath them).
  *
  *   source scripts/toolchain.sh && node examples/first-consumer/src/main.ts
  *
@@ -16,7 +16,7 @@ import { PgClient } from "@effect/sql-pg"
 import { Consumer, Envelope, Lifecycle } from "@jetworker/core"
 import { NatsConnection, Publisher } from "@jetworker/nats"
 import { Worker } from "@jetworker/node"
-import { PgIdempotencyStore } from "@jetworker/sql-pg"
+import { Migrations, PgAttemptStore, PgIdempotencyStore } from "@jetworker/sql-pg"
 import { Effect, Layer, Redacted } from "effect"
 import { SqlClient } from "effect/sql"
 import { setup, shipping } from "./OrderShipping.ts"
@@ -40,7 +40,11 @@ const publishSomeOrders = Effect.gen(function*() {
 })
 
 // 7. The resources, each closed by the shutdown in its turn: NATS and PostgreSQL (whose `check`
-//    keeps /healthz/ready at 503 while the database does not answer).
+//    keeps /healthz/ready at 503 while the database does not answer). On it, the dedup store and
+//    the attempt store (failed runs counted in PostgreSQL; a periodic PgAttemptStore.purge keeps
+//    its table small), with jetworker's migrations beneath them: their layers refuse to build
+//    without their tables, and Migrations.layer waits for a database that is not up yet (each try
+//    logged as startup.waiting, bounded by STARTUP_TIMEOUT).
 const schema = process.env.DATABASE_SCHEMA
 const DatabaseLive = PgClient.layer({
   url: Redacted.make(process.env.DATABASE_URL ?? "postgres://postgres@127.0.0.1:5432/test"),
@@ -48,7 +52,8 @@ const DatabaseLive = PgClient.layer({
 })
 const Live = Layer.mergeAll(
   Lifecycle.resource("nats", NatsConnection.layerConfig({ name: "order-shipping" })),
-  PgIdempotencyStore.layer().pipe(
+  Layer.mergeAll(PgIdempotencyStore.layer(), PgAttemptStore.layer()).pipe(
+    Layer.provide(Migrations.layer),
     Layer.provideMerge(Lifecycle.resource("postgres", DatabaseLive, { check: SqlClient.SqlClient.use((sql) => sql`SELECT 1`) }))
   )
 )

@@ -6,16 +6,17 @@
 import { assert, describe, layer } from "@effect/vitest"
 import { Consumer, Envelope } from "@jetworker/core"
 import { JetStreamSource, NatsConnection } from "@jetworker/nats"
-import { PgIdempotencyStore } from "@jetworker/sql-pg"
+import { Migrations, PgIdempotencyStore } from "@jetworker/sql-pg"
 import { OutcomeLog, TestDatabase, TestStream } from "@jetworker/testing"
 import { Effect, Fiber, Layer } from "effect"
 import { SqlClient } from "effect/sql"
 import { shipping, tables } from "../src/OrderShipping.ts"
 
-// Real services: NATS, and PostgreSQL in a fresh schema with the dedup store on it.
+// Real services: NATS, and PostgreSQL in a fresh schema with the dedup store on it (jetworker's
+// migrations beneath it: the store's layer refuses to build without its table).
 const Live = Layer.mergeAll(
   NatsConnection.layer({ servers: process.env.NATS_URL ?? "nats://127.0.0.1:4222" }),
-  PgIdempotencyStore.layer().pipe(Layer.provideMerge(TestDatabase.layer()))
+  PgIdempotencyStore.layer().pipe(Layer.provide(Migrations.layer), Layer.provideMerge(TestDatabase.layer()))
 )
 
 const order = (id: string, sku: string) =>

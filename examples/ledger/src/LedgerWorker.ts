@@ -237,8 +237,9 @@ export const contract = (settings: Settings): Contract.Contract => ({
 })
 
 /**
- * Applies the contract (this service owns its stream and consumer), declares the applied events'
- * stream (its duplicate window covers the relay's republishes), and runs both sets of migrations.
+ * Applies the contract (this service owns its stream and consumer) and declares the applied
+ * events' stream (its duplicate window covers the relay's republishes). The tables are created
+ * before, as {@link WorkerLive} is built.
  */
 export const setup = (settings: Settings) =>
   Effect.gen(function*() {
@@ -249,10 +250,6 @@ export const setup = (settings: Settings) =>
       duplicateWindow: "2 minutes",
       maxAge: "7 days",
       replicas: settings.replicas
-    })
-    // Under a starting worker, waits (bounded by STARTUP_TIMEOUT) for a database that is not up yet.
-    yield* Lifecycle.waitFor("postgres", Effect.andThen(Migrations.run, LedgerMigrations.run), {
-      while: (error) => error._tag === "SqlError" && error.reason.isRetryable
     })
   })
 
@@ -354,22 +351,33 @@ const NatsLive = Lifecycle.resource("nats", NatsConnection.layerConfig({ name: "
 const PostgresLive = Lifecycle.resource("postgres", DatabaseLive, { check: SqlClient.SqlClient.use((sql) => sql`SELECT 1`) })
 
 /**
+ * The tables: jetworker's migrations (`Migrations.layer`, which waits, bounded by
+ * `STARTUP_TIMEOUT`, for a database that is not up yet), then the ledger's.
+ */
+const MigrationsLive = Layer.effectDiscard(LedgerMigrations.run).pipe(Layer.provide(Migrations.layer))
+
+/**
  * Everything the worker needs: NATS (`NATS_URL`), PostgreSQL with the idempotency and attempt
  * stores and the outbox, the outbox relay (publishing through NATS), and the risk check
- * (`LEDGER_RISK_URL`, with its HTTP client when set). NATS and PostgreSQL are
- * `Lifecycle.resource`s, and so is the relay: the worker's shutdown closes each as one stage within
- * the close share (the relay first, which depends on both), and readiness reflects PostgreSQL through a
- * `SELECT 1` every 5 seconds (NATS through its connection status).
+ * (`LEDGER_RISK_URL`, with its HTTP client when set). Both sets of migrations run first, beneath
+ * the stores (whose layers refuse to build without their tables) and the relay. NATS and
+ * PostgreSQL are `Lifecycle.resource`s, and so is the relay: the worker's shutdown closes each as
+ * one stage within the close share (the relay first, which depends on both), and readiness
+ * reflects PostgreSQL through a `SELECT 1` every 5 seconds (NATS through its connection status).
  */
 export const WorkerLive = Layer.mergeAll(
   RiskCheck.layerConfig,
-  Layer.mergeAll(PgIdempotencyStore.layer(), PgAttemptStore.layer(), PgOutbox.layer()),
-  // The applied events' stream named: every event has a subject of its own, so finding the stream
-  // by subject would ask the server once per event.
-  // A resource of its own: stopping it rolls back a round in progress, which waits on the
-  // database; if that hangs, its close is cut and named, and PostgreSQL and NATS still close.
-  Lifecycle.resource(
-    "outbox-relay",
-    Layer.unwrap(Effect.map(settings, (s) => PgOutbox.layerRelay().pipe(Layer.provide(Publisher.outboxPublisher({ stream: s.appliedStream })))))
-  )
+  Layer.mergeAll(
+    PgIdempotencyStore.layer(),
+    PgAttemptStore.layer(),
+    PgOutbox.layer(),
+    // The applied events' stream named: every event has a subject of its own, so finding the stream
+    // by subject would ask the server once per event.
+    // A resource of its own: stopping it rolls back a round in progress, which waits on the
+    // database; if that hangs, its close is cut and named, and PostgreSQL and NATS still close.
+    Lifecycle.resource(
+      "outbox-relay",
+      Layer.unwrap(Effect.map(settings, (s) => PgOutbox.layerRelay().pipe(Layer.provide(Publisher.outboxPublisher({ stream: s.appliedStream })))))
+    )
+  ).pipe(Layer.provide(MigrationsLive))
 ).pipe(Layer.provideMerge(PostgresLive), Layer.provideMerge(NatsLive))

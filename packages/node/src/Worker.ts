@@ -544,7 +544,7 @@ const runWith = <E, ROut, LE, TE>(
  * import { Consumer, type IdempotencyStore } from "@jetworker/core"
  * import { NatsConnection } from "@jetworker/nats"
  * import { Worker } from "@jetworker/node"
- * import { PgIdempotencyStore } from "@jetworker/sql-pg"
+ * import { Migrations, PgIdempotencyStore } from "@jetworker/sql-pg"
  * import { Config, Layer } from "effect"
  *
  * declare const shipping: Consumer.Consumer<{ readonly id: string }, never, NatsConnection.NatsConnection | IdempotencyStore.IdempotencyStore>
@@ -554,7 +554,11 @@ const runWith = <E, ROut, LE, TE>(
  * Worker.runMain(Consumer.run(shipping), {
  *   layer: Layer.mergeAll(
  *     NatsConnection.layerConfig({ name: "shipping" }),
- *     PgIdempotencyStore.layer().pipe(Layer.provideMerge(PgClient.layerConfig({ url: Config.Redacted("DATABASE_URL") })))
+ *     // The migrations beneath the store: its layer refuses to build without its table.
+ *     PgIdempotencyStore.layer().pipe(
+ *       Layer.provide(Migrations.layer),
+ *       Layer.provideMerge(PgClient.layerConfig({ url: Config.Redacted("DATABASE_URL") }))
+ *     )
  *   )
  * })
  * ```
