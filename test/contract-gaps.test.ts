@@ -99,7 +99,7 @@ describe("jetworker contract: what the check, the plan and the apply must not le
         const push = report.findings.find((f) => f.check === "deliver_subject")
         assert.strictEqual(push?.severity, "error", check.stdout)
         assert.include(push?.message, `consumer ${name}/c is a push consumer`)
-        assert.include(push?.message, `nats consumer rm ${name} c`)
+        assert.include(push?.message, "delete the consumer and declare it again as a pull consumer")
         const apply = yield* jetworker("contract", "apply", "--contract", file, "--yes")
         assert.strictEqual(apply.code, 1, apply.stdout + apply.stderr)
         assert.include(apply.stderr, "not applied (Refused)")

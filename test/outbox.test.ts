@@ -491,7 +491,7 @@ describe("outbox", () => {
           failures().map(() => ["Error", "outbox.relay_blocked"]),
           failures()[0]?.text
         )
-        assert.include(failures()[0]!.text, `(id n2, subject nowhere-${prefix}.n2): no stream captures subject nowhere-${prefix}.n2; expected stream ${name}`)
+        assert.include(failures()[0]!.text, `(id n2, subject nowhere-${prefix}.n2): no stream captures subject nowhere-${prefix}.n2 (expected stream ${name}`)
         assert.deepStrictEqual((yield* stored(name)).map((m) => m.msgId), ["n1"], "n3 waits behind n2: nothing is skipped")
         assert.strictEqual(yield* pendingCount, 2)
       }).pipe(Effect.scoped))

@@ -62,7 +62,7 @@ describe("publishing (INT-NATS-007)", () => {
         )
         assert.strictEqual(lost.reason, "StreamNotFound")
         assert.isFalse(lost.isRetryable)
-        assert.include(lost.message, `no stream captures subject ${nowhere}; expected stream ${stream.stream}`)
+        assert.include(lost.message, `no stream captures subject ${nowhere} (expected stream ${stream.stream}`)
 
         // A header that would switch deduplication off on NATS 2.9 is refused before sending.
         const header = yield* Effect.flip(

@@ -167,13 +167,13 @@ const declarationFindings = (contract: Contract): ReadonlyArray<Finding> => [
 ]
 
 /** `Topology`'s refusals that only deleting the consumer and declaring it again resolves. */
-const RECREATE: ReadonlySet<string> = new Set(["deliver_subject", "replay_policy", "deliver_policy"])
+const RECREATE: ReadonlySet<string> = new Set(["replay_policy", "deliver_policy"])
 
 /**
  * The live consumer's settings that cannot change in place and are not what the declaration
- * stands for (`Topology.consumerChanges`' refusals: a push consumer, a replay policy other than
- * instant, a declared deliver policy it does not have), as error findings saying what to do. (Its
- * ack policy is {@link consumerFindings}' error.)
+ * stands for (`Topology.consumerChanges`' refusals: a replay policy other than instant, a declared
+ * deliver policy it does not have), as error findings saying what to do. (Its ack policy and a
+ * push consumer are {@link consumerFindings}' errors, which the source checks too.)
  */
 const recreateFindings = (
   target: string,

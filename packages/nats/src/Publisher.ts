@@ -41,7 +41,7 @@ import type { PubAck } from "@nats-io/jetstream"
 import { DurationInput, Envelope, Outbox, Telemetry } from "@jetworker/core"
 import { Clock, Duration, Effect, Layer, Result, Schedule, Semaphore } from "effect"
 import * as ControlHeaders from "./internal/controlHeaders.ts"
-import { explainNoJetStream } from "./internal/serverHints.ts"
+import { explainUnansweredPublish } from "./internal/unansweredPublish.ts"
 import { NatsConnection } from "./NatsConnection.ts"
 import * as NatsError from "./NatsError.ts"
 
@@ -366,41 +366,6 @@ const streamFor = (subject: string, boundMillis: number): Effect.Effect<string, 
   })
 
 /**
- * A publish nobody answered, told apart: nats.js says "JetStream not enabled" both when no stream
- * captures the subject (final: `StreamNotFound`) and when JetStream does not answer (transient:
- * `NoResponders`, as it came). One stream look-up, bounded by the attempt's timeout, decides. A
- * server that runs no JetStream at all is named (host:port) with how to enable it.
- */
-const explainNoResponders = (
-  error: NatsError.NatsError,
-  subject: string,
-  stream: string,
-  timeoutMillis: number
-): Effect.Effect<never, NatsError.NatsError, NatsConnection> =>
-  Effect.gen(function*() {
-    const { connection, manager, apiTimeoutMillis } = yield* NatsConnection
-    const found = yield* NatsError.tryPromise(`find the stream of ${subject}`, () => manager.streams.find(subject)).pipe(
-      // The API timeout bounds the request too; a shorter attempt timeout bounds it more.
-      Effect.timeoutOption(Duration.millis(Math.min(timeoutMillis, apiTimeoutMillis))),
-      Effect.result
-    )
-    if (found._tag === "Failure" && found.failure.reason === "StreamNotFound") {
-      return yield* new NatsError.NatsError({
-        reason: "StreamNotFound",
-        operation: error.operation,
-        message: `no stream captures subject ${subject}; expected stream ${stream}`
-      })
-    }
-    const message = found._tag === "Success" && found.success._tag === "Some"
-      ? `stream ${found.success.value} captures subject ${subject} but did not answer (JetStream unavailable or electing ` +
-        `a leader); expected stream ${stream}`
-      : `JetStream did not answer the publish to ${subject} nor the look-up of its stream ` +
-        `(${found._tag === "Failure" ? found.failure.message : "timed out"}); expected stream ${stream}`
-    // On a server without JetStream, named with the fix.
-    return yield* Effect.fail(explainNoJetStream(new NatsError.NatsError({ ...error, message }), connection))
-  })
-
-/**
  * Publishes `payload` to `subject` until the stream confirms it, retrying with the same id. Bad
  * input (options out of range, a subject `Outbox.subjectProblem` refuses, an invalid `msgId`, a
  * header containing `Nats-Msg-Id`) fails with `ApiError`, not retryable, before anything is sent.
@@ -479,7 +444,11 @@ export const publish = (
       }).pipe(
         Effect.catchIf(
           (error) => error.reason === "NoResponders",
-          (error) => Effect.flatMap(left, (rest) => explainNoResponders(error, subject, stream, Math.max(1, rest)))
+          // Told apart by one stream look-up, bounded by what is left of the attempt: no stream
+          // captures the subject (final) or JetStream did not answer (retryable).
+          (error) =>
+            Effect.flatMap(left, (rest) =>
+              Effect.flatMap(explainUnansweredPublish(error, subject, stream, { timeoutMillis: Math.max(1, rest) }), Effect.fail))
         ),
         // Only a stream this publish found can have been replaced; a named one is the caller's.
         Effect.mapError((error) =>

@@ -167,9 +167,10 @@ const lowered = (before: number | undefined, after: number | undefined): boolean
  * What an update of `setting` from `live` to `wanted` (the stream as the update leaves it) can
  * delete of the messages the stream stores (`undefined`: none of them): how many when `state`
  * tells, else that it may delete some. nats-server 2.9 applies a lower limit at once to what the
- * stream stores, with discard `new` as with `old` (checked on 2.9.10); under discard `old` a lower
- * limit or a shorter age also deletes stored messages sooner than before. A stream that stores
- * nothing loses nothing.
+ * stream stores, with discard `new` as with `old` (checked on 2.9.10). Only what goes at once
+ * counts: a lower limit the stored messages still fit under, or a shorter age than the oldest
+ * stored message's (its `first_ts`), deletes nothing now (the oldest going later, past the limit,
+ * is what a limit is). A stream that stores nothing loses nothing.
  */
 const dataLoss = (
   setting: string,
@@ -179,28 +180,29 @@ const dataLoss = (
 ): string | undefined => {
   if (state !== undefined && state.messages === 0) return undefined
   const held = state === undefined ? "" : ` (it holds ${state.messages} messages, ${state.bytes} bytes)`
-  const discardOld = wanted.discard !== "new"
   switch (setting) {
     case "max_msgs": {
       const limit = wanted.max_msgs!
       if (!lowered(live.max_msgs, limit)) return undefined
       if (state === undefined) return "may delete stored messages (a lower limit applies at once to what the stream holds)"
       const excess = state.messages - limit
-      if (excess > 0) return `deletes the oldest ${excess} of the ${state.messages} stored messages`
-      return discardOld ? `may delete stored messages: the oldest go once more than ${limit} are stored${held}` : undefined
+      // Within the new limit nothing goes now; the oldest going later, past it, is what a limit is.
+      return excess > 0 ? `deletes the oldest ${excess} of the ${state.messages} stored messages` : undefined
     }
     case "max_bytes": {
       const limit = wanted.max_bytes!
       if (!lowered(live.max_bytes, limit)) return undefined
       if (state === undefined) return "may delete stored messages (a lower limit applies at once to what the stream holds)"
-      if (state.bytes > limit) return `deletes the oldest stored messages until at most ${limit} bytes remain${held}`
-      return discardOld ? `may delete stored messages: the oldest go once more than ${limit} bytes are stored${held}` : undefined
+      return state.bytes > limit ? `deletes the oldest stored messages until at most ${limit} bytes remain${held}` : undefined
     }
-    case "max_age":
-      return lowered(live.max_age, wanted.max_age)
-        ? `may delete stored messages: those older than ${formatNanos(wanted.max_age)} go (now kept ` +
-          `${live.max_age > 0 ? `for ${formatNanos(live.max_age)}` : "for ever"})${held}`
-        : undefined
+    case "max_age": {
+      if (!lowered(live.max_age, wanted.max_age)) return undefined
+      // The oldest stored message's time tells whether any is past the new age now.
+      const oldest = state === undefined ? Number.NaN : Date.parse(state.first_ts)
+      if (Number.isFinite(oldest) && Date.now() - oldest <= wanted.max_age! / 1_000_000) return undefined
+      return `${Number.isFinite(oldest) ? "deletes" : "may delete"} stored messages: those older than ${formatNanos(wanted.max_age)} go (now kept ` +
+        `${live.max_age > 0 ? `for ${formatNanos(live.max_age)}` : "for ever"})${held}`
+    }
     case "discard": {
       const limited = [wanted.max_msgs ?? live.max_msgs, wanted.max_bytes ?? live.max_bytes, live.max_msgs_per_subject]
         .some((limit) => (limit ?? -1) > 0)

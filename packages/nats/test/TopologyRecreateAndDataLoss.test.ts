@@ -65,12 +65,13 @@ describe("Topology.streamChanges: changes that delete stored messages", () => {
     assert.strictEqual(change?.message, "set max_msgs of stream ORDERS to 2 (now -1): deletes the oldest 3 of the 5 stored messages")
   })
 
-  it("without the state it may delete them (a lower limit applies at once); with fewer messages than the new limit, it may under discard old only", () => {
+  it("without the state it may delete them (a lower limit applies at once); with fewer messages than the new limit, nothing goes now", () => {
     assert.deepStrictEqual(marks(Topology.streamChanges({ ...stream, maxMessages: 10 }, { ...live, max_msgs: 100 })), [
       ["max_msgs", true, "set max_msgs of stream ORDERS to 10 (now 100): may delete stored messages (a lower limit applies at once to what the stream holds)"]
     ])
+    // The oldest going later, past the limit, is what a limit is: not a loss of what is stored.
     assert.deepStrictEqual(marks(Topology.streamChanges({ ...stream, maxMessages: 10 }, live, holding(4, 40))), [
-      ["max_msgs", true, "set max_msgs of stream ORDERS to 10 (now -1): may delete stored messages: the oldest go once more than 10 are stored (it holds 4 messages, 40 bytes)"]
+      ["max_msgs", false, "set max_msgs of stream ORDERS to 10 (now -1)"]
     ])
     // Discard new keeps what is stored and refuses publishes at the limit instead.
     assert.deepStrictEqual(marks(Topology.streamChanges({ ...stream, maxMessages: 10, discard: "new" }, live, holding(4, 40))), [
@@ -97,6 +98,15 @@ describe("Topology.streamChanges: changes that delete stored messages", () => {
     ])
     // A first age limit where messages were kept for ever.
     assert.isTrue(Topology.streamChanges({ ...stream, maxAge: "2 hours" }, { ...live, max_age: 0 })[0]?.destructive)
+    // With the oldest stored message's time: past the new age, it deletes; within it, nothing goes
+    // now (a stream of fresh messages given a first age limit, as a worker's contract does).
+    const since = (millis: number) => ({ ...holding(5, 1000), first_ts: new Date(Date.now() - millis).toISOString() })
+    assert.deepStrictEqual(marks(Topology.streamChanges({ ...stream, maxAge: "5 minutes" }, live, since(10 * minute / 1_000_000))), [
+      ["max_age", true, "set max_age of stream ORDERS to 5m (now 1h): deletes stored messages: those older than 5m go (now kept for 1h) (it holds 5 messages, 1000 bytes)"]
+    ])
+    assert.deepStrictEqual(marks(Topology.streamChanges({ ...stream, maxAge: "7 days" }, { ...live, max_age: 0 }, since(1_000))), [
+      ["max_age", false, "set max_age of stream ORDERS to 7d (now 0)"]
+    ])
   })
 
   it("discard new to old under a limit is destructive; old to new, a higher limit, no limit and a longer age are not", () => {

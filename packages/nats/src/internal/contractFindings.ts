@@ -54,6 +54,17 @@ export const consumerFindings = (
         `--ack explicit --pull\`)`
     )
   }
+  if ((live.deliver_subject ?? "") !== "") {
+    // Checked here, not only by the contract: a source opening on a push consumer would fail at its
+    // first pull ("not a pull consumer") instead of saying what to do.
+    add(
+      "error",
+      "deliver_subject",
+      `${target} is a push consumer (deliver_subject ${live.deliver_subject}): jetworker pulls, and nats.js cannot ` +
+        `pull from a push consumer; it cannot change in place, so delete the consumer and declare it again as a pull ` +
+        `consumer (Topology.ensureConsumer, or \`nats consumer add --pull\`)`
+    )
+  }
   if (live.headers_only === true) {
     add(
       "error",
