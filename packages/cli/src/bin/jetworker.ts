@@ -50,10 +50,14 @@ import { NodeRuntime, NodeServices } from "@effect/platform-node"
 import { Contract, DeadLetter, NatsConnection, NatsError } from "@jetworker/nats"
 import { Cause, ConfigProvider, Console, Duration, Effect, Exit, Layer, Logger, Option } from "effect"
 import { Command, Flag, Prompt } from "effect/cli"
+import { readFileSync } from "node:fs"
 import * as ConfigCheck from "../ConfigCheck.ts"
 import * as Contracts from "../Contracts.ts"
 import * as Migrate from "../Migrate.ts"
 import * as DeadLetters from "../DeadLetters.ts"
+
+/** The package's own version (`--version`), from its package.json: two levels up from src/bin and dist/bin alike. */
+const version = (JSON.parse(readFileSync(new URL("../../package.json", import.meta.url), "utf8")) as { readonly version: string }).version
 
 /**
  * A command's --help text: the summary (also its line in the parent's list of subcommands), then
@@ -778,7 +782,7 @@ const jetworker = Command.make("jetworker").pipe(
 
 // A failure here is a usage error (effect/cli has printed it) or an unreadable file: exit 2; an
 // interruption (SIGINT, SIGTERM) exits 130.
-Command.run(jetworker, { version: "0.4.0" }).pipe(
+Command.run(jetworker, { version }).pipe(
   // Log lines (e.g. a lost connection) go to stderr: stdout is the report, or the --json document.
   Effect.provideService(Logger.LogToStderr, true),
   Effect.provide(NodeServices.layer),
