@@ -264,8 +264,15 @@ export const check = (options: Options): Effect.Effect<Report, ManifestError> =>
         "warning",
         `the consumer's AckWait is unknown (give --ack-wait, or --ack-wait-env naming the container's variable)`
       )
-    } else if (Number.isNaN(ackMillis)) {
-      add("drain-under-ack-wait", "error", `${options.ackWaitEnv} = ${JSON.stringify(ackWaitRaw)} is not a duration`)
+    } else if (!(ackMillis > 0) || !Number.isFinite(ackMillis)) {
+      // A lease is positive and finite: a negative one would read as a drain that never fits, and
+      // an infinite one as a drain that always does.
+      add(
+        "drain-under-ack-wait",
+        "error",
+        `${options.ackWaitEnv ?? "--ack-wait"} = ${ackWaitRaw !== undefined ? JSON.stringify(ackWaitRaw) : `${ackMillis} ms`} ` +
+          `is not a positive, finite duration (e.g. "30 seconds")`
+      )
     } else {
       add(
         "drain-under-ack-wait",

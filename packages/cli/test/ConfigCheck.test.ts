@@ -107,6 +107,20 @@ describe("ConfigCheck", () => {
       assert.isTrue(secret.findings.some((f) => f.level === "warning" && f.message.includes("SHUTDOWN_BUDGET comes from valueFrom")))
     }))
 
+  // Before: "-5 seconds" read as "AckWait -5 s" (a drain never fits a negative lease) and
+  // "Infinity" passed, though no consumer has such an AckWait.
+  it.effect("an AckWait that is not a positive, finite duration is an error naming the variable and the value", () =>
+    Effect.gen(function*() {
+      for (const value of ["-5 seconds", "0 seconds", "Infinity", "soon"]) {
+        const report = yield* ConfigCheck.check({ manifest: manifest({ grace: 40, env: { ACK: value } }), ackWaitEnv: "ACK" })
+        assert.strictEqual(levels(report)["drain-under-ack-wait"], "error", value)
+        assert.strictEqual(
+          report.findings.find((f) => f.check === "drain-under-ack-wait")!.message,
+          `ACK = ${JSON.stringify(value)} is not a positive, finite duration (e.g. "30 seconds")`
+        )
+      }
+    }))
+
   it.effect("settings that do not parse or do not fit are errors that name the setting", () =>
     Effect.gen(function*() {
       const bad = yield* ConfigCheck.check({ manifest: manifest({ grace: 40, env: { SHUTDOWN_BUDGET: "soon" } }) })
