@@ -83,13 +83,10 @@ export const make = (
     pausedAt = undefined
     recordPaused(0)
     onPause?.(false)
-    // The dependency's check wakes the waiting fiber from inside its state change, before it writes
-    // its `dependency.up` line: yield once, so that the cause is logged before its effect.
-    return Effect.andThen(
-      Effect.yieldNow,
-      Effect.logInfo(`consumer ${name} resumed after ${pausedMs} ms paused: its dependencies are back`).pipe(
-        Effect.annotateLogs({ event: "consumer.resumed", pausedMs })
-      )
+    // The dependency's `dependency.up` line is written before its state changes (which wakes this
+    // fiber), so the cause is logged before its effect.
+    return Effect.logInfo(`consumer ${name} resumed after ${pausedMs} ms paused: its dependencies are back`).pipe(
+      Effect.annotateLogs({ event: "consumer.resumed", pausedMs })
     )
   })
   const notePaused = Effect.suspend(() => {
