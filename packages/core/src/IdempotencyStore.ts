@@ -68,6 +68,54 @@ export class IdempotencyError extends Data.TaggedError("IdempotencyError")<{
   }
 }
 
+/** The index of the first NUL or lone surrogate of `text`, or -1 when it has none. */
+const unstorableAt = (text: string): number => {
+  for (let i = 0; i < text.length; i++) {
+    const unit = text.charCodeAt(i)
+    if (unit === 0) return i
+    if (unit >= 0xd800 && unit <= 0xdbff) {
+      const next = text.charCodeAt(i + 1)
+      if (next >= 0xdc00 && next <= 0xdfff) i++
+      else return i
+    } else if (unit >= 0xdc00 && unit <= 0xdfff) {
+      return i
+    }
+  }
+  return -1
+}
+
+const storable = (text: string): boolean => text.isWellFormed() && !text.includes("\u0000")
+
+/**
+ * The refusal of a key that no store may take, or `undefined` for a good key: a scope or id holding
+ * a NUL (PostgreSQL's text type refuses it) or a lone surrogate (UTF-8 cannot encode it, so the
+ * driver would send U+FFFD and distinct ids would collide, the second commit a false duplicate).
+ * `InvalidData`: the same event fails the same way on every attempt. Every store refuses such a key
+ * this way before anything runs, so that a store in memory fails where the database would.
+ */
+export const keyProblem = (key: Key, operation: string): IdempotencyError | undefined => {
+  if (storable(key.scope) && storable(key.id)) return undefined
+  const [part, value] = storable(key.scope) ? ["id", key.id] as const : ["scope", key.scope] as const
+  const at = unstorableAt(value)
+  const what = value.charCodeAt(at) === 0 ? "a NUL, which PostgreSQL cannot store in text" : (
+    "not well-formed Unicode (a lone surrogate), which PostgreSQL would store as U+FFFD so that distinct keys collide"
+  )
+  return new IdempotencyError({
+    reason: "InvalidData",
+    message: `${operation}: the idempotency key's ${part} ${JSON.stringify(value)} holds at index ${at} ${what}; ` +
+      `derive keys from well-formed strings without NUL`
+  })
+}
+
+/** {@link keyProblem} of the first of `keys` that is refused, or `undefined` when all are good. */
+export const firstKeyProblem = (keys: Iterable<Key>, operation: string): IdempotencyError | undefined => {
+  for (const key of keys) {
+    const problem = keyProblem(key, operation)
+    if (problem !== undefined) return problem
+  }
+  return undefined
+}
+
 /** An idempotency store. */
 export class IdempotencyStore extends Context.Service<IdempotencyStore, {
   /**

@@ -16,9 +16,10 @@
  * classified by the SQLSTATE PostgreSQL reported: `Unavailable` or `Conflict` (retryable),
  * `Misconfigured`, or `InvalidData` for data the database rejects (a key it cannot store, a
  * constraint violated at `COMMIT`, a data or program error such as a trigger's `RAISE EXCEPTION`),
- * which no retry fixes. A key whose scope or id is not well-formed Unicode (a lone UTF-16
- * surrogate, which UTF-8 would turn into U+FFFD so that distinct keys collide) is refused with
- * `InvalidData` before anything is sent, by every operation taking keys.
+ * which no retry fixes. A key whose scope or id holds a NUL or is not well-formed Unicode (a lone
+ * UTF-16 surrogate, which UTF-8 would turn into U+FFFD so that distinct keys collide) is refused
+ * with `InvalidData` before anything is sent, by every operation taking keys (core's
+ * `IdempotencyStore.keyProblem`, which the store in memory shares).
  *
  * When the transaction's connection dies under the effect, its `ROLLBACK` fails too (`@effect/sql`
  * makes that a defect); the store still ends with a typed failure, never a defect: the effect's own
@@ -54,7 +55,9 @@ import {
   type BatchItem,
   IdempotencyError,
   IdempotencyStore,
-  type Key
+  firstKeyProblem,
+  type Key,
+  keyProblem
 } from "@jetworker/core/IdempotencyStore"
 import * as Probe from "@jetworker/core/Probe"
 import { Cause, Context, Duration, Effect, Exit, Layer, Option, Result, Tracer } from "effect"
@@ -68,8 +71,6 @@ import {
   classifyStatement,
   type DedupTableState,
   failedCleanup,
-  firstMalformedKey,
-  malformedKey,
   reasonOf,
   settle,
   UserFailure
@@ -185,7 +186,7 @@ export const make: (options?: Options) => Effect.Effect<
     effect: Effect.Effect<A, E, R>
   ): Effect.Effect<A | AlreadyCommitted, E | IdempotencyError, R> =>
     Effect.withFiber((fiber) => {
-      const malformed = malformedKey(key, "commit")
+      const malformed = keyProblem(key, "commit")
       if (malformed !== undefined) return Effect.fail(malformed)
       // The probe point only when a probe watches (tests, diagnostics): it is read per commit.
       const boxed = Effect.mapError(effect, box)
@@ -221,7 +222,7 @@ export const make: (options?: Options) => Effect.Effect<
   ): Effect.Effect<ReadonlyArray<Result.Result<A | AlreadyCommitted, E>>, IdempotencyError, R> => {
     if (items.length === 0) return Effect.succeed([])
     const keys = items.map((item) => item.key)
-    const malformed = firstMalformedKey(keys, "commitBatch")
+    const malformed = firstKeyProblem(keys, "commitBatch")
     if (malformed !== undefined) return Effect.fail(malformed)
     const attempt = Effect.gen(function*() {
       const inserted = yield* insertKeys(keys)
@@ -283,7 +284,7 @@ export const make: (options?: Options) => Effect.Effect<
     effect: (fresh: ReadonlyArray<number>) => Effect.Effect<A, E, R>
   ): Effect.Effect<ReadonlyArray<A | AlreadyCommitted>, E | IdempotencyError, R> => {
     if (keys.length === 0) return Effect.succeed([])
-    const malformed = firstMalformedKey(keys, "commitAll")
+    const malformed = firstKeyProblem(keys, "commitAll")
     if (malformed !== undefined) return Effect.fail(malformed)
     // Without a generator: one suspended across the statements' round trips is the kind V8
     // promotes with everything it last held (see docs/performance-log.md).
@@ -307,7 +308,7 @@ export const make: (options?: Options) => Effect.Effect<
   }
 
   const isCommitted = (key: Key): Effect.Effect<boolean, IdempotencyError> => {
-    const malformed = malformedKey(key, "isCommitted")
+    const malformed = keyProblem(key, "isCommitted")
     if (malformed !== undefined) return Effect.fail(malformed)
     return sql.unsafe<{ readonly found: boolean }>(selectText, [key.scope, key.id]).pipe(
       Effect.map((rows) => rows.length > 0),
@@ -389,7 +390,7 @@ export const commitStatement = (
 ): Effect.Effect<void | AlreadyCommitted, IdempotencyError, SqlClient.SqlClient> =>
   // Read from the fiber's context, without a generator: it runs on every commit.
   Effect.withFiber((fiber): Effect.Effect<void | AlreadyCommitted, IdempotencyError> => {
-    const malformed = malformedKey(key, "commitStatement")
+    const malformed = keyProblem(key, "commitStatement")
     if (malformed !== undefined) return Effect.fail(malformed)
     const name = options?.table ?? fiber.getRef(DedupTable)
     const table = Table.quote(name)

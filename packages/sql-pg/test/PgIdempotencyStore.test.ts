@@ -209,10 +209,11 @@ layer(
       assert.strictEqual(yield* ledgerRows(key.id), 0)
     }))
 
-  it.effect("BE-JOB-003: a data error in the store's own statement is permanent, not retried as unavailable", () =>
+  it.effect("BE-JOB-003: a key the database cannot store is permanent InvalidData, not retried as unavailable", () =>
     Effect.gen(function*() {
       const ran = yield* Ref.make(false)
-      // PostgreSQL cannot store a NUL character in a text column: the dedup insert fails with 22021.
+      // PostgreSQL cannot store a NUL character in a text column (22021): the store refuses the key
+      // before sending anything (core's IdempotencyStore.keyProblem).
       const error = yield* Effect.flip(commit("a\u0000b", Ref.set(ran, true), { scope: "ledger-applier" }))
       assert.instanceOf(error, IdempotencyError)
       assert.strictEqual(error.reason, "InvalidData", error.message)

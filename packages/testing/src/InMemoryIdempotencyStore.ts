@@ -47,53 +47,6 @@ export interface Options {
   readonly failCommit?: ((key: IdempotencyStore.Key) => boolean) | undefined
 }
 
-/** The index of the first NUL or lone surrogate of `text`, or -1 when it has none. */
-const unstorable = (text: string): number => {
-  for (let i = 0; i < text.length; i++) {
-    const unit = text.charCodeAt(i)
-    if (unit === 0) return i
-    if (unit >= 0xd800 && unit <= 0xdbff) {
-      const next = text.charCodeAt(i + 1)
-      if (next >= 0xdc00 && next <= 0xdfff) i++
-      else return i
-    } else if (unit >= 0xdc00 && unit <= 0xdfff) {
-      return i
-    }
-  }
-  return -1
-}
-
-/**
- * The refusal of a key PostgreSQL cannot store, as `PgIdempotencyStore` refuses it (`InvalidData`:
- * the same event fails the same way on every attempt), or `undefined` for a good key. A NUL is
- * refused by PostgreSQL's text type; a lone surrogate would reach it as U+FFFD, so that distinct
- * keys collide.
- */
-const malformedKey = (key: IdempotencyStore.Key, operation: string): IdempotencyStore.IdempotencyError | undefined => {
-  for (const [part, value] of [["scope", key.scope], ["id", key.id]] as const) {
-    const at = unstorable(value)
-    if (at < 0) continue
-    const what = value.charCodeAt(at) === 0 ? "a NUL, which PostgreSQL cannot store in text" : (
-      "not well-formed Unicode (a lone surrogate), which PostgreSQL would store as U+FFFD so that distinct keys collide"
-    )
-    return new IdempotencyStore.IdempotencyError({
-      reason: "InvalidData",
-      message: `${operation}: the idempotency key's ${part} ${JSON.stringify(value)} holds at index ${at} ${what}; ` +
-        `derive keys from well-formed strings without NUL`
-    })
-  }
-  return undefined
-}
-
-/** {@link malformedKey} of the first of `keys` that is refused, or `undefined` when all are good. */
-const firstMalformedKey = (keys: ReadonlyArray<IdempotencyStore.Key>, operation: string) => {
-  for (const key of keys) {
-    const malformed = malformedKey(key, operation)
-    if (malformed !== undefined) return malformed
-  }
-  return undefined
-}
-
 /** Creates a store. */
 export const make = (options: Options = {}): InMemoryIdempotencyStore => {
   const order = options.clock ?? (() => {
@@ -123,7 +76,7 @@ export const make = (options: Options = {}): InMemoryIdempotencyStore => {
     key: IdempotencyStore.Key,
     effect: Effect.Effect<A, E, R>
   ): Effect.Effect<A | IdempotencyStore.AlreadyCommitted, E | IdempotencyStore.IdempotencyError, R> => {
-    const malformed = malformedKey(key, "commit")
+    const malformed = IdempotencyStore.keyProblem(key, "commit")
     if (malformed !== undefined) return Effect.fail(malformed)
     const name = nameOf(key)
     return Semaphore.withPermits(lockOf(name), 1)(
@@ -148,7 +101,7 @@ export const make = (options: Options = {}): InMemoryIdempotencyStore => {
   const commitBatch = <A, E, R>(
     items: ReadonlyArray<IdempotencyStore.BatchItem<A, E, R>>
   ): Effect.Effect<ReadonlyArray<Result.Result<A | IdempotencyStore.AlreadyCommitted, E>>, IdempotencyStore.IdempotencyError, R> => {
-    const malformed = firstMalformedKey(items.map((item) => item.key), "commitBatch")
+    const malformed = IdempotencyStore.firstKeyProblem(items.map((item) => item.key), "commitBatch")
     if (malformed !== undefined) return Effect.fail(malformed)
     const names = items.map((item) => nameOf(item.key))
     const run: Effect.Effect<
@@ -201,7 +154,7 @@ export const make = (options: Options = {}): InMemoryIdempotencyStore => {
     keys: ReadonlyArray<IdempotencyStore.Key>,
     effect: (fresh: ReadonlyArray<number>) => Effect.Effect<A, E, R>
   ): Effect.Effect<ReadonlyArray<A | IdempotencyStore.AlreadyCommitted>, E | IdempotencyStore.IdempotencyError, R> => {
-    const malformed = firstMalformedKey(keys, "commitAll")
+    const malformed = IdempotencyStore.firstKeyProblem(keys, "commitAll")
     if (malformed !== undefined) return Effect.fail(malformed)
     const names = keys.map(nameOf)
     const run = Effect.gen(function*() {
@@ -237,7 +190,7 @@ export const make = (options: Options = {}): InMemoryIdempotencyStore => {
     commitAll,
     isCommitted: (key) =>
       Effect.suspend(() => {
-        const malformed = malformedKey(key, "isCommitted")
+        const malformed = IdempotencyStore.keyProblem(key, "isCommitted")
         return malformed === undefined ? Effect.succeed(committed.has(nameOf(key))) : Effect.fail(malformed)
       })
   })
