@@ -16,6 +16,16 @@ import { Clock, Data, Effect } from "effect"
 import { CurrentDelivery } from "./CurrentDelivery.ts"
 import { currentEvents } from "./internal/currentEvents.ts"
 
+/**
+ * When a keeper of leases acts, as fractions of the lease (the source's ack wait). The engine's
+ * keeper (for running handlers) and a source's keeper (for messages in its buffer) follow the same
+ * rules, so that one never gives up a lease the other would still extend: a lease held for
+ * `extendAfter` of its length gets an extension, waited for at most that long; once `localEnd` of
+ * it has gone by since it was last known held, it counts as lost. `localEnd` is the local lease
+ * deadline ({@link ensure}), short of the broker's so that a settle sent at it still lands in time.
+ */
+export const timing = { extendAfter: 1 / 3, localEnd: 0.9 } as const
+
 /** The local lease deadline has passed; another consumer may own the message. */
 export class LeaseExpired extends Data.TaggedError("LeaseExpired")<{
   readonly eventId: string

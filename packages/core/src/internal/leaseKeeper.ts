@@ -1,12 +1,14 @@
 /**
  * The lease keeper: one fiber per running consumer (not one per message) that watches every
  * delivery whose handler is running. A delivery held for a third of the lease gets an extension
- * (waited for at most a third of the lease, on top of the delivery's own bound); once no extension has been confirmed for 90% of the lease
- * the lease counts as lost: the delivery is marked and its fiber interrupted, so its transaction
+ * (waited for at most a third of the lease, on top of the delivery's own bound); once no extension
+ * has been confirmed for 90% of the lease the lease counts as lost (`Lease.timing`, shared with the
+ * sources' keepers of buffered messages): the delivery is marked and its fiber interrupted, so its transaction
  * rolls back and it is never acked. Internal: the engine registers and unregisters deliveries.
  */
 import { Clock, Duration, Effect, type Fiber, Option, type Scope } from "effect"
 import type { Delivery } from "../Delivery.ts"
+import { timing } from "../Lease.ts"
 import * as LiveSet from "./liveSet.ts"
 import * as Monotonic from "./monotonic.ts"
 
@@ -56,8 +58,8 @@ export const make = (lease: Duration.Duration): Effect.Effect<LeaseKeeper, never
     if (!(leaseMillis > 0) || !Number.isFinite(leaseMillis)) return none
     const leases = LiveSet.make<Lease>()
     const runFork = Effect.runForkWith(yield* Effect.context<never>())
-    const extendAfter = leaseMillis / 3
-    const extendTimeout = Duration.millis(leaseMillis / 3)
+    const extendAfter = leaseMillis * timing.extendAfter
+    const extendTimeout = Duration.millis(extendAfter)
 
     const extend = (lease: Lease, sentAt: number) =>
       lease.delivery.extend.pipe(
@@ -77,7 +79,7 @@ export const make = (lease: Duration.Duration): Effect.Effect<LeaseKeeper, never
       const now = Monotonic.millis(yield* Clock.Clock)
       for (const lease of leases.members()) {
         const held = now - lease.hold.since
-        if (held >= leaseMillis * 0.9) {
+        if (held >= leaseMillis * timing.localEnd) {
           lease.lost = true
           leases.remove(lease.slot, lease)
           lease.fiber.interruptUnsafe()

@@ -5,12 +5,13 @@
  * the message to the broker for redelivery while this intake still holds it, and both deliveries
  * would run. They are kept as the engine's lease keeper keeps a running delivery's: an extension
  * (`+WPI`, confirmed) once a message has waited a third of its lease since it was last known held,
- * and none once 90% of it has passed, since the server confirms an old owner's extension too and
+ * and none once 90% of it has passed (`Lease.timing`), since the server confirms an old owner's extension too and
  * a confirmation then proves nothing. When the engine takes again, each message kept so far gets
  * one last extension, so it does not start with part of its lease spent. A confirmed extension
  * moves the message's `receivedAt` to when it was sent: the engine's lease counts from there once
  * it takes the message (and the engine extends at once a lease a third spent when taken).
  */
+import { timing } from "@jetworker/core/Lease"
 import { type Pulled, sendExtend } from "./delivery.ts"
 import type { IntakeEnv, IntakeState } from "./intakeState.ts"
 
@@ -39,7 +40,7 @@ export const makeBufferedLeases = (env: IntakeEnv, state: IntakeState, leaseMill
     // The answer may come before `sendExtend` returns (a closed connection answers at once):
     // then there is nothing to withdraw.
     let answered = false
-    const withdraw = sendExtend(env.connection, pulled, Math.min(env.settleTimeoutMillis, leaseMillis / 3), (confirmed) => {
+    const withdraw = sendExtend(env.connection, pulled, Math.min(env.settleTimeoutMillis, leaseMillis * timing.extendAfter), (confirmed) => {
       answered = true
       extending.delete(pulled)
       if (confirmed) pulled.receivedAt = Math.max(pulled.receivedAt, sentAt)
@@ -52,12 +53,12 @@ export const makeBufferedLeases = (env: IntakeEnv, state: IntakeState, leaseMill
     const now = env.receivedNow()
     for (const pulled of state.buffered) {
       const held = now - pulled.receivedAt
-      if (held >= after && held < leaseMillis * 0.9 && !extending.has(pulled)) extend(pulled, now)
+      if (held >= after && held < leaseMillis * timing.localEnd && !extending.has(pulled)) extend(pulled, now)
     }
   }
   const tick = () => {
     if (until === undefined || env.receivedNow() >= until || state.closed) return endHold()
-    extendHeld(leaseMillis / 3)
+    extendHeld(leaseMillis * timing.extendAfter)
   }
   return {
     hold: (forMillis) => {

@@ -6,6 +6,7 @@
 import type { Clock } from "effect"
 import type { Delivery } from "../../Delivery.ts"
 import * as ErrorSummary from "../../ErrorSummary.ts"
+import { timing } from "../../Lease.ts"
 import * as Outcome from "../../Outcome.ts"
 import type * as LeaseKeeper from "../leaseKeeper.ts"
 import * as Monotonic from "../monotonic.ts"
@@ -41,7 +42,7 @@ export const takenPastLease = (message: Outcome.MessageRef): Verdict =>
  * `leaseMillis`, the keeper's margin); never for a source without leases (`leaseMillis` 0).
  */
 export const pastLease = (hold: LeaseKeeper.Hold, leaseMillis: number, at: number): boolean =>
-  leaseMillis > 0 && at - hold.since >= leaseMillis * 0.9
+  leaseMillis > 0 && at - hold.since >= leaseMillis * timing.localEnd
 /** Since when `delivery`'s lease has run, taken at `takenAt`: never later than the source's receipt. */
 export const leaseStart = (delivery: Delivery, takenAt: number): number =>
   delivery.receivedAt === undefined ? takenAt : Math.min(takenAt, delivery.receivedAt)
@@ -51,7 +52,7 @@ export const leaseStart = (delivery: Delivery, takenAt: number): number =>
  * once, follows the monotonic lease across a step of the wall clock.
  */
 export const leaseDeadlineOf = (hold: LeaseKeeper.Hold, leaseMillis: number, clock: Clock.Clock) => (): number =>
-  clock.currentTimeMillisUnsafe() + (hold.since + leaseMillis * 0.9 - Monotonic.millis(clock))
+  clock.currentTimeMillisUnsafe() + (hold.since + leaseMillis * timing.localEnd - Monotonic.millis(clock))
 /** The lease deadline where the source gives no lease (zero): none. */
 export const noDeadline = (): undefined => undefined
 
