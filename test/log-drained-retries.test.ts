@@ -2,7 +2,8 @@
  * The "drained its backlog" line on the real broker: a message naked for a retry is no longer in
  * JetStream's pending count (it is delivered, waiting for its redelivery), so the consumer saw
  * "nothing left on the broker" and said it had drained while the retry still waited. Now the line
- * waits until that redelivery has settled. Against the real NATS server.
+ * waits until that redelivery has settled, and the summary lines say how many deliveries await their
+ * redelivery. Against the real NATS server.
  */
 import { assert, describe, layer } from "@effect/vitest"
 import { Consumer, Envelope, Retry } from "@jetworker/core"
@@ -51,6 +52,13 @@ describe("the drained line on JetStream", () => {
         // While the retry waits, the broker counts nothing pending: what the old line went by.
         const info = yield* stream.info
         assert.deepStrictEqual([info.num_pending, info.num_ack_pending], [0, 1])
+        // The summary says what the broker does not: a delivery awaits its redelivery.
+        yield* Eventually.poll(
+          "a summary line with the awaited retry",
+          Effect.sync(() => lines.filter((text) => text.includes(" in the last "))),
+          (found) => found.some((text) => text.endsWith("0 in flight, 0 left on the broker, 1 awaiting redelivery")),
+          { timeout: "5 seconds" }
+        )
         const all = yield* log.waitUntil((all) => all.length >= 3, "15 seconds")
         const drained = (text: string) => text.includes("drained its backlog")
         yield* Eventually.poll("the drained line", Effect.sync(() => lines.filter(drained)), (found) => found.length > 0, {

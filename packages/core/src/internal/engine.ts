@@ -74,17 +74,26 @@ const makeProcess = <A, E extends Tagged, R>(shared: Shared<A, E, R>) => {
   const { one } = makeSinglePath(shared, prepare, runHandler, settle)
   const { many } = makeBatchPath(shared, prepare, bounded, runHandler, conclude, settle)
 
-  // The periodic INFO line: outcomes by tag since the last one, in flight, left on the broker.
+  // The periodic INFO line: outcomes by tag since the last one, in flight, left on the broker, and
+  // released deliveries awaiting their redelivery (the broker counts those delivered, not pending).
   const summary = Effect.suspend(() => {
-    if (progress.counts.size === 0 && shared.running === 0) return Effect.void
+    const awaiting = shared.awaitingRedelivery(shared.now())
+    if (progress.counts.size === 0 && shared.running === 0 && awaiting === 0) return Effect.void
     const counts = countsInTableOrder(progress.counts)
     progress.counts.clear()
     const text = Object.entries(counts).map(([tag, n]) => `${n} ${tag}`).join(", ")
     return Effect.logInfo(
       `consumer ${definition.name}: ${text === "" ? "nothing settled" : text} in the last ` +
         `${Duration.format(definition.progressInterval)}; ${shared.running} in flight` +
-        (progress.pending === undefined ? "" : `, ${progress.pending} left on the broker`)
-    ).pipe(Effect.annotateLogs({ event: "consumer.progress", counts, inFlight: shared.running, pending: progress.pending ?? null }))
+        (progress.pending === undefined ? "" : `, ${progress.pending} left on the broker`) +
+        (awaiting === 0 ? "" : `, ${awaiting} awaiting redelivery`)
+    ).pipe(Effect.annotateLogs({
+      event: "consumer.progress",
+      counts,
+      inFlight: shared.running,
+      pending: progress.pending ?? null,
+      awaitingRedelivery: awaiting
+    }))
   })
 
   // Served from the start (a dashboard or an `absent()` alert reads no series as "no data"), not

@@ -79,17 +79,9 @@ export const makeRecord = <A, E extends Tagged, R>(shared: Shared<A, E, R>, { bo
     progressMillis,
     reportsProgress,
     outcomeDeadlines,
-    leaseMillis
+    leaseMillis,
+    awaitingRedelivery
   } = shared
-
-  /** Whether a delivery released by this run may still come back (expired ones are forgotten). */
-  const awaitingRedelivery = (at: number): boolean => {
-    for (const [sequence, until] of progress.released) {
-      if (until > at) return true
-      progress.released.delete(sequence)
-    }
-    return false
-  }
 
   /**
    * Record: the attempt count's cleanup, metrics, span, log line, progress, then `onOutcome` when
@@ -121,7 +113,7 @@ export const makeRecord = <A, E extends Tagged, R>(shared: Shared<A, E, R>, { bo
       // waits for its redelivery (JetStream counts those as delivered, not pending): drained.
       if (shared.running === 0 && progress.pending === 0) {
         const at = now()
-        if (at - progress.drainedLineAt >= progressMillis && !awaitingRedelivery(at)) {
+        if (at - progress.drainedLineAt >= progressMillis && awaitingRedelivery(at) === 0) {
           progress.drainedLineAt = at
           const counts = countsInTableOrder(progress.settled)
           const settled = Object.values(counts).reduce((sum, n) => sum + n, 0)

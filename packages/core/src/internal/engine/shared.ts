@@ -141,6 +141,13 @@ export const makeShared = <A, E extends Tagged, R>(
     // drained. Bounded as the memories below (past it, the line may come early, never late).
     released: new Map<number, number>()
   }
+  /** How many deliveries released by this run may still come back at `at` (expired ones are forgotten). */
+  const awaitingRedelivery = (at: number): number => {
+    for (const [sequence, until] of progress.released) {
+      if (until <= at) progress.released.delete(sequence)
+    }
+    return progress.released.size
+  }
   const progressMillis = Duration.toMillis(definition.progressInterval)
   const reportsProgress = progressMillis > 0
   // In-process retries only while the next delay keeps the attempt well inside the lease.
@@ -237,6 +244,7 @@ export const makeShared = <A, E extends Tagged, R>(
     // released without running (see `single.ts`).
     stopping: false,
     progress,
+    awaitingRedelivery,
     progressMillis,
     reportsProgress,
     inProcess,
