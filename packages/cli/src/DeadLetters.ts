@@ -308,11 +308,20 @@ export interface BulkResult {
 const lostConnection = (error: NatsError.NatsError): boolean =>
   error.reason === "ConnectionClosed" || error.reason === "ConnectionRefused" || error.reason === "Timeout"
 
+/** Whether stream `name` exists (a failed look-up counts as existing: only a sure "no" skips work). */
+const streamExists = (name: string): Effect.Effect<boolean, never, NatsConnection.NatsConnection> =>
+  Effect.flatMap(NatsConnection.NatsConnection, ({ manager }) =>
+    Effect.tryPromise({ try: () => manager.streams.info(name), catch: (error) => NatsError.fromUnknown(`stream info ${name}`, error) }).pipe(
+      Effect.as(true),
+      Effect.catch((error) => Effect.succeed(error.reason !== "StreamNotFound"))
+    ))
+
 /**
  * Runs `action` on each selected dead letter in turn, at most `rate` a second, reporting progress
  * after each one; a failure is recorded and the run goes on with the next, except a lost
- * connection, which stops the run (`stopped`). An interruption calls `onInterrupt` with how many
- * were done.
+ * connection, which stops the run (`stopped`). A replay that finds its source stream gone fails the
+ * rest of that source's dead letters at once, without trying them (they would fail the same way,
+ * a few requests each): they are kept. An interruption calls `onInterrupt` with how many were done.
  */
 export const run = (
   action: BulkResult["action"],
@@ -330,7 +339,15 @@ export const run = (
     const pause = Duration.millis(1000 / options.rate)
     const failed: Array<BulkResult["failed"][number]> = []
     const stored: Array<BulkResult["stored"][number]> = []
+    // Source streams found gone, with the first dead letter that found it.
+    const goneSources = new Map<string, number>()
     for (const [i, m] of selected.entries()) {
+      const goneSince = goneSources.get(m.sourceStream)
+      if (goneSince !== undefined) {
+        failed.push({ sequence: m.sequence, message: `not tried: source stream ${m.sourceStream} does not exist (as for #${goneSince})` })
+        yield* options.onProgress(i + 1, selected.length)
+        continue
+      }
       if (i > 0) yield* Effect.sleep(pause)
       const result = yield* Effect.result(
         action === "replay"
@@ -345,6 +362,9 @@ export const run = (
         // Without a connection every other one would fail too (after its timeout): stop at once.
         if (lostConnection(result.failure) || connection.isClosed()) {
           return { action, selected: selected.length, done, stored, failed, stopped: `lost the connection: ${result.failure.message}` }
+        }
+        if (action === "replay" && result.failure.reason === "StreamNotFound" && !(yield* streamExists(m.sourceStream))) {
+          goneSources.set(m.sourceStream, m.sequence)
         }
       }
       yield* options.onProgress(i + 1, selected.length)
