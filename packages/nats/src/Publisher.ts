@@ -20,8 +20,8 @@
  * publish nobody answers asks the server once whether any stream captures its subject: none is a
  * final `StreamNotFound`, anything else (JetStream down or electing a leader) stays a retryable
  * `NoResponders`. A publish the stream found refuses with "expected stream does not match" (10060:
- * the subject has moved to another stream since, as when a stream is replaced) forgets it, and the
- * next attempt, within `attempts`, asks again, with the same id.
+ * the subject has moved to another stream since, as when a stream is replaced) forgets it and asks
+ * again within the same attempt (a stale look-up costs no attempt), with the same id.
  *
  * Options are checked before anything is sent (and by {@link outboxPublisher} when its layer is
  * built): `attempts` an integer from 1 to 100, `timeout` from 1 ms to {@link maxTimeoutMillis}, the
@@ -52,7 +52,7 @@ export interface PublishOptions {
   /**
    * The stream that must store it; a PubAck from another stream is an error. Default: the stream
    * whose subjects capture `subject`, asked of the server once per subject and connection, and
-   * again (by the next attempt) when that stream refuses the publish as no longer its own (10060).
+   * again (within the same attempt) when that stream refuses the publish as no longer its own (10060).
    */
   readonly stream?: string | undefined
   /** Extra headers. */
@@ -342,10 +342,11 @@ const streamFor = (subject: string, boundMillis: number): Effect.Effect<string, 
     if (cached !== undefined) return cached
     const operation = `find the stream of ${subject}`
     const found = yield* NatsError.tryPromise(operation, () => connection.manager.streams.find(subject)).pipe(
-      // The server answers "no stream matches subject" with an API error (not retryable). Another
-      // failure nats.js does not name (`Unknown`) says nothing about the subject: it stays itself.
+      // nats.js says "no stream matches subject" (`StreamNotFound`, final). Any other answer keeps
+      // its own words: an API error such as 10039 ("jetstream not enabled for account") says nothing
+      // about the subject, and a failure nats.js does not name (`Unknown`) neither.
       Effect.mapError((error) =>
-        error.reason === "ApiError" || error.reason === "StreamNotFound"
+        error.reason === "StreamNotFound"
           ? new NatsError.NatsError({ ...error, reason: "StreamNotFound", message: `no stream captures subject ${subject}` })
           : closedWhileWaiting(error, connection.connection, `the look-up of the stream of ${subject} waited for its answer (nothing was published)`)
       ),
@@ -415,48 +416,61 @@ export const publish = (
     const once = Effect.gen(function*() {
       const deadline = (yield* Clock.currentTimeMillis) + timeout
       const left = Effect.map(Clock.currentTimeMillis, (now) => deadline - now)
-      const stream = options.stream ?? (yield* streamFor(subject, timeout))
-      const remaining = yield* left
-      if (remaining < 1) {
-        return yield* new NatsError.NatsError({
-          reason: "Timeout",
-          operation,
-          message: `the look-up of the stream of ${subject} took the attempt's ${timeout} ms`
+      // Sends to `stream` within what is left of the attempt.
+      const sendTo = (stream: string) =>
+        Effect.gen(function*() {
+        const remaining = yield* left
+        if (remaining < 1) {
+          return yield* new NatsError.NatsError({
+            reason: "Timeout",
+            operation,
+            message: `the look-up of the stream of ${subject} took the attempt's ${timeout} ms`
+          })
+        }
+        return yield* Effect.tryPromise({
+          try: () => {
+            const h = ControlHeaders.make(options.msgId, stream)
+            for (const [name, value] of options.headers ?? []) {
+              if (traceparent === undefined || name.toLowerCase() !== Telemetry.traceparentHeader) h.append(name, value)
+            }
+            if (traceparent !== undefined) h.set(Telemetry.traceparentHeader, traceparent)
+            // The id and the expected stream are in `h`, first (see `ControlHeaders`).
+            return jetstream.publish(subject, payload, { headers: h, timeout: remaining })
+          },
+          catch: (error) =>
+            closedWhileWaiting(
+              NatsError.fromUnknown(operation, error),
+              connection.connection,
+              `the publish waited for its PubAck: whether ${stream} stored it is unknown; publish it again with the same ` +
+                `id over a new connection`
+            )
+        }).pipe(
+          Effect.catchIf(
+            (error) => error.reason === "NoResponders",
+            // Told apart by one stream look-up, bounded by what is left of the attempt: no stream
+            // captures the subject (final) or JetStream did not answer (retryable).
+            (error) =>
+              Effect.flatMap(left, (rest) =>
+                Effect.flatMap(explainUnansweredPublish(error, subject, stream, { timeoutMillis: Math.max(1, rest) }), Effect.fail))
+          ),
+          // Only a stream this publish found can have been replaced; a named one is the caller's.
+          Effect.mapError((error) =>
+            options.stream === undefined && error.code === expectedStreamMismatch
+              ? forgetMovedStream(connection, subject, stream, error)
+              : error
+          ),
+          Effect.flatMap((ack) => checkPubAck(operation, stream, ack))
+        )
         })
-      }
-      return yield* Effect.tryPromise({
-        try: () => {
-          const h = ControlHeaders.make(options.msgId, stream)
-          for (const [name, value] of options.headers ?? []) {
-            if (traceparent === undefined || name.toLowerCase() !== Telemetry.traceparentHeader) h.append(name, value)
-          }
-          if (traceparent !== undefined) h.set(Telemetry.traceparentHeader, traceparent)
-          // The id and the expected stream are in `h`, first (see `ControlHeaders`).
-          return jetstream.publish(subject, payload, { headers: h, timeout: remaining })
-        },
-        catch: (error) =>
-          closedWhileWaiting(
-            NatsError.fromUnknown(operation, error),
-            connection.connection,
-            `the publish waited for its PubAck: whether ${stream} stored it is unknown; publish it again with the same ` +
-              `id over a new connection`
-          )
-      }).pipe(
+      const cached = options.stream === undefined && streamsBySubject.get(connection)?.has(subject) === true
+      const stream = options.stream ?? (yield* streamFor(subject, timeout))
+      return yield* sendTo(stream).pipe(
+        // A stream from the cache may be stale (the subject moved since): that costs no attempt.
+        // The refusal forgot it; it is looked up afresh and sent to within this attempt.
         Effect.catchIf(
-          (error) => error.reason === "NoResponders",
-          // Told apart by one stream look-up, bounded by what is left of the attempt: no stream
-          // captures the subject (final) or JetStream did not answer (retryable).
-          (error) =>
-            Effect.flatMap(left, (rest) =>
-              Effect.flatMap(explainUnansweredPublish(error, subject, stream, { timeoutMillis: Math.max(1, rest) }), Effect.fail))
-        ),
-        // Only a stream this publish found can have been replaced; a named one is the caller's.
-        Effect.mapError((error) =>
-          options.stream === undefined && error.code === expectedStreamMismatch
-            ? forgetMovedStream(connection, subject, stream, error)
-            : error
-        ),
-        Effect.flatMap((ack) => checkPubAck(operation, stream, ack))
+          (error) => cached && error.code === expectedStreamMismatch,
+          () => Effect.flatMap(left, (rest) => Effect.flatMap(streamFor(subject, Math.max(1, rest)), sendTo))
+        )
       )
     })
     // Timed from the first attempt, once a permit is held: what the horizon is counted from.

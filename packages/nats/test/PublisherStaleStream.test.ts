@@ -6,8 +6,8 @@
  * stream refused it (10060, "expected stream does not match") and the publish failed with a final
  * `ApiError`, not retried: a handler dead-lettered its message as permanent, the outbox relay
  * logged a false `outbox.relay_blocked`. The cache was dropped only after the retries ended. Now
- * the refusal drops it and the next attempt (within `attempts`) looks the stream up again, with the
- * same `Nats-Msg-Id`.
+ * the refusal drops it and the stream is looked up again within the same attempt (with
+ * `attempts: 1` it failed once more, the next publish succeeding), with the same `Nats-Msg-Id`.
  */
 import { assert, describe, layer } from "@effect/vitest"
 import { NatsConnection, Publisher } from "@jetworker/nats"
@@ -52,6 +52,15 @@ describe("Publisher: a subject moved to another stream", () => {
           assert.isFalse(result.success.duplicate)
         }
         assert.strictEqual(yield* stored, 1, "the publish is stored in the stream that now captures the subject")
+      }).pipe(Effect.scoped))
+
+    it.effect("INT-NATS-007: with attempts: 1 the stale cached stream costs no attempt: looked up again within it, stored once", () =>
+      Effect.gen(function*() {
+        const { second, stored, subject, tag } = yield* moved
+        const result = yield* Effect.result(Publisher.publish(subject, encoder.encode("2"), { msgId: `${tag}-2`, attempts: 1 }))
+        assert.strictEqual(result._tag, "Success", result._tag === "Failure" ? `${result.failure.reason}: ${result.failure.message}` : "")
+        if (result._tag === "Success") assert.strictEqual(result.success.stream, second)
+        assert.strictEqual(yield* stored, 1)
       }).pipe(Effect.scoped))
 
     it.effect("a stream named in the options is the caller's: its refusal (10060) stays final, not retried, and nothing is stored", () =>
