@@ -130,7 +130,9 @@ const outcomeCounts = (name: string) =>
     for (const snapshot of snapshots) {
       if (snapshot.id !== "jetworker.outcomes" || snapshot.attributes?.consumer !== name) continue
       const outcome = snapshot.attributes.outcome ?? "?"
-      counts[outcome] = (counts[outcome] ?? 0) + Number((snapshot.state as { readonly count: number | bigint }).count)
+      const count = Number((snapshot.state as { readonly count: number | bigint }).count)
+      // Every outcome's series is served from the start, at 0: only those that happened count here.
+      if (count > 0) counts[outcome] = (counts[outcome] ?? 0) + count
     }
     return counts
   })

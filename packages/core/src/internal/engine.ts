@@ -97,17 +97,24 @@ const makeProcess = <A, E extends Tagged, R>(shared: Shared<A, E, R>) => {
   })
 
   // Served from the start (a dashboard or an `absent()` alert reads no series as "no data"), not
-  // from their first change.
-  const zeroGauges = () => {
+  // from their first change; a counter first served at its first increment is invisible to
+  // `increase()`, which takes a new series' first sample as its baseline (the first stranded or
+  // dead-lettered message after a start would raise no alert). Counters keyed by a reason or stage
+  // have no fixed set: they start at their first use.
+  const zeroSeries = () => {
     shared.record(shared.inFlightGauge, 0)
     shared.record(shared.heldGauge, 0)
     shared.record(shared.pausedGauge, 0)
+    for (const counter of shared.counters.values()) shared.record(counter, 0)
+    shared.record(shared.stranded, 0)
+    shared.record(shared.redeliveries, 0)
+    shared.record(shared.retries, 0)
   }
   const stop = () => {
     shared.stopping = true
   }
 
-  return { one, many, summary, running: () => shared.running, dependencyGate: shared.dependencyGate, zeroGauges, stop }
+  return { one, many, summary, running: () => shared.running, dependencyGate: shared.dependencyGate, zeroSeries, stop }
 }
 
 /** Runs the engine until interrupted (then drains) or until the source fails. */
@@ -248,7 +255,7 @@ export const run = <A, E extends Tagged, R>(definition: Definition<A, E, R>): Ef
         }
       }
       started = true
-      processor.zeroGauges()
+      processor.zeroSeries()
       yield* (stalled === undefined ? component.up : component.down(stalled))
       yield* Effect.logInfo(
         `consumer ${definition.name} started on ${definition.source.name} ` +
