@@ -4,8 +4,10 @@
  * checks what each tarball holds (code, declarations, license, README, changelog; no tests),
  * installs the tarballs into a scratch application outside the workspace (every `@jetworker/*`
  * dependency overridden to its tarball, so nothing comes from the workspace or the registry),
- * compiles the consumer in `test/fixtures/packed-app` there with strict TypeScript (NodeNext),
- * runs it against the real NATS and PostgreSQL, and runs the installed `jetworker --help`.
+ * compiles the consumer in `test/fixtures/packed-app` there with strict TypeScript (NodeNext), checks
+ * the shipped declarations (`skipLibCheck` off) and that each package's `package.json` resolves
+ * through its `exports` while its `internal/` modules do not, runs the consumer against the real
+ * NATS and PostgreSQL, and runs the installed `jetworker --help`.
  *
  *   node scripts/packed-app.ts            # NATS_URL, DATABASE_URL (schema in its options), APP_STREAM
  *   node scripts/packed-app.ts --pack-only <directory>
@@ -58,13 +60,16 @@ const checkContents = (file: string, listing: string): void => {
     .filter((entry) => !entries.has(entry))
   const tests = [...entries].filter((entry) => entry.startsWith("package/test/"))
   const manifest = JSON.parse(execFileSync("tar", ["xzOf", join(packs, file), "package/package.json"], { encoding: "utf8" })) as {
-    readonly exports: { readonly ".": { readonly types?: string; readonly default?: string } }
+    readonly exports: { readonly ".": { readonly types?: string; readonly default?: string }; readonly [path: string]: unknown }
   }
   const exported = manifest.exports["."]
   const problems = [
     ...missing.map((entry) => `${entry} is missing`),
     ...tests.map((entry) => `${entry} is shipped`),
-    ...(exported.types === "./dist/index.d.ts" && exported.default === "./dist/index.js" ? [] : [`exports "." is ${JSON.stringify(exported)}`])
+    ...(exported.types === "./dist/index.d.ts" && exported.default === "./dist/index.js" ? [] : [`exports "." is ${JSON.stringify(exported)}`]),
+    // Tools read a dependency's package.json through its exports; internal modules stay private.
+    ...(manifest.exports["./package.json"] === "./package.json" ? [] : [`exports "./package.json" is ${JSON.stringify(manifest.exports["./package.json"])}`]),
+    ...(manifest.exports["./internal/*"] === null ? [] : [`exports "./internal/*" is ${JSON.stringify(manifest.exports["./internal/*"])}, not null`])
   ]
   if (problems.length > 0) {
     console.log(`step contents ${file} FAILED: ${problems.join("; ")}`)
@@ -92,6 +97,50 @@ try {
   if (process.env.JW_KEEP_PACKED_APP !== "1") rmSync(scratch, { recursive: true, force: true })
 }
 
+/**
+ * The declarations as shipped, checked with the application's strict settings (the fixture's own
+ * settings skip them): only errors in `@jetworker/*` count, since some of our dependencies'
+ * declarations fail under them (`@nats-io`'s with `exactOptionalPropertyTypes`, `effect`'s crypto
+ * modules without the DOM lib).
+ */
+function checkDeclarations(): void {
+  const started = Date.now()
+  let output = ""
+  try {
+    output = execFileSync("pnpm", ["exec", "tsc", "-p", "tsconfig.json", "--noEmit", "--skipLibCheck", "false"], {
+      cwd: app,
+      encoding: "utf8",
+      stdio: ["ignore", "pipe", "pipe"],
+      timeout: 180_000
+    })
+  } catch (error) {
+    output = (error as { readonly stdout?: string }).stdout ?? ""
+  }
+  const ours = output.split("\n").filter((line) => / error TS\d+/.test(line) && line.includes("@jetworker"))
+  if (ours.length > 0) {
+    console.log(`step check declarations FAILED:\n${ours.join("\n")}`)
+    process.exit(1)
+  }
+  console.log(`step check declarations ok (${Date.now() - started} ms)`)
+}
+
+/** Run in the application: exits 1 naming each package whose exports do not behave. */
+const resolveExports = `
+import { createRequire } from "node:module"
+const require = createRequire(process.cwd() + "/index.js")
+const problems = []
+for (const name of ${JSON.stringify(packages)}) {
+  try { require.resolve("@jetworker/" + name + "/package.json") } catch (error) { problems.push(name + "/package.json: " + error.code) }
+  try {
+    await import("@jetworker/" + name + "/internal/anything")
+    problems.push(name + "/internal/anything resolved")
+  } catch (error) {
+    if (error.code !== "ERR_PACKAGE_PATH_NOT_EXPORTED") problems.push(name + "/internal/anything: " + error.code)
+  }
+}
+if (problems.length > 0) { console.log(problems.join("\\n")); process.exit(1) }
+`
+
 /** Installs the tarballs in a scratch application, compiles the fixture, runs it and `jetworker --help`. */
 function runApp(tarballs: Record<string, string>, overrides: string): void {
   cpSync(join(root, "test/fixtures/packed-app"), app, { recursive: true })
@@ -112,6 +161,9 @@ function runApp(tarballs: Record<string, string>, overrides: string): void {
   writeFileSync(join(app, "pnpm-workspace.yaml"), overrides)
   run("install", "pnpm", ["install", "--prefer-offline", "--reporter=silent"], app, { ...process.env, CI: "true" })
   run("compile", "pnpm", ["exec", "tsc", "-p", "tsconfig.json"], app)
+  checkDeclarations()
+  // As installed: each package's package.json resolves through its exports, its internals do not.
+  run("resolve exports", process.execPath, ["--input-type=module", "-e", resolveExports], app)
   const output = run("run", process.execPath, ["dist/main.js"], app, { ...process.env, HEALTH_PORT: "0", HEALTH_HOST: "127.0.0.1" })
   process.stdout.write(output)
   const help = run("jetworker --help", join(app, "node_modules/.bin/jetworker"), ["--help"], app)

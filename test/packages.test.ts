@@ -1,7 +1,8 @@
 /**
  * The packages as a user installs them (issue: installable packages): `scripts/packed-app.ts`
  * builds and packs every package, installs the tarballs into a scratch application outside the
- * workspace, compiles a consumer there with strict TypeScript, runs it against the real NATS and
+ * workspace, compiles a consumer there with strict TypeScript (and checks the shipped declarations,
+ * and that `<package>/package.json` resolves through `exports` while `internal/` does not), runs it against the real NATS and
  * PostgreSQL (one greeting committed, then a clean shutdown), and runs the installed
  * `jetworker --help`.
  */
@@ -40,7 +41,7 @@ describe("the packed packages", () => {
         const exit = yield* child.waitForExit("280 seconds")
         const output = (yield* child.lines).join("\n")
         assert.strictEqual(exit.code, 0, output)
-        for (const step of ["build", "pack core", "pack cli", "contents jetworker-core-\\S+", "contents jetworker-cli-\\S+", "install", "compile", "run", "jetworker --help"]) {
+        for (const step of ["build", "pack core", "pack cli", "contents jetworker-core-\\S+", "contents jetworker-cli-\\S+", "install", "compile", "check declarations", "resolve exports", "run", "jetworker --help"]) {
           assert.match(output, new RegExp(`^step ${step} ok`, "m"))
         }
         assert.include(output, `"message":"greeting Committed: from the tarballs"`)

@@ -25,7 +25,7 @@
  *
  * It reads and computes only: no cluster API, no broker.
  *
- * @since 0.2.0
+ * @since 0.1.0
  */
 import { Worker } from "@jetworker/node"
 import { ConfigProvider, Data, Duration, Effect, Result } from "effect"

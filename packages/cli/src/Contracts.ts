@@ -3,7 +3,7 @@
  * INT-NATS-002): read the contract file, and the text an operator reads for a check (findings)
  * and for a plan (changes). The checks and the writes are `@jetworker/nats`'s `Contract`.
  *
- * @since 0.4.0
+ * @since 0.1.0
  */
 import { Contract, type Topology } from "@jetworker/nats"
 import type { Effect } from "effect"

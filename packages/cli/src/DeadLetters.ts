@@ -11,7 +11,7 @@
  * so a replay that is itself retried (or run twice) is stored once within the source stream's
  * duplicate window.
  *
- * @since 0.3.0
+ * @since 0.1.0
  */
 import { DeadLetter, NatsConnection, NatsError, Topology } from "@jetworker/nats"
 import { Duration, Effect } from "effect"
@@ -152,7 +152,7 @@ export interface Selection {
    * The sequence of the first dead letter that matches but was left out by the limit (the rest
    * follow it); `undefined` when the messages are all that match.
    *
-   * @since 0.5.0
+   * @since 0.1.0
    */
   readonly next: number | undefined
 }
@@ -162,7 +162,7 @@ export interface Selection {
  * {@link maxSelected}) took: it reads one more than it selects, as {@link listPage} does, so that
  * `dlq replay` and `dlq purge` can say that `--max` cut their selection.
  *
- * @since 0.5.0
+ * @since 0.1.0
  */
 export const selectPage = (
   stream: string,
@@ -182,7 +182,7 @@ export const selectPage = (
  * whatever the stream's name. Every `dlq` command but `recover` checks it before it reads or
  * changes anything.
  *
- * @since 0.5.0
+ * @since 0.1.0
  */
 export const isDeadLetterStream = (stream: string): Effect.Effect<boolean, NatsError.NatsError, NatsConnection.NatsConnection> =>
   Effect.map(DeadLetter.list(stream, { limit: 1 }), (first) => first.every(DeadLetter.isDeadLetter))
@@ -192,7 +192,7 @@ export const isDeadLetterStream = (stream: string): Effect.Effect<boolean, NatsE
  * `which` is the message that was read (`"its first message"`, `"#3"`), `verb` what was not done
  * (`"listed"`, `"purged"`); it names the dead-letter stream of `stream`'s consumers.
  *
- * @since 0.5.0
+ * @since 0.1.0
  */
 export const notDeadLetterStream = (stream: string, which: string, verb: string): string =>
   `${stream} is not a dead-letter stream (${which} has no ${DeadLetter.Header.stream} header), nothing ${verb}; ` +
@@ -221,7 +221,7 @@ export interface Page {
  * {@link maxSelected}) took: it reads one more than it lists, so that even a listing of the most
  * it takes can tell (`list` with a limit of one more cannot there, being capped).
  *
- * @since 0.4.0
+ * @since 0.1.0
  */
 export const listPage = (
   stream: string,

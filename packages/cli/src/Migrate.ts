@@ -12,7 +12,7 @@
  * (it is read as a `Redacted`; a password would be in it), take flags for connection settings
  * (everything is in the URL, e.g. `?options=-csearch_path%3Dmy_schema`), or roll back migrations.
  *
- * @since 0.4.0
+ * @since 0.1.0
  */
 import { PgClient } from "@effect/sql-pg"
 import { Migrations } from "@jetworker/sql-pg"

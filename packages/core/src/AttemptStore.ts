@@ -22,7 +22,7 @@
  * `@jetworker/sql-pg` implements it on PostgreSQL (`PgAttemptStore`). This module holds the
  * contract only.
  *
- * @since 0.2.0
+ * @since 0.1.0
  */
 import { Context, Data, type Effect } from "effect"
 import type { Key } from "./IdempotencyStore.ts"

@@ -5,7 +5,7 @@
  * parse. jetworker's packages check their duration options with it, and show the value given in
  * their messages.
  *
- * @since 0.5.0
+ * @since 0.1.0
  */
 import { Duration, Option } from "effect"
 

@@ -18,7 +18,7 @@
  *
  * It needs no classification entry: the engine recognises it before classifying errors.
  *
- * @since 0.2.0
+ * @since 0.1.0
  */
 import { Clock, Data, Effect } from "effect"
 import { currentEvents } from "./internal/currentEvents.ts"

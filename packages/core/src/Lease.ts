@@ -10,7 +10,7 @@
  * The dedup row remains the fence for effects inside the database transaction: an old and a new
  * owner commit at most once together. It needs no classification entry.
  *
- * @since 0.2.0
+ * @since 0.1.0
  */
 import { Clock, Data, Effect } from "effect"
 import { CurrentDelivery } from "./CurrentDelivery.ts"

@@ -22,7 +22,7 @@
  * that overruns its share is cut there and makes the shutdown's result `timeout`, except a
  * telemetry flush: telemetry is best effort and never changes the result.
  *
- * @since 0.2.0
+ * @since 0.1.0
  */
 import { type Cause, Clock, Data, Deferred, Duration, Effect, Exit, Fiber } from "effect"
 import * as DurationInput from "./DurationInput.ts"

@@ -21,7 +21,7 @@
  * subject space, e.g. `orders.<shard>.>`, one durable consumer per shard with a filter subject)
  * or choose `"sequential"`; either way the idempotent commit stays the guard against duplicates.
  *
- * @since 0.3.0
+ * @since 0.1.0
  */
 
 /** Limits of per-key ordering. Every limit is finite. */

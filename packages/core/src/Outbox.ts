@@ -10,7 +10,7 @@
  * {@link OutboxPublisher} is how the relay publishes (`@jetworker/nats`'s
  * `Publisher.outboxPublisher`, wired by the application).
  *
- * @since 0.4.0
+ * @since 0.1.0
  */
 import { Context, Data, type Duration, Effect } from "effect"
 import * as Envelope from "./Envelope.ts"

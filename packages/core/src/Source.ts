@@ -63,7 +63,7 @@ export interface Intake {
  * `Stalled` while the broker does not answer it (no message can be taken meanwhile), with a
  * `reason` an operator can read on the readiness probe; `Healthy` once it answers again.
  *
- * @since 0.2.0
+ * @since 0.1.0
  */
 export type Health =
   | { readonly _tag: "Healthy" }
@@ -94,7 +94,7 @@ export interface OpenOptions {
    * once it is stopping, reports change nothing). It never fails and returns at once, so a source
    * may run it from a client's callback. A source that cannot tell ignores it.
    *
-   * @since 0.2.0
+   * @since 0.1.0
    */
   readonly onHealth?: ((health: Health) => Effect.Effect<void>) | undefined
 }

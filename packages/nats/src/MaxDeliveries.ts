@@ -14,7 +14,7 @@
  * (a full dead-letter stream) stays and is tried again. The capture stream keeps advisories for
  * 7 days, with as many replicas as the source stream (or more, when an operator gave it more).
  *
- * @since 0.3.0
+ * @since 0.1.0
  */
 import { Telemetry } from "@jetworker/core"
 import type { PubAck } from "@nats-io/jetstream"

@@ -23,7 +23,7 @@
  * every annotation. It deliberately adds no fiber id;
  * lines written outside any span (the lifecycle events) carry no trace or span id.
  *
- * @since 0.2.0
+ * @since 0.1.0
  */
 import { Cause, Context, Layer, Logger, Redacted, References, Tracer } from "effect"
 import * as LifecycleEvents from "./internal/lifecycleEvents.ts"

@@ -38,7 +38,7 @@
  *
  * There is no separate error reporter: errors are log lines and span statuses.
  *
- * @since 0.2.0
+ * @since 0.1.0
  */
 import { OtelLogger, OtelMetrics, OtelTracer, Resource } from "@effect/opentelemetry"
 import { Lifecycle } from "@jetworker/core"

@@ -3,6 +3,6 @@
  * the OpenTelemetry SDK, configured from the `OTEL_*` environment, as one scoped resource whose
  * flush the worker's shutdown bounds.
  *
- * @since 0.2.0
+ * @since 0.1.0
  */
 export * as Otlp from "./Otlp.ts"

@@ -8,7 +8,7 @@
  *
  * It deliberately does not decide anything: the engine compares the count with the retry policy.
  *
- * @since 0.2.0
+ * @since 0.1.0
  */
 import { AttemptStore, AttemptStoreError, type AttemptStoreShape } from "@jetworker/core/AttemptStore"
 import type { Key } from "@jetworker/core/IdempotencyStore"

@@ -100,7 +100,7 @@ export const defaultTable: string = Table.defaultTable
  * {@link commitStatement} uses when it is not given a table, so that `commit` and
  * `commitStatement` record keys in one table. Default: {@link defaultTable}.
  *
- * @since 0.5.0
+ * @since 0.1.0
  */
 export const DedupTable = Context.Reference<string>("@jetworker/sql-pg/PgIdempotencyStore/DedupTable", {
   defaultValue: () => Table.defaultTable

@@ -41,7 +41,7 @@
  * may be published first. No row is skipped. A transaction that commits before another starts
  * is always published before it.
  *
- * @since 0.4.0
+ * @since 0.1.0
  */
 import { DurationInput, ErrorSummary, Outbox, Telemetry } from "@jetworker/core"
 import { Cause, Clock, Deferred, Duration, Effect, Exit, Fiber, Layer, Predicate, Result, Schedule } from "effect"

@@ -15,7 +15,7 @@
  * example to lock rows first (the ledger example's batch mode); the store's own transactions
  * already end typed.
  *
- * @since 0.5.0
+ * @since 0.1.0
  */
 import { Cause, Effect } from "effect"
 import { SqlClient } from "effect/sql"

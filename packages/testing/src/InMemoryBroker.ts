@@ -16,7 +16,7 @@
  * It deliberately does not model subjects, several consumers or persistence across "restarts":
  * the broker outlives the consumers that a test starts and stops on it.
  *
- * @since 0.2.0
+ * @since 0.1.0
  */
 import { Delivery, DurationInput, type Outcome, Source } from "@jetworker/core"
 import { Clock, Deferred, Duration, Effect } from "effect"

@@ -13,7 +13,7 @@
  *
  * It deliberately has no durability: it lives as long as the test.
  *
- * @since 0.2.0
+ * @since 0.1.0
  */
 import { CurrentDelivery, IdempotencyStore } from "@jetworker/core"
 import { Cause, Clock, Effect, Exit, Layer, Result, Semaphore } from "effect"

@@ -9,7 +9,7 @@
  * authentication. Its bounds (`readyTimeout`, `stopTimeout`) run on the real clock, also under
  * `TestClock`: the process runs in real time.
  *
- * @since 0.4.0
+ * @since 0.1.0
  */
 import { DurationInput } from "@jetworker/core"
 import { Data, Duration, Effect, type Scope } from "effect"

@@ -5,7 +5,7 @@
  * attributes and, once it ended, its status and exit. Installing a tracer is what makes jetworker
  * record a delivery's attributes (without one, its spans stay light: ids only).
  *
- * @since 0.5.0
+ * @since 0.1.0
  */
 import { Effect, Tracer } from "effect"
 

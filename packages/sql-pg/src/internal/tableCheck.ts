@@ -21,7 +21,7 @@ import * as Table from "./table.ts"
  * worker refuses to start instead of dead-lettering every message. Its message names the table,
  * the schema and the database (never the connection URL) and what to do.
  *
- * @since 0.5.0
+ * @since 0.1.0
  */
 export class MissingTable extends Data.TaggedError("MissingTable")<{
   /** The table's name as the store was given it (default `jetworker_dedup`, `jetworker_attempts`, `jetworker_outbox`). */
