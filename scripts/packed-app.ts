@@ -125,7 +125,8 @@ function checkDeclarations(): void {
 }
 
 /** Run in the application: exits 1 naming each package whose exports do not behave. */
-const resolveExports = `
+function resolveExports(): string {
+  return `
 import { createRequire } from "node:module"
 const require = createRequire(process.cwd() + "/index.js")
 const problems = []
@@ -140,6 +141,7 @@ for (const name of ${JSON.stringify(packages)}) {
 }
 if (problems.length > 0) { console.log(problems.join("\\n")); process.exit(1) }
 `
+}
 
 /** Installs the tarballs in a scratch application, compiles the fixture, runs it and `jetworker --help`. */
 function runApp(tarballs: Record<string, string>, overrides: string): void {
@@ -163,7 +165,7 @@ function runApp(tarballs: Record<string, string>, overrides: string): void {
   run("compile", "pnpm", ["exec", "tsc", "-p", "tsconfig.json"], app)
   checkDeclarations()
   // As installed: each package's package.json resolves through its exports, its internals do not.
-  run("resolve exports", process.execPath, ["--input-type=module", "-e", resolveExports], app)
+  run("resolve exports", process.execPath, ["--input-type=module", "-e", resolveExports()], app)
   const output = run("run", process.execPath, ["dist/main.js"], app, { ...process.env, HEALTH_PORT: "0", HEALTH_HOST: "127.0.0.1" })
   process.stdout.write(output)
   const help = run("jetworker --help", join(app, "node_modules/.bin/jetworker"), ["--help"], app)
