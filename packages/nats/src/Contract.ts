@@ -1,6 +1,6 @@
 /**
  * A service's JetStream contract as code (INT-NATS-002): its stream (the closed list of subjects,
- * storage, replicas, duplicate window, maximum age), its durable consumers, and what the
+ * storage, retention, replicas, duplicate window, maximum age), its durable consumers, and what the
  * application expects of each (attempts, concurrency, prefetch, instances, ordering), checked
  * against the live server. The compatibility checks jetworker makes live here, once:
  * `JetStreamSource` runs {@link consumerFindings} on the live consumer when it opens, and
@@ -91,6 +91,7 @@ export type Check =
   | "exists"
   | "subjects"
   | "storage"
+  | "retention"
   | "replicas"
   | "duplicate_window"
   | "max_age"
@@ -412,7 +413,8 @@ export const apply = (
       })
     }
     if (changes.length === 0 || options?.dryRun === true) return changes
-    yield* Topology.ensureStream(inFull(contract.stream))
+    // Only this apply's own allowDataLoss allows it (ensureStream refuses it otherwise).
+    yield* Topology.ensureStream({ ...inFull(contract.stream), allowDataLoss: options?.allowDataLoss === true })
     for (const consumer of contract.consumers) yield* Topology.ensureConsumer({ ...consumer, stream: name })
     return changes
   })

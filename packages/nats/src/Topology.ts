@@ -3,7 +3,8 @@
  * brings their mutable settings to what is declared when they differ. Options are camelCase
  * durations and counts; the snake_case nanosecond config of JetStream stays inside this module
  * and `internal/topologyDeclarations.ts`. It refuses (typed error) to change what the server
- * cannot change in place, such as a stream's storage or a consumer's ack policy.
+ * cannot change in place, such as a stream's storage or retention or a consumer's ack policy, and
+ * a stream change that deletes stored messages unless the declaration allows it.
  * {@link streamChanges} and {@link consumerChanges} say what `ensure*` would do without doing it
  * (`Contract.plan` and `Contract.apply` build on them). For a consumer owned by a platform team,
  * skip this and let the source (or `Contract.check`) check the live config instead.
@@ -26,6 +27,7 @@ import {
   consumerProblems,
   filterProblems,
   formatNanos,
+  retentionProblem,
   streamConfig,
   streamProblems,
   windowProblem
@@ -69,6 +71,26 @@ export interface StreamOptions {
   readonly discard?: "old" | "new" | undefined
   /** Replicas in a cluster. Default: 1 for a new stream; left out, an existing stream keeps its own. */
   readonly replicas?: number | undefined
+  /**
+   * When the server deletes a message. `"limits"`: only at the stream's limits (age, count, bytes),
+   * so a message stays after its ack, which jetworker relies on (the MaxDeliver recovery and
+   * `nats stream get` read it, every consumer gets it, one created later too). `"workqueue"`: once
+   * acked or terminated (a dead-lettered message goes with it), and the server refuses a second
+   * consumer without a filter of its own. `"interest"`: once every consumer acked it, and what is
+   * published while no consumer exists is not stored. nats-server 2.9 cannot change it in place:
+   * an existing stream with another retention than declared, or than `"limits"` when left out, is
+   * refused. Default: `"limits"`.
+   */
+  readonly retention?: "limits" | "interest" | "workqueue" | undefined
+  /**
+   * Apply a change that deletes messages the stream stores (a lower or first limit on its
+   * messages, bytes or age that they exceed, a switch from discard `new` to `old` under a limit:
+   * {@link streamChanges} marks it `destructive`). Without it `ensureStream` refuses such a change
+   * before anything is sent, as the stored messages may not have been processed yet. The change
+   * is logged at WARN with what it deletes. `Contract.apply` ignores this field: its own
+   * `allowDataLoss` decides. Default: `false`.
+   */
+  readonly allowDataLoss?: boolean | undefined
 }
 
 /** A durable pull consumer declaration (explicit acks). */
@@ -125,8 +147,8 @@ export interface Change {
    * switch from discard `new` to `old` under a limit, after which the server deletes the oldest
    * messages at the limit instead of refusing a publish. `message` then says how many messages go
    * when the stream's state tells, else that it may delete stored messages. A stream known to hold
-   * no message loses none. `Contract.apply` applies such a change only when allowed to
-   * (`allowDataLoss`). Absent: it deletes none.
+   * no message loses none. {@link ensureStream} and `Contract.apply` apply such a change only when
+   * allowed to (`allowDataLoss`). Absent: it deletes none.
    */
   readonly destructive?: boolean | undefined
 }
@@ -217,7 +239,8 @@ const dataLoss = (
 
 /**
  * What {@link ensureStream} would do to the live stream (`undefined`: none exists): nothing (an
- * empty list), create it, update the settings listed, or refuse a change of storage. It compares
+ * empty list), create it, update the settings listed, or refuse a change of storage or retention
+ * (the retention is always compared: left out, the declaration stands for `"limits"`). It compares
  * {@link streamConfig}, but only the settings the declaration gives (and its subjects): a stream's
  * replicas, age, duplicate window, storage or limits that an operator or platform set and the
  * declaration leaves out stay as they are. One exception: a live duplicate window longer than a
@@ -236,8 +259,9 @@ export const streamChanges = (
   if (live === undefined) {
     return [{ target, action: "create", setting: "*", live: "-", wanted: wanted.subjects!.join(", "), message: `create ${target}` }]
   }
+  const refusals: Array<Change> = []
   if (options.storage !== undefined && live.storage !== wanted.storage) {
-    return [{
+    refusals.push({
       target,
       action: "refuse",
       setting: "storage",
@@ -245,8 +269,15 @@ export const streamChanges = (
       wanted: wanted.storage!,
       message: `${target} exists with storage ${live.storage}; it cannot change in place: declare storage ` +
         `"${live.storage}" (keep the stream), or create a new stream with the other storage and move the consumers to it`
-    }]
+    })
   }
+  // Compared even when left out: jetworker's dead letters and consumers assume limits retention.
+  const retention = retentionProblem(options, live.retention)
+  if (retention !== undefined) {
+    const { message } = retention
+    refusals.push({ target, action: "refuse", setting: "retention", live: live.retention ?? "limits", wanted: wanted.retention!, message })
+  }
+  if (refusals.length > 0) return refusals
   const changes: Array<Change> = []
   // The stream as the update leaves it: a discard switch deletes only under the limits it will have.
   const after = {
@@ -269,8 +300,8 @@ export const streamChanges = (
   }
   const subjects = wantedSubjects(options, live.subjects)
   if (!sameList(live.subjects, subjects)) update("subjects", live.subjects.join(", "), subjects.join(", "))
-  // Settings are compared only when declared: a platform's replicas, retention, disk or count cap
-  // on a stream the declaration leaves them out of stays as it is (a worker ensuring its
+  // Settings are compared only when declared: a platform's replicas, disk or count cap on a
+  // stream the declaration leaves them out of stays as it is (a worker ensuring its
   // dead-letter stream shrank an operator's 3 replicas to 1).
   const windowTooLong = options.maxAge !== undefined && wanted.max_age! > 0 && live.duplicate_window > wanted.max_age!
   if ((options.duplicateWindow !== undefined || windowTooLong) && live.duplicate_window !== wanted.duplicate_window) {
@@ -293,7 +324,10 @@ export const streamChanges = (
  * ({@link streamProblems}) or would refuse (a declared duplicate window longer than the max age)
  * is refused before anything is sent. Changing a live stream is logged at WARN (`stream <name>
  * reconfigured: ...`, each setting with its old and new value): an operator must see a worker
- * change a stream it shares with others. Subjects another stream captures are refused naming
+ * change a stream it shares with others. A change that deletes stored messages (`destructive`, see
+ * {@link streamChanges}) is refused before anything is sent unless the declaration says
+ * `allowDataLoss: true`: a limit lowered in the code must not delete unprocessed messages at the
+ * next start-up. Subjects another stream captures are refused naming
  * each of them and that stream (the server names neither); a server without JetStream is named
  * (host:port) with how to enable it.
  */
@@ -315,8 +349,17 @@ export const ensureStream = (options: StreamOptions): Effect.Effect<StreamInfo, 
     )
     if (existing === undefined) return yield* call(operation, () => manager.streams.add(wanted)).pipe(Effect.catch(overlap(wanted.subjects!)))
     const changes = streamChanges(options, existing.config, existing.state)
-    const refused = changes.find((change) => change.action === "refuse")
-    if (refused !== undefined) return yield* invalid(operation, refused.message)
+    const refused = changes.filter((change) => change.action === "refuse")
+    if (refused.length > 0) return yield* invalid(operation, refused.map((change) => change.message).join("; "))
+    const destructive = changes.filter((change) => change.destructive === true)
+    if (destructive.length > 0 && options.allowDataLoss !== true) {
+      return yield* invalid(
+        operation,
+        `refused: ${destructive.map((change) => change.message).join("; ")}; the stored messages may not have been ` +
+          `processed yet: keep the live limit in the declaration, or declare allowDataLoss: true to apply it ` +
+          `(Contract.apply: allowDataLoss, or jetworker contract apply --allow-data-loss)`
+      )
+    }
     if (changes.length === 0) return existing
     // Only the settings that change are sent: the others keep their live values (nats.js sends
     // the live config with these changes).

@@ -55,6 +55,7 @@ const StreamFile = Schema.Struct({
   subjects: Schema.Array(Schema.String),
   subjectsMode: Schema.optional(Schema.Literals(["exact", "add"])),
   storage: Schema.optional(Schema.Literals(["file", "memory"])),
+  retention: Schema.optional(Schema.Literals(["limits", "interest", "workqueue"])),
   duplicateWindow: Schema.optional(PositiveDurationInput),
   maxAge: Schema.optional(DurationInput),
   maxBytes: Schema.optional(Limit),

@@ -10,6 +10,7 @@ import { Duration } from "effect"
 import type { Check, ConsumerContract, Expectations, Finding } from "../Contract.ts"
 import * as Topology from "../Topology.ts"
 import { DEFAULT_PULL_EXPIRES_MILLIS, MAX_TIMER_MILLIS, MIN_PULL_EXPIRES_MILLIS } from "./sourceSettings.ts"
+import { retentionProblem } from "./topologyDeclarations.ts"
 
 const nanosToMillis = (nanos: number | undefined): number => Math.floor((nanos ?? 0) / 1_000_000)
 
@@ -262,11 +263,11 @@ export const declaredConsumerFindings = (
 
 /**
  * The checks of a live stream against its declaration: exactly the contract's subjects (a subject
- * the contract does not list is an error: the list is closed), the same storage, replicas and
- * maximum age, the declared limits (bytes, messages, discard policy; only when declared, as
- * `Topology` applies them), the declared duplicate window, and a duplicate window that covers the producers'
- * republish horizon (outside it a republish is stored twice, which the consumer's dedup row then
- * turns into a `Duplicate`). A `publishHorizon` that is not a finite duration of 0 or more is an
+ * the contract does not list is an error: the list is closed), the same storage, retention (left
+ * out: limits, which jetworker relies on), replicas and maximum age, the declared limits (bytes,
+ * messages, discard policy; only when declared, as `Topology` applies them), the declared
+ * duplicate window, and a duplicate window that covers the producers' republish horizon (outside
+ * it a republish is stored twice, which the consumer's dedup row then turns into a `Duplicate`). A `publishHorizon` that is not a finite duration of 0 or more is an
  * error finding naming it.
  */
 export const streamFindings = (
@@ -296,6 +297,8 @@ export const streamFindings = (
   if (live.storage !== undefined && live.storage !== wanted.storage) {
     add("storage", `${target} has ${live.storage} storage, the contract ${wanted.storage}: storage cannot change in place; create a new stream and move the consumers, or change the contract`)
   }
+  const retention = retentionProblem(declared, live.retention)
+  if (retention !== undefined) add("retention", retention.message)
   if ((live.num_replicas ?? 1) !== wanted.num_replicas) {
     add("replicas", `${target} has ${live.num_replicas ?? 1} replicas, the contract ${wanted.num_replicas}: apply the contract or change it`)
   }

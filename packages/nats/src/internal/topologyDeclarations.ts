@@ -4,7 +4,15 @@
  * declared (`streamProblems`, `consumerProblems`, `filterProblems`). Kept apart from the
  * module that compares and applies declarations, which re-exports the public names.
  */
-import { AckPolicy, type ConsumerConfig, DeliverPolicy, DiscardPolicy, type StreamConfig, StorageType } from "@nats-io/jetstream"
+import {
+  AckPolicy,
+  type ConsumerConfig,
+  DeliverPolicy,
+  DiscardPolicy,
+  RetentionPolicy,
+  type StreamConfig,
+  StorageType
+} from "@nats-io/jetstream"
 import { nanos } from "@nats-io/transport-node"
 import { DurationInput } from "@jetworker/core"
 import { Duration } from "effect"
@@ -133,6 +141,39 @@ export const windowProblem = (options: StreamOptions): Problem | undefined => {
 export const formatNanos = (value: number | undefined): string =>
   (value ?? 0) === 0 ? "0" : Duration.format(Duration.millis(Math.floor((value ?? 0) / 1_000_000)))
 
+const RETENTION: Record<NonNullable<StreamOptions["retention"]>, RetentionPolicy> = {
+  limits: RetentionPolicy.Limits,
+  interest: RetentionPolicy.Interest,
+  workqueue: RetentionPolicy.Workqueue
+}
+
+/** What a live retention other than limits does to a jetworker consumer. */
+const RETENTION_EFFECT: Partial<Record<string, string>> = {
+  workqueue: "the server deletes each message once it is acked or terminated (dead-lettered) and refuses a " +
+    "second consumer (\"multiple non-filtered consumers not allowed on workqueue stream\"); ",
+  interest: "the server deletes each message once every consumer acked it and does not store what is published " +
+    "while no consumer exists; "
+}
+
+/**
+ * A live stream's retention (`live`; absent: limits) that is not the declared one, or `"limits"`
+ * when the declaration leaves it out (jetworker relies on messages staying after their ack), with
+ * what it does and what to do: retention cannot change in place on nats-server 2.9 (it answers
+ * 10052). `undefined`: they agree.
+ */
+export const retentionProblem = (options: StreamOptions, live: string | undefined): Problem | undefined => {
+  const have = live ?? RetentionPolicy.Limits
+  const wanted = RETENTION[options.retention ?? "limits"]
+  if (have === wanted) return undefined
+  return {
+    setting: "retention",
+    message: `stream ${options.name} exists with retention ${have}, the declaration ${wanted}` +
+      `${options.retention === undefined ? " (the default)" : ""}; ${RETENTION_EFFECT[have] ?? ""}retention cannot ` +
+      `change in place (nats-server 2.9): declare retention: "${have}" if the stream is meant to work so, or create a ` +
+      `new stream with retention ${wanted} and move the publishers and consumers to it`
+  }
+}
+
 /**
  * The server config a stream declaration stands for. Check it with {@link streamProblems} first
  * (`ensureStream` does): a duration that is not a finite one of 0 or more (a string that does not
@@ -142,6 +183,7 @@ export const streamConfig = (options: StreamOptions): Partial<StreamConfig> & { 
   name: options.name,
   subjects: [...options.subjects],
   storage: options.storage === "memory" ? StorageType.Memory : StorageType.File,
+  retention: RETENTION[options.retention ?? "limits"],
   duplicate_window: windowNanos(options),
   max_age: ns(options.maxAge, 0),
   max_bytes: options.maxBytes ?? -1,
