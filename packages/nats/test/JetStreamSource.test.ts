@@ -165,7 +165,7 @@ describe("JetStreamSource", () => {
         yield* proxy.pause
         yield* Eventually.holds(
           "the pull written off",
-          Effect.sync(() => logged.lines.some((line) => /no word from the server .* pulls are written off/.test(line))),
+          Effect.sync(() => logged.lines.some((line) => /no word from the server .* pulls are given up/.test(line))),
           "20 seconds"
         )
         yield* proxy.resume
@@ -225,7 +225,7 @@ describe("JetStreamSource", () => {
           { timeout: "15 seconds" }
         )
         assert.strictEqual(info.num_ack_pending, 5 + prefetch)
-        assert.isTrue(logged.lines.some((line) => /reconnected; .* written off/.test(line)), logged.lines.join("\n"))
+        assert.isTrue(logged.lines.some((line) => /reconnected; .* given up/.test(line)), logged.lines.join("\n"))
       }).pipe(Effect.scoped), { timeout: 60_000 })
 
     it.effect("ackAll acks a batch's deliveries at once, each confirmed on its own: an ack the broker cannot take fails alone, and a delivery of another source is acked by its own ack", () =>

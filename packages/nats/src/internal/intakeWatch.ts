@@ -28,7 +28,7 @@ export const watchLink = (env: IntakeEnv, state: IntakeState, pulls: Pulls): Eff
         state.linkDown = false
         if (state.closed || state.failure !== undefined) return
         if (state.requested > 0 || state.waiting.length > 0) {
-          env.logWarning(`${env.name}: reconnected; ${state.requested} messages pulled before are written off and the consumer checked before pulling again`)
+          env.logWarning(`${env.name}: reconnected; the open pulls for ${state.requested} messages are given up (undelivered, they stay on the server) and the consumer checked before pulling again`)
           pulls.writeOff()
         }
         pulls.pause()
@@ -60,7 +60,7 @@ export const watchLeader = (env: IntakeEnv, state: IntakeState, pulls: Pulls): S
         return
       }
       if (state.failure !== undefined) return
-      env.logEvent("Info", "intake.leader_changed", `${env.name}: the consumer has a new leader; ${state.requested} messages pulled before are written off and pulled again`, {
+      env.logEvent("Info", "intake.leader_changed", `${env.name}: the consumer has a new leader; the open pulls for ${state.requested} messages are given up (undelivered, they stay on the server) and pulled again`, {
         pulled: state.requested
       })
       if (state.requested > 0 || state.waiting.length > 0) pulls.writeOff()
@@ -96,8 +96,8 @@ export const startWatchdog = (env: IntakeEnv, state: IntakeState, pulls: Pulls):
         env.logEvent(
           "Warning",
           "intake.stalled",
-          `${env.name}: no word from the server for ${silenceMs} ms with ${state.requested} messages pulled; ` +
-            "the pulls are written off and the consumer checked before pulling again",
+          `${env.name}: no word from the server for ${silenceMs} ms with pulls open for ${state.requested} messages; ` +
+            "the pulls are given up (undelivered messages stay on the server) and the consumer checked before pulling again",
           { silenceMs, pulled: state.requested }
         )
         // Readiness says so too, until `intake.resumed`: no message can be taken meanwhile.
