@@ -22,6 +22,8 @@ export interface Lease {
   extending: boolean
   /** Set before the keeper interrupts the fiber: the interruption means "lease lost". */
   lost: boolean
+  /** Why the last extension was not confirmed (the broker's error, or no answer in time), for the lost lease's line. */
+  lastFailure: string | undefined
   /** Where the keeper holds it (-1 for none). */
   slot: number
 }
@@ -47,7 +49,7 @@ export interface LeaseKeeper {
 
 /** A keeper that watches nothing, for a source without leases. */
 export const none: LeaseKeeper = {
-  register: (delivery, receivedAt, fiber) => ({ delivery, fiber, hold: { since: receivedAt }, extending: false, lost: false, slot: -1 }),
+  register: (delivery, receivedAt, fiber) => ({ delivery, fiber, hold: { since: receivedAt }, extending: false, lost: false, lastFailure: undefined, slot: -1 }),
   unregister: () => undefined
 }
 
@@ -61,11 +63,21 @@ export const make = (lease: Duration.Duration): Effect.Effect<LeaseKeeper, never
     const extendAfter = leaseMillis * timing.extendAfter
     const extendTimeout = Duration.millis(extendAfter)
 
+    const unanswered = `no answer within ${Math.round(extendAfter)} ms`
     const extend = (lease: Lease, sentAt: number) =>
       lease.delivery.extend.pipe(
         Effect.timeoutOption(extendTimeout),
-        Effect.map(Option.isSome),
-        Effect.catch(() => Effect.succeed(false)),
+        Effect.map((answered) => {
+          if (Option.isSome(answered)) return true
+          lease.lastFailure = unanswered
+          return false
+        }),
+        Effect.catch((error) =>
+          Effect.sync(() => {
+            lease.lastFailure = error.message
+            return false
+          })
+        ),
         Effect.flatMap((confirmed) =>
           Effect.sync(() => {
             if (confirmed && !lease.lost) lease.hold.since = Math.max(lease.hold.since, sentAt)
@@ -93,7 +105,7 @@ export const make = (lease: Duration.Duration): Effect.Effect<LeaseKeeper, never
     yield* Effect.forkScoped(Effect.forever(Effect.andThen(Effect.sleep(Duration.millis(leaseMillis / 6)), tick)))
     return {
       register: (delivery, receivedAt, fiber, takenAt) => {
-        const lease: Lease = { delivery, fiber, hold: { since: receivedAt }, extending: false, lost: false, slot: -1 }
+        const lease: Lease = { delivery, fiber, hold: { since: receivedAt }, extending: false, lost: false, lastFailure: undefined, slot: -1 }
         lease.slot = leases.add(lease)
         if (takenAt - receivedAt >= extendAfter) {
           lease.extending = true

@@ -129,7 +129,11 @@ export const makeConclude = <A, E extends Tagged, R>(shared: Shared<A, E, R>, { 
         return Outcome.verdict("Released", {
           message,
           reason: "LeaseLost",
-          error: ErrorSummary.make("LeaseLost", "no lease extension was confirmed in time; the handler was interrupted"),
+          error: ErrorSummary.make(
+            "LeaseLost",
+            `no lease extension was confirmed in time${lease.lastFailure === undefined ? "" : ` (the last: ${lease.lastFailure})`}; ` +
+              "the handler was interrupted"
+          ),
           retryIn: undefined,
           ...committed
         })
