@@ -19,11 +19,11 @@ describe("Worker settings", () => {
         const schema = yield* TestDatabase.TestSchema
         const env = workerEnv(settings, schema.name, databaseUrl, natsUrl)
         const cases = [
-          ["HEALTH_MAX_EVENT_LOOP_LAG", "0 millis", "HEALTH_MAX_EVENT_LOOP_LAG must be a positive, finite duration, got 0"],
-          ["HEALTH_MAX_EVENT_LOOP_LAG", "-5 seconds", "HEALTH_MAX_EVENT_LOOP_LAG must be a positive, finite duration, got -5s"],
-          ["HEALTH_MAX_EVENT_LOOP_LAG", "Infinity", "HEALTH_MAX_EVENT_LOOP_LAG must be a positive, finite duration, got Infinity"],
-          ["STARTUP_TIMEOUT", "0 millis", "STARTUP_TIMEOUT must be a positive, finite duration, got 0"],
-          ["STARTUP_TIMEOUT", "-1 seconds", "STARTUP_TIMEOUT must be a positive, finite duration, got -1s"],
+          ["HEALTH_MAX_EVENT_LOOP_LAG", "0 millis", "HEALTH_MAX_EVENT_LOOP_LAG must be a positive, finite duration, got \"0 millis\""],
+          ["HEALTH_MAX_EVENT_LOOP_LAG", "-5 seconds", "HEALTH_MAX_EVENT_LOOP_LAG must be a positive, finite duration, got \"-5 seconds\""],
+          ["HEALTH_MAX_EVENT_LOOP_LAG", "Infinity", "HEALTH_MAX_EVENT_LOOP_LAG must be a positive, finite duration, got \"Infinity\""],
+          ["STARTUP_TIMEOUT", "0 millis", "STARTUP_TIMEOUT must be a positive, finite duration, got \"0 millis\""],
+          ["STARTUP_TIMEOUT", "-1 seconds", "STARTUP_TIMEOUT must be a positive, finite duration, got \"-1 seconds\""],
           ["SHUTDOWN_CLOSE", "-1 seconds", "SHUTDOWN_CLOSE must not be negative, got \"-1 seconds\""]
         ] as const
         for (const [name, value, text] of cases) {

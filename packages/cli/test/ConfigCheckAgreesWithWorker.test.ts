@@ -81,10 +81,11 @@ describe("jetworker config check agrees with the worker's own refusals", () => {
   for (
     const [name, value, shown] of [
       ["HEALTH_HOST", "0.0.0.0:8080", `"0.0.0.0:8080"`],
-      ["STARTUP_TIMEOUT", "0 seconds", "got 0"],
-      ["LOG_BUFFER_BYTES", "1000", "got 1000"],
-      ["HEALTH_MAX_EVENT_LOOP_LAG", "0 seconds", "got 0"],
-      ["HEALTH_MAX_EVENT_LOOP_LAG", "Infinity", "got Infinity"],
+      ["STARTUP_TIMEOUT", "0 seconds", `got "0 seconds"`],
+      ["LOG_BUFFER_BYTES", "1000", `got "1000"`],
+      ["LOG_BUFFER_BYTES", "abc", `got "abc"`],
+      ["HEALTH_MAX_EVENT_LOOP_LAG", "0 seconds", `got "0 seconds"`],
+      ["HEALTH_MAX_EVENT_LOOP_LAG", "Infinity", `got "Infinity"`],
       ["HEALTH_PORT", "abc", `got "abc"`],
       ["HEALTH_PORT", "70000", `got "70000"`],
       ["SHUTDOWN_BUDGET", "soon", `got "soon"`],

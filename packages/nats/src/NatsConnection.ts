@@ -8,7 +8,10 @@
  * client certificate for mutual TLS) and credentials files (a user JWT and its NKey seed) are read
  * from files named in the options, and checked (as the NKey seed is) before connecting. A refused
  * credential or certificate, a TLS failure or a setting that cannot work fails the first
- * connection at once with what to check, instead of being retried.
+ * connection at once with what to check, instead of being retried. A server that turns the client
+ * away during the handshake for another reason, as at its connection limit or its account's, is
+ * named in its own words (nats.js only times out on it), and waited for at start-up as a refused
+ * connection is.
  *
  * @since 0.1.0
  */
@@ -24,7 +27,9 @@ import {
   durationSetting,
   integerSetting,
   loginFor,
+  mayHideRefusal,
   millisOf,
+  refusedBy,
   serverList,
   schemeOf,
   serversAndCredentials,
@@ -32,6 +37,7 @@ import {
   settingError,
   tlsFor
 } from "./internal/connectSettings.ts"
+import * as HandshakeProbe from "./internal/handshakeProbe.ts"
 import * as Outgoing from "./internal/outgoing.ts"
 import * as Replies from "./internal/replies.ts"
 import * as NatsError from "./NatsError.ts"
@@ -169,6 +175,11 @@ export interface Shape {
 /** The NATS connection service. */
 export class NatsConnection extends Context.Service<NatsConnection, Shape>()("@jetworker/nats/NatsConnection") {}
 
+// The bound on asking a server that timed out the handshake for its -ERR (see `HandshakeProbe`),
+// and the most a try cut short by the start-up deadline leaves for it.
+const PROBE_MILLIS = 2_000
+const PROBE_RESERVE_MILLIS = 300
+
 /**
  * One try of nats.js's `connect`. Interrupted while it is under way, it lets the try end and
  * closes the connection it may still open, which would otherwise reconnect for ever unowned.
@@ -241,27 +252,51 @@ export const make = (options: Options) =>
     // Under a worker that is starting, a refused or timed-out connection is retried until the
     // start-up deadline (the server may be restarting); otherwise it fails at once. Each try
     // carries its next step (logged by startup.waiting), and ends 100 ms before the deadline (less
-    // than the retry's shortest wait, 160 ms), so start-up fails with it, not a bare StartupTimeout.
+    // than the retry's shortest wait, 160 ms), so start-up fails with it, not a bare StartupTimeout;
+    // a try the deadline cuts short leaves a quarter of what is left (at most 300 ms) for asking a
+    // server that timed it out why (below).
+    const connectionOptions: ConnectionOptions = {
+      servers: [...fromUrls.servers],
+      name: options.name ?? "jetworker",
+      maxReconnectAttempts: maxReconnects,
+      reconnectTimeWait: reconnectMillis,
+      reconnectJitter: 100,
+      pingInterval: pingMillis,
+      maxPingOut: maxPingsOut,
+      noAsyncTraces: true,
+      ...(login.token === undefined ? {} : { token: Redacted.value(login.token) }),
+      ...(login.user === undefined ? {} : { user: login.user }),
+      ...(login.password === undefined ? {} : { pass: Redacted.value(login.password) }),
+      ...(authenticator === undefined ? {} : { authenticator }),
+      ...(tls === undefined ? {} : { tls })
+    }
+    // The last try's failure: a retry that starts with no time left before the deadline makes no
+    // try (it could neither connect nor ask the server why), and start-up fails with this one.
+    let lastFailure: NatsError.NatsError | undefined
     const attempt = Effect.flatMap(Clock.currentTimeMillis, (now) => {
       const deadline = lifecycle.startupDeadline()
-      const timeout = deadline === undefined ? connectMillis : Math.max(1, Math.min(connectMillis, deadline - now - 100))
-      return connectOnce({
-            servers: [...fromUrls.servers],
-            name: options.name ?? "jetworker",
-            maxReconnectAttempts: maxReconnects,
-            reconnectTimeWait: reconnectMillis,
-            reconnectJitter: 100,
-            pingInterval: pingMillis,
-            maxPingOut: maxPingsOut,
-            timeout,
-            noAsyncTraces: true,
-            ...(login.token === undefined ? {} : { token: Redacted.value(login.token) }),
-            ...(login.user === undefined ? {} : { user: login.user }),
-            ...(login.password === undefined ? {} : { pass: Redacted.value(login.password) }),
-            ...(authenticator === undefined ? {} : { authenticator }),
-            ...(tls === undefined ? {} : { tls })
-      })
-    }).pipe(Effect.mapError((error) => connectNextStep(error, options, fromUrls.credentials)))
+      const left = deadline === undefined ? Infinity : deadline - now - 100
+      if (left <= 0 && lastFailure !== undefined) return Effect.fail(lastFailure)
+      const timeout = Math.max(1, Math.min(connectMillis, left - Math.min(PROBE_RESERVE_MILLIS, Math.max(0, left / 4))))
+      return connectOnce({ ...connectionOptions, timeout })
+    }).pipe(
+      // nats.js keeps a server's -ERR (a connection limit) to itself and only times out: ask the
+      // server once more for its answer, within what is left before the start-up deadline.
+      Effect.catchIf(mayHideRefusal, (error) =>
+        Effect.gen(function*() {
+          const now = yield* Clock.currentTimeMillis
+          const deadline = lifecycle.startupDeadline()
+          const bound = Math.min(PROBE_MILLIS, deadline === undefined ? PROBE_MILLIS : deadline - now - 50)
+          const answer = yield* HandshakeProbe.refusal(connectionOptions, bound)
+          return yield* Effect.fail(answer === undefined ? error : refusedBy(answer.server, answer.text))
+        })),
+      Effect.tapError((error) =>
+        Effect.sync(() => {
+          lastFailure = error
+        })
+      ),
+      Effect.mapError((error) => connectNextStep(error, options, fromUrls.credentials))
+    )
     // Interruptible: a stop signal while start-up waits for the server ends the wait at once
     // (`connectOnce` closes a connection that opens after that).
     const connection = yield* Effect.acquireRelease(

@@ -32,7 +32,7 @@
  * lines with `event` `dependency.*`, `consumer.paused` or `consumer.resumed`), which are always written. There is no separate error
  * reporter: errors are log lines (and, with telemetry, spans).
  *
- * @since 0.2.0
+ * @since 0.1.0
  */
 import { ErrorSummary, Lifecycle } from "@jetworker/core"
 import {
@@ -106,23 +106,43 @@ export interface Settings {
   readonly logBufferBytes: number
 }
 
+/** The range of `LOG_BUFFER_BYTES`. */
+const LOG_BUFFER_BYTES = { min: 65_536, max: 1_073_741_824 }
+
+/** The variable each number or duration of {@link Settings} is read from. */
+const VARIABLES = {
+  budget: "SHUTDOWN_BUDGET",
+  readinessGrace: "SHUTDOWN_READINESS_GRACE",
+  close: "SHUTDOWN_CLOSE",
+  telemetry: "SHUTDOWN_TELEMETRY",
+  reserve: "SHUTDOWN_RESERVE",
+  startupTimeout: "STARTUP_TIMEOUT",
+  maxEventLoopLag: "HEALTH_MAX_EVENT_LOOP_LAG",
+  logBufferBytes: "LOG_BUFFER_BYTES"
+} as const
+
+/** The text each setting was read from, when it came from the environment: quoted in its refusal. */
+type Given = Partial<Record<keyof typeof VARIABLES, string>>
+
 /**
  * Why `duration`, read from `name`, cannot be used where only a positive, finite duration makes
  * sense (a lag of 0 fails every liveness probe, a start-up timeout of 0 has already run out);
- * `undefined` when it can.
+ * `undefined` when it can. `text`: what the environment gave, shown rather than the duration
+ * (`"0 seconds"`, not `0`).
  */
-const notPositiveFinite = (name: string, duration: Duration.Duration): string | undefined =>
+const notPositiveFinite = (name: string, duration: Duration.Duration, text: string | undefined): string | undefined =>
   Duration.isFinite(duration) && Duration.toMillis(duration) > 0
     ? undefined
-    : `${name} must be a positive, finite duration, got ${Duration.format(duration)}`
+    : `${name} must be a positive, finite duration, got ${text === undefined ? Duration.format(duration) : JSON.stringify(text)}`
 
 /**
  * Reads {@link Settings} from the environment (managed configuration). A value that cannot be
  * used fails with one line naming the variable, what it takes and the value given (see
  * `describeConfigError`): `LOG_LEVEL` in any case; durations as `"25 seconds"`; the `SHUTDOWN_*`
- * shares not negative; `HEALTH_PORT` a port or `off`. What the values must be together (a budget
- * whose shares fit, a positive start-up timeout) is checked by {@link settingsProblems};
- * {@link readSettings} does both, as `run` does.
+ * shares not negative; `HEALTH_PORT` a port or `off`; `LOG_BUFFER_BYTES` an integer. What the
+ * values must be together (a budget whose shares fit, a positive start-up timeout, a buffer within
+ * its range) is checked by {@link settingsProblems}; {@link readSettings} does both, as `run` does,
+ * and quotes in each refusal the text the environment gave (`got "0 seconds"`).
  */
 export const settings: Config.Config<Settings> = Config.all({
   budget: FromEnv.duration("SHUTDOWN_BUDGET", "25 seconds", { nonNegative: true }),
@@ -135,7 +155,7 @@ export const settings: Config.Config<Settings> = Config.all({
   healthHost: Config.String("HEALTH_HOST").pipe(Config.withDefault("0.0.0.0")),
   maxEventLoopLag: FromEnv.duration("HEALTH_MAX_EVENT_LOOP_LAG", "5 seconds"),
   logLevel: FromEnv.logLevel("LOG_LEVEL"),
-  logBufferBytes: Config.Int("LOG_BUFFER_BYTES").pipe(Config.withDefault(JsonLogger.defaultMaxBufferedBytes))
+  logBufferBytes: FromEnv.integer("LOG_BUFFER_BYTES", JsonLogger.defaultMaxBufferedBytes, LOG_BUFFER_BYTES)
 })
 
 /** One reason `run` refuses its settings, worded as its `worker.invalid_settings` line. */
@@ -153,9 +173,13 @@ const budgetOf = (s: Settings) =>
 /**
  * Every reason `run` refuses to start with `settings`, in the order it checks them; empty when it
  * would start. This is the one place those checks live: `run` refuses on the first problem, and
- * `jetworker config check` reports each, so the two cannot disagree.
+ * `jetworker config check` reports each, so the two cannot disagree. Values are shown as they are
+ * in `s` (a duration formatted); {@link readSettings} quotes the environment's text instead.
  */
-export const settingsProblems = (s: Settings): ReadonlyArray<SettingsProblem> => {
+export const settingsProblems = (s: Settings): ReadonlyArray<SettingsProblem> => problemsOf(s, {})
+
+/** {@link settingsProblems}, quoting the text of each setting `given` by the environment. */
+const problemsOf = (s: Settings, given: Given): ReadonlyArray<SettingsProblem> => {
   const problems: Array<SettingsProblem> = []
   // Checked before listening: with a port, the host would fail as a name that does not resolve.
   const hostProblem = s.healthPort === "off" ? undefined : FromEnv.hostWithPort(s.healthHost)
@@ -169,23 +193,27 @@ export const settingsProblems = (s: Settings): ReadonlyArray<SettingsProblem> =>
   if (s.healthPort !== "off" && !(Number.isInteger(s.healthPort) && s.healthPort >= 0 && s.healthPort <= 65535)) {
     problems.push({ error: `HEALTH_PORT must be a port (0-65535) or "off", got ${s.healthPort}` })
   }
-  if (!(s.logBufferBytes >= 65_536 && s.logBufferBytes <= 1_073_741_824)) {
-    problems.push({ error: `LOG_BUFFER_BYTES must be from 65536 to 1073741824, got ${s.logBufferBytes}` })
+  if (!(s.logBufferBytes >= LOG_BUFFER_BYTES.min && s.logBufferBytes <= LOG_BUFFER_BYTES.max)) {
+    const shown = given.logBufferBytes === undefined ? String(s.logBufferBytes) : JSON.stringify(given.logBufferBytes)
+    problems.push({ error: `LOG_BUFFER_BYTES must be from ${LOG_BUFFER_BYTES.min} to ${LOG_BUFFER_BYTES.max}, got ${shown}` })
   }
   for (
     const problem of [
-      notPositiveFinite("HEALTH_MAX_EVENT_LOOP_LAG", s.maxEventLoopLag),
-      notPositiveFinite("STARTUP_TIMEOUT", s.startupTimeout)
+      notPositiveFinite("HEALTH_MAX_EVENT_LOOP_LAG", s.maxEventLoopLag, given.maxEventLoopLag),
+      notPositiveFinite("STARTUP_TIMEOUT", s.startupTimeout, given.startupTimeout)
     ]
   ) {
     if (problem !== undefined) problems.push({ error: problem })
   }
   const budget = budgetOf(s)
   if (Result.isFailure(budget)) {
-    // The budget names its shares as options; the operator set them as variables.
+    // The budget names its shares as options, in milliseconds; the operator set them as variables,
+    // each named with the text given (a share left to its default is named alone).
+    const share = (option: string, key: "budget" | "readinessGrace" | "close" | "telemetry" | "reserve") =>
+      `${option} ${VARIABLES[key]}${given[key] === undefined ? "" : ` ${JSON.stringify(given[key])}`}`
     problems.push({
-      error: `${budget.failure.message} (total is SHUTDOWN_BUDGET, readinessGrace SHUTDOWN_READINESS_GRACE, ` +
-        `close SHUTDOWN_CLOSE, telemetry SHUTDOWN_TELEMETRY, reserve SHUTDOWN_RESERVE)`
+      error: `${budget.failure.message} (${share("total is", "budget")}, ${share("readinessGrace", "readinessGrace")}, ` +
+        `${share("close", "close")}, ${share("telemetry", "telemetry")}, ${share("reserve", "reserve")})`
     })
   }
   return problems
@@ -204,7 +232,8 @@ const invalid = (problems: ReadonlyArray<SettingsProblem>) =>
  * The settings as `run` takes them: {@link settings} read from the current `ConfigProvider`,
  * `overrides` on top, then checked by {@link settingsProblems}; with their shutdown budget. Fails
  * with {@link InvalidSettings} when `run` would refuse them: one problem when a value cannot be
- * read (worded as `run` writes it), otherwise every problem found.
+ * read (worded as `run` writes it), otherwise every problem found, each quoting the text the
+ * environment gave for the setting (a value from `overrides` is shown as given in code).
  */
 export const readSettings = (
   overrides?: Partial<Settings>
@@ -213,7 +242,12 @@ export const readSettings = (
     const read = yield* Effect.result(settings)
     if (Result.isFailure(read)) return yield* invalid([{ error: FromEnv.describeConfigError(read.failure) }])
     const s: Settings = { ...read.success, ...overrides }
-    const problems = settingsProblems(s)
+    // The environment's text of each setting that `overrides` does not replace, for its refusal.
+    const texts = yield* Effect.orElseSucceed(FromEnv.given(VARIABLES), (): Given => ({}))
+    const given: Given = Object.fromEntries(
+      Object.entries(texts).filter(([key]) => overrides === undefined || !(key in overrides))
+    )
+    const problems = problemsOf(s, given)
     const budget = budgetOf(s)
     if (problems.length > 0 || Result.isFailure(budget)) return yield* invalid(problems)
     return { settings: s, budget: budget.success }
@@ -416,11 +450,12 @@ const runWith = <E, ROut, LE, TE>(
       }).pipe(Effect.provideService(Lifecycle.Lifecycle, lifecycle), Effect.provideContext(telemetryContext))
     )
 
-    const startedAt0 = yield* Clock.currentTimeMillis
+    // A duration: on the monotonic clock, so that a step of the wall clock does not change it.
+    const startedAt0 = yield* Clock.monotonicTimeNanos
     yield* Effect.forkDetach(
       Effect.flatMap(lifecycle.firstReady, () =>
-        Effect.flatMap(Clock.currentTimeMillis, (now) =>
-          Effect.logInfo("worker.ready").pipe(Effect.annotateLogs({ startupMs: now - startedAt0 }))))
+        Effect.flatMap(Clock.monotonicTimeNanos, (now) =>
+          Effect.logInfo("worker.ready").pipe(Effect.annotateLogs({ startupMs: Number((now - startedAt0) / 1_000_000n) }))))
     )
 
     // Start-up is bounded as a whole: not ready by the deadline (a dependency that never came,

@@ -231,6 +231,8 @@ type RawFailure =
   | { readonly _tag: "Unreachable"; readonly code: string }
   /** The connection closed in the middle of the TLS handshake. */
   | { readonly _tag: "TlsCutOff" }
+  /** The server turned the client away with an `-ERR` nats.js kept to itself (see {@link refusedBy}). */
+  | { readonly _tag: "Refused"; readonly server: string; readonly text: string }
 
 // The failures `connectError` recognised, for `connectNextStep` (which receives the same error: the
 // connection's `make` maps what `connectError` returns). A WeakMap keeps `NatsError` as it is.
@@ -282,6 +284,30 @@ export const connectError = (cause: unknown): NatsError.NatsError => {
   return error
 }
 
+/**
+ * Whether `error` may hide the server's `-ERR`: nats.js keeps an `-ERR` other than a refused login
+ * to itself and times out waiting for the handshake's PONG (or the socket is reset meanwhile).
+ */
+export const mayHideRefusal = (error: NatsError.NatsError): boolean =>
+  error.reason === "Timeout" || rawFailures.get(error)?._tag === "Reset"
+
+/**
+ * The failure of a first connection that `server` turned away with `-ERR <text>`: a connection
+ * limit (the server's or the account's) or a throttle may pass (retryable, `ConnectionRefused`); a
+ * refused login or permission is `NotAuthorized`; anything else is final (`Unknown`), in the
+ * server's words. Worded by {@link connectNextStep}.
+ */
+export const refusedBy = (server: string, text: string): NatsError.NatsError => {
+  const reason: NatsError.Reason = /maximum .*connections exceeded|throttl|try again later/i.test(text)
+    ? "ConnectionRefused"
+    : /authorization violation|authentication (timeout|expired|revoked)|permissions violation/i.test(text)
+    ? "NotAuthorized"
+    : "Unknown"
+  const error = new NatsError.NatsError({ reason, operation: "connect", message: text })
+  rawFailures.set(error, { _tag: "Refused", server, text })
+  return error
+}
+
 /** Whether nats-server runs at `where`, on its client port, and where to set it: the end of most next steps. */
 const isItThere = (setting: string) =>
   `is nats-server running there (with JetStream: -js), and is this its client port (4222 by default)? ` +
@@ -301,6 +327,25 @@ export const connectNextStep = (
   const worded = (message: string) => new NatsError.NatsError({ ...error, message })
   const raw = rawFailures.get(error)
   const { inSentence: setting, listed } = serversSettingOf(options)
+  // A refused login the probe heard is worded as nats.js's own (below): what to check is the credentials.
+  if (raw?._tag === "Refused" && error.reason !== "NotAuthorized") {
+    const by = `${describeServers(raw.server)} turned the connection away during the handshake (-ERR '${raw.text}')`
+    if (/maximum account active connections exceeded/i.test(raw.text)) {
+      return worded(
+        `the account is at its connection limit: ${by}: the account these credentials log in to has as many ` +
+          `connections as its JWT allows (limits.conn, e.g. nsc edit account --conns); raise the limit, or find ` +
+          `the clients holding them (the server's monitoring endpoint /connz lists them)`
+      )
+    }
+    if (/maximum connections exceeded/i.test(raw.text)) {
+      return worded(
+        `the server is at its connection limit: ${by}: the server has as many client connections as its ` +
+          `configuration allows (max_connections); raise the limit, or find the clients holding them (the ` +
+          `server's monitoring endpoint /connz lists them)`
+      )
+    }
+    return worded(`the server refused the connection: ${by}`)
+  }
   switch (raw?._tag) {
     case "ClosedAtOnce":
       return worded(

@@ -50,6 +50,39 @@ export const port = (name: string, fallback: string): Config.Config<number | "of
     })
   )
 
+/**
+ * An integer variable, default `fallback`: decimal digits, with a fraction or an exponent when the
+ * value is still an integer (`1e6`), as effect's `Config.Int` took them. Text that is no integer is
+ * refused here, naming the value given and the range (`min` to `max`, checked with the settings).
+ */
+export const integer = (name: string, fallback: number, range: { readonly min: number; readonly max: number }) =>
+  text(name, String(fallback)).pipe(
+    Config.mapEffect((raw): Effect.Effect<number, Config.ConfigError> => {
+      const value = /^\d+(\.\d+)?(e\+?\d+)?$/i.test(raw) ? Number(raw) : Number.NaN
+      return Number.isSafeInteger(value)
+        ? Effect.succeed(value)
+        : Effect.fail(refuse(`${name} must be an integer from ${range.min} to ${range.max}, got ${JSON.stringify(raw)}`))
+    })
+  )
+
+/**
+ * The text of each variable of `names` that is set (trimmed, an empty one is unset), for a refusal
+ * of its value that `settingsProblems` finds to quote what was given.
+ */
+export const given = (names: Readonly<Record<string, string>>): Config.Config<Readonly<Record<string, string>>> => {
+  const options: Record<string, Config.Config<Option.Option<string>>> = {}
+  for (const [key, name] of Object.entries(names)) options[key] = Config.option(Config.String(name))
+  return Config.all(options).pipe(
+    Config.map((values) => {
+      const texts: Record<string, string> = {}
+      for (const [key, value] of Object.entries(values)) {
+        if (Option.isSome(value) && value.value.trim() !== "") texts[key] = value.value.trim()
+      }
+      return texts
+    })
+  )
+}
+
 const levels: ReadonlyArray<LogLevel.LogLevel> = ["All", "Trace", "Debug", "Info", "Warn", "Error", "Fatal", "None"]
 
 /** `LOG_LEVEL` in any case (`debug`, `WARN`), as the CLI's `--log-level` takes it; default `Info`. */
