@@ -42,10 +42,22 @@ export interface Options {
   readonly subjectPrefix?: string | undefined
   /** Create the stream when missing. Default: true. */
   readonly create?: boolean | undefined
-  /** Oldest dead letter kept. Default: 30 days. */
+  /**
+   * Oldest dead letter kept. Default: 30 days for a stream this creates; a live stream keeps its
+   * own when this is not given (an operator may have raised it).
+   */
   readonly maxAge?: Duration.Input | undefined
-  /** Size limit; when full, new dead letters are refused (and their messages stay in the source). Default: 1 GiB. */
+  /**
+   * Size limit; when full, new dead letters are refused (and their messages stay in the source).
+   * Default: 1 GiB for a stream this creates; a live stream keeps its own when this is not given.
+   */
   readonly maxBytes?: number | undefined
+  /**
+   * Whether a `maxAge` or `maxBytes` that would delete stored dead letters at once (lower than what
+   * the live stream holds) may be applied. Default: false, and such a change is refused, as
+   * `Topology.ensureStream` refuses it (the dead letters are the only copy of those messages).
+   */
+  readonly allowDataLoss?: boolean | undefined
   /**
    * Replicas of the dead-letter stream in a cluster. Default: as many as the source stream has
    * (a dead letter should survive what its message survived), or the live dead-letter stream's
@@ -74,8 +86,10 @@ export const destination = (sourceStream: string, consumer: string, options: Opt
 }
 
 /**
- * Makes sure the dead-letter stream captures `<prefix>.<source stream>.>`: creates it when missing,
- * otherwise adds that subject when no live subject captures it and brings its limits to `options`.
+ * Makes sure the dead-letter stream captures `<prefix>.<source stream>.>`: creates it when missing
+ * (with `options`' limits, or 30 days and 1 GiB), otherwise adds that subject when no live subject
+ * captures it and brings the limits `options` names to their values (a limit it does not name keeps
+ * its live value; one that would delete stored dead letters is refused unless `allowDataLoss`).
  * It never removes a subject, since one dead-letter stream may be shared by several sources (the
  * same `stream` option) or given extra subjects by an operator. Its replicas are `replicas`, or
  * by default the source stream's (never fewer than the live stream has); a change to a live
@@ -99,18 +113,33 @@ export const ensure = (
     // Single-replica dead-letter streams of an R3 source lost the dead letters (and MaxDeliver
     // notices) published while their one node was down.
     const replicas = options.replicas ?? (yield* Topology.inheritedReplicas(destination.sourceStream, destination.stream))
+    // The defaults are for a stream created here: a worker never resets a live stream's limits an
+    // operator raised (or another source sharing the stream declared).
+    const exists = yield* streamExists(destination.stream)
     yield* Topology.ensureStream({
       name: destination.stream,
       subjects: [`${prefix}.>`],
       subjectsMode: "add",
-      maxAge: options.maxAge ?? "30 days",
-      maxBytes: options.maxBytes ?? 1024 * 1024 * 1024,
+      maxAge: options.maxAge ?? (exists ? undefined : "30 days"),
+      maxBytes: options.maxBytes ?? (exists ? undefined : 1024 * 1024 * 1024),
       discard: "new",
-      replicas
+      replicas,
+      allowDataLoss: options.allowDataLoss === true
       // No duplicate window: Topology's default, 2 minutes, or the max age when that is shorter
       // (the server refuses a window longer than the max age).
     })
   })
+
+/** Whether stream `name` exists (a failed look-up other than "not found" fails). */
+const streamExists = (name: string): Effect.Effect<boolean, NatsError.NatsError, NatsConnection> =>
+  Effect.flatMap(NatsConnection, ({ manager }) =>
+    Effect.tryPromise({
+      try: () => manager.streams.info(name),
+      catch: (error) => NatsError.fromUnknown(`dead-letter stream ${name}`, error)
+    }).pipe(
+      Effect.as(true),
+      Effect.catchIf((error) => error.reason === "StreamNotFound", () => Effect.succeed(false))
+    ))
 
 const copyOriginalHeaders = (from: MsgHdrs | undefined, to: MsgHdrs): void => {
   if (from === undefined) return
