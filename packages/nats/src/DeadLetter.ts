@@ -115,7 +115,7 @@ export const ensure = (
     const replicas = options.replicas ?? (yield* Topology.inheritedReplicas(destination.sourceStream, destination.stream))
     // The defaults are for a stream created here: a worker never resets a live stream's limits an
     // operator raised (or another source sharing the stream declared).
-    const exists = yield* streamExists(destination.stream)
+    const exists = yield* Topology.streamExists(destination.stream)
     yield* Topology.ensureStream({
       name: destination.stream,
       subjects: [`${prefix}.>`],
@@ -129,17 +129,6 @@ export const ensure = (
       // (the server refuses a window longer than the max age).
     })
   })
-
-/** Whether stream `name` exists (a failed look-up other than "not found" fails). */
-const streamExists = (name: string): Effect.Effect<boolean, NatsError.NatsError, NatsConnection> =>
-  Effect.flatMap(NatsConnection, ({ manager }) =>
-    Effect.tryPromise({
-      try: () => manager.streams.info(name),
-      catch: (error) => NatsError.fromUnknown(`dead-letter stream ${name}`, error)
-    }).pipe(
-      Effect.as(true),
-      Effect.catchIf((error) => error.reason === "StreamNotFound", () => Effect.succeed(false))
-    ))
 
 const copyOriginalHeaders = (from: MsgHdrs | undefined, to: MsgHdrs): void => {
   if (from === undefined) return

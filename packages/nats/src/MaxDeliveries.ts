@@ -41,7 +41,10 @@ export interface CaptureOptions {
   readonly replicas?: number | undefined
 }
 
-/** Creates (or keeps) the capture stream of `consumer` on `stream`, replicated like `stream`. */
+/**
+ * Creates (or keeps) the capture stream of `consumer` on `stream`, replicated like `stream`, with a
+ * maximum age of 7 days when it creates it (a live stream keeps the age an operator gave it).
+ */
 export const ensure = (
   stream: string,
   consumer: string,
@@ -50,7 +53,8 @@ export const ensure = (
   Effect.gen(function*() {
     const name = captureStream(stream, consumer)
     const replicas = options.replicas ?? (yield* Topology.inheritedReplicas(stream, name))
-    yield* Topology.ensureStream({ name, subjects: [advisorySubject(stream, consumer)], maxAge: "7 days", replicas })
+    const exists = yield* Topology.streamExists(name)
+    yield* Topology.ensureStream({ name, subjects: [advisorySubject(stream, consumer)], maxAge: exists ? undefined : "7 days", replicas })
   })
 
 /** A message stored in the dead-letter stream from a captured advisory. */

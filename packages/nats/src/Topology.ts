@@ -399,6 +399,19 @@ export const inheritedReplicas = (source: string, target: string): Effect.Effect
     return Math.max(yield* replicasOf(source), yield* replicasOf(target), 1)
   }).pipe(namingServer)
 
+/**
+ * Whether stream `name` exists (one stream info request; a failure other than "not found" fails).
+ * For defaults meant for a stream created here only: a live stream keeps limits an operator set.
+ */
+export const streamExists = (name: string): Effect.Effect<boolean, NatsError.NatsError, NatsConnection> =>
+  Effect.gen(function*() {
+    const { manager } = yield* NatsConnection
+    return yield* call(`stream info ${name}`, () => manager.streams.info(name)).pipe(
+      Effect.as(true),
+      Effect.catchIf((error) => error.reason === "StreamNotFound", () => Effect.succeed(false))
+    )
+  }).pipe(namingServer)
+
 /** Whether the dotted server `version` (`2.9.10`) is `wanted` or later. */
 export const versionAtLeast = (version: string, wanted: string): boolean => {
   const parse = (text: string) => text.replace(/^v/, "").split(/[.-]/).slice(0, 3).map((part) => Number.parseInt(part, 10) || 0)

@@ -4,9 +4,10 @@
  * raised limits (or another source's, sharing the stream) were reset at each worker start, and a
  * lower limit deleted stored dead letters with only a WARN. Now the defaults are for a stream it
  * creates, and a limit that would delete stored dead letters is refused unless `allowDataLoss`.
+ * The same for the MaxDeliver capture stream's age (7 days when created).
  */
 import { assert, describe, layer } from "@effect/vitest"
-import { DeadLetter, NatsConnection } from "@jetworker/nats"
+import { DeadLetter, MaxDeliveries, NatsConnection } from "@jetworker/nats"
 import { Effect } from "effect"
 
 const NatsLive = NatsConnection.layer({ servers: process.env.NATS_URL ?? "nats://127.0.0.1:4222", name: "jetworker-test-dead-letter-limits" })
@@ -59,6 +60,21 @@ describe("DeadLetter.ensure and the dead-letter stream's limits", () => {
         const after = yield* limits
         assert.strictEqual(after.bytes, 3000)
         assert.isBelow(after.messages, 3)
+      }).pipe(Effect.scoped))
+
+    it.effect("the MaxDeliver capture stream: 7 days when created, a live stream keeps the age an operator gave it", () =>
+      Effect.gen(function*() {
+        const { manager } = yield* NatsConnection.NatsConnection
+        const source = `CAPLIM_${crypto.randomUUID().slice(0, 8)}`.toUpperCase()
+        const name = MaxDeliveries.captureStream(source, "worker")
+        yield* Effect.addFinalizer(() => Effect.promise(() => manager.streams.delete(name).catch(() => false)))
+        const days = Effect.map(Effect.promise(() => manager.streams.info(name)), (info) => info.config.max_age / nanosPerDay)
+        yield* MaxDeliveries.ensure(source, "worker")
+        assert.strictEqual(yield* days, 7)
+        const info = yield* Effect.promise(() => manager.streams.info(name))
+        yield* Effect.promise(() => manager.streams.update(name, { ...info.config, max_age: 30 * nanosPerDay }))
+        yield* MaxDeliveries.ensure(source, "worker")
+        assert.strictEqual(yield* days, 30)
       }).pipe(Effect.scoped))
   })
 })
