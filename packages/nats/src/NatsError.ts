@@ -153,6 +153,8 @@ export const fromUnknown = (operation: string, error: unknown): NatsError => {
       const inner = nameOf(causeOf(error))
       if (inner === "NoResponders" || inner === "NoRespondersError") return make("NoResponders")
       if (inner === "TimeoutError") return make("Timeout")
+      // The server refused the request's subject to this user: no retry helps.
+      if (inner === "PermissionViolationError" || inner === "AuthorizationError") return make("NotAuthorized")
       return make("Unknown")
     }
   }
