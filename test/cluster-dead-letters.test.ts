@@ -45,7 +45,7 @@ const capturedLogs = () => {
 
 describe("dead-letter streams on a three-node cluster", () => {
   layer(ClusterLive, { excludeTestServices: true, timeout: "120 seconds" })((it) => {
-    it.effect("a source's dead-letter and capture streams get its replicas, and an operator's R3 dead-letter stream stays R3", () =>
+    it.effect("a source's dead-letter and capture streams get its replicas, and an operator's R3 dead-letter stream keeps its replicas and its age", () =>
       Effect.gen(function*() {
         const { manager } = yield* NatsConnection.NatsConnection
         const source = uniqueName("CDL")
@@ -59,11 +59,14 @@ describe("dead-letter streams on a three-node cluster", () => {
         yield* DeadLetter.ensure(destination).pipe(Effect.provide(logs.layer))
         const dlq = yield* api(() => manager.streams.info(destination.stream))
         assert.strictEqual(dlq.config.num_replicas, 3, "the operator's replicas are kept")
-        // The age is brought to the default, and the worker says so.
-        assert.strictEqual(dlq.config.max_age, 30 * 24 * 3_600_000_000_000)
+        // And its age: the default is for a stream the worker creates. Only its discard policy is
+        // brought to `new` (a full dead-letter stream refuses new dead letters, never drops old
+        // ones), and the worker says so.
+        assert.strictEqual(dlq.config.max_age, 3_600_000_000_000)
         const line = logs.lines.find((l) => l.includes(destination.stream))
         assert.isDefined(line, `a log line names the stream: ${JSON.stringify(logs.lines)}`)
-        assert.include(line!, "max_age")
+        assert.include(line!, "discard")
+        assert.notInclude(line!, "max_age")
         assert.notInclude(line!, "num_replicas")
 
         // Created by the worker: as many replicas as the source.
