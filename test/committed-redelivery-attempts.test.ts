@@ -87,16 +87,16 @@ describe("a committed delivery's redelivery without an attempt store", () => {
 
   it.effect("one attempt: a commit whose ack was not confirmed is redelivered as a Duplicate, not dead-lettered", () =>
     Effect.gen(function*() {
-      // The first ack's confirmation is lost (applied or not: here not applied, the command lost).
-      let draws = 0
+      // The first delivery's ack is lost (applied or not: here not applied, the command lost) each
+      // time it is sent within its lease, so its outcome is left unconfirmed.
+      const outcomes: Array<Outcome.Outcome> = []
       const broker = InMemoryBroker.make({
         lease: "600 millis",
         maxDeliver: 10,
         faults: { commandLost: 0.5 },
-        random: () => (++draws === 1 ? 0 : 1)
+        random: () => (outcomes.length === 0 ? 0 : 1)
       })
       yield* broker.publish(JSON.stringify({ id: "e1" }))
-      const outcomes: Array<Outcome.Outcome> = []
       const { run, store } = committing("committed-unconfirmed-one-attempt", broker, 1, 0, outcomes)
       yield* runUntil(run, () => outcomes.length >= 2)
       assert.deepStrictEqual(

@@ -65,7 +65,7 @@ describe("a delivery's span", () => {
         yield* outcomes.waitUntil((all) => all.length === 1, "15 seconds", "the outcome")
         yield* Fiber.interrupt(fiber)
 
-        assert.strictEqual(current.name, `process ${stream.subject("a")}`)
+        assert.strictEqual(current.name, `process ${stream.stream}/${stream.consumer}`)
         assert.strictEqual(current.kind, "consumer")
         assert.strictEqual(current.traceId, publisher.traceId, "the delivery's span continues the publisher's trace")
         const parent = Option.getOrUndefined(current.parent)
@@ -91,7 +91,7 @@ describe("a delivery's span", () => {
         yield* outcomes.waitUntil((all) => all.length === 1, "15 seconds", "the outcome")
         yield* Fiber.interrupt(fiber)
 
-        const [span] = yield* spans.named(`process ${stream.subject("a")}`)
+        const [span] = yield* spans.named(`process ${stream.stream}/${stream.consumer}`)
         assert.isDefined(span, (yield* spans.all).map((s) => s.name).join(", "))
         assert.strictEqual(span!.kind, "consumer")
         assert.strictEqual(span!.status._tag, "Ended")
@@ -103,6 +103,36 @@ describe("a delivery's span", () => {
           "messaging.message.id": "exported",
           "jetworker.outcome": "Committed"
         })
+      }))
+
+    it.effect("span names stay few when subjects carry entity ids: named by the stream and consumer (process) or the stream (send), the subject an attribute", () =>
+      Effect.gen(function*() {
+        const stream = yield* TestStream.make()
+        const outcomes = yield* OutcomeLog.make
+        const spans = yield* SpanLog.make
+        const fiber = yield* Effect.forkChild(consumerOf(stream, () => Effect.void, outcomes).pipe(Effect.withTracer(spans.tracer)))
+        const ids = ["8812", "8813", "8814"]
+        for (const id of ids) {
+          yield* stream.publish(`created.${id}`, JSON.stringify({ id }), id).pipe(Effect.withTracer(spans.tracer))
+        }
+        yield* outcomes.waitUntil((all) => all.length === ids.length, "15 seconds", "the outcomes")
+        yield* Fiber.interrupt(fiber)
+
+        const all = yield* spans.all
+        assert.deepStrictEqual(
+          [...new Set(all.map((s) => s.name))].sort(),
+          [`process ${stream.stream}/${stream.consumer}`, `send ${stream.stream}`],
+          "one name per consumer and one per stream, whatever the subjects"
+        )
+        for (const [name, kind] of [[`process ${stream.stream}/${stream.consumer}`, "consumer"], [`send ${stream.stream}`, "producer"]] as const) {
+          const named = yield* spans.named(name)
+          assert.deepStrictEqual(
+            named.map((s) => s.attributes.get("messaging.destination.name")).sort(),
+            ids.map((id) => stream.subject(`created.${id}`)),
+            `${name}: the full subject is the destination attribute`
+          )
+          assert.isTrue(named.every((s) => s.kind === kind), name)
+        }
       }))
 
     it.effect("a batch's span is linked to the publish span of each of its elements (a batch has many producers' traces)", () =>
@@ -134,7 +164,7 @@ describe("a delivery's span", () => {
         yield* outcomes.waitUntil((all) => all.length === 3, "15 seconds", "the three outcomes")
         yield* Fiber.interrupt(fiber)
 
-        const batches = yield* spans.named(`process ${stream.subject("a")}`)
+        const batches = yield* spans.named(`process ${stream.stream}/${stream.consumer}`)
         assert.strictEqual(batches.length, 1, "one batch of three")
         const linked = batches[0]!.links.map((link) => link.span.traceId).sort()
         assert.deepStrictEqual(linked, publishers.map((p) => p.traceId).sort(), "linked to each producer's trace")

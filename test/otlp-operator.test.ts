@@ -169,10 +169,13 @@ describe("OTLP export of a worker, as an operator sees it", () => {
         yield* worker.child.kill("SIGTERM")
         assert.deepStrictEqual(yield* worker.child.waitForExit("15 seconds"), { code: 0, signal: null })
         const spans = spansOf(r.received)
-        const process = spans.find((s) => s.name === `process ${stream.subject("eur")}`)
+        const process = spans.find((s) => s.name === `process ${stream.stream}/${settings.consumer}`)
         assert.isDefined(process)
         assert.strictEqual(process!.traceId, parent.traceId)
-        const send = spans.find((s) => s.name === `send ${LedgerWorker.appliedSubject(settings, id)}`)
+        const send = spans.find((s) =>
+          s.name === `send ${settings.appliedStream}` &&
+          s.attributes["messaging.destination.name"] === LedgerWorker.appliedSubject(settings, id)
+        )
         assert.isDefined(send, spans.map((s) => s.name).join(", "))
         assert.strictEqual(send!.traceId, parent.traceId, "the relay's publish continues the publisher's trace")
         // Its parent is the transaction that recorded the event, inside the delivery's span.

@@ -87,7 +87,7 @@ describe("telemetry", () => {
         yield* worker.child.kill("SIGTERM")
         assert.deepStrictEqual(yield* worker.child.waitForExit("15 seconds"), { code: 0, signal: null })
         const spans = yield* receiver.spans
-        const process = spans.find((s) => s.name === `process ${stream.subject("eur")}`)
+        const process = spans.find((s) => s.name === `process ${stream.stream}/${settings.consumer}`)
         assert.isDefined(process, spans.map((s) => s.name).join(", "))
         assert.strictEqual(process!.traceId, parent.traceId, "the consumer's span continues the publisher's trace")
         assert.notStrictEqual(process!.parentSpanId, undefined)

@@ -8,7 +8,7 @@
  * a message header is an `ExternalSpan`, so core and the adapters never depend on the
  * OpenTelemetry SDK; `@jetworker/opentelemetry` only exports.
  *
- * @since 0.2.0
+ * @since 0.1.0
  */
 import { Metric, Tracer } from "effect"
 
@@ -45,11 +45,22 @@ export const Attribute = {
 /** The `messaging.system` value. */
 export const messagingSystem = "nats"
 
-/** The span of one delivery: `process <subject>`, kind consumer. */
-export const processSpanName = (subject: string): string => `process ${subject}`
+/**
+ * The span of one delivery (or one batch), kind consumer: `process <source>`, `source` the name of
+ * the consumer's `Source` (`<stream>/<consumer>` for a JetStream source, e.g.
+ * `process ORDERS/order-projector`). Named by the consumer, not the subject, as OpenTelemetry's
+ * messaging conventions ask of a span name (few distinct values): a subject often carries an entity
+ * id (`orders.created.8812`), and it is the `messaging.destination.name` attribute.
+ */
+export const processSpanName = (source: string): string => `process ${source}`
 
-/** The span of one confirmed publish: `send <subject>`, kind producer. */
-export const sendSpanName = (subject: string): string => `send ${subject}`
+/**
+ * The span of one confirmed publish, kind producer: `send <stream>` when the publish names the
+ * stream that must store it (`Publisher`'s `stream` option, as the outbox relay's
+ * `outboxPublisher({ stream })` does), `send` alone otherwise; the subject, which may carry an
+ * entity id, is the `messaging.destination.name` attribute.
+ */
+export const sendSpanName = (stream?: string | undefined): string => stream === undefined ? "send" : `send ${stream}`
 
 // ---------------------------------------------------------------------------------------------
 // Metrics

@@ -9,8 +9,10 @@
  * a jittered, capped, finite `Schedule`; a refusal answered at once, as while a stream elects its
  * leader (no responders, "temporarily unavailable"), is retried beyond `attempts` while the next
  * attempt still ends within the {@link republishHorizon}, so the defaults ride out an election of
- * 10 s and more. Each publish is a `send <subject>` span (kind producer)
- * whose W3C `traceparent` goes in the message's headers, so the consumer's span continues it.
+ * 10 s and more. Each publish is a span (kind producer) named `send <stream>` when its `stream`
+ * option is given, `send` otherwise (the subject, which may carry an entity id, is its
+ * `messaging.destination.name` attribute: span names stay few), whose W3C `traceparent` goes in the
+ * message's headers, so the consumer's span continues it.
  * Publishes in flight on a connection are bounded (`NatsConnection`'s `maxPublishesInFlight`).
  *
  * Without a `stream` in its options, a publish expects the stream that captures its subject, which
@@ -489,7 +491,7 @@ export const publish = (
       Effect.tapError(() => Effect.sync(() => options.stream === undefined && streamsBySubject.get(connection)?.delete(subject)))
     )
   }).pipe(
-    Effect.withSpan(Telemetry.sendSpanName(subject), {
+    Effect.withSpan(Telemetry.sendSpanName(options.stream), {
       kind: "producer",
       attributes: {
         [Telemetry.Attribute.messagingSystem]: Telemetry.messagingSystem,

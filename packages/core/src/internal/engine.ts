@@ -6,8 +6,8 @@
  * slot per batch. A delivery, or a batch, goes through named stages:
  *
  * - `prepare`: decode, metadata, ordering key, expiry, the delivery and attempt bounds (`check`,
- *   synchronous, and done at once by `checkNow` unless the attempt store must be read, for a
- *   redelivery);
+ *   synchronous, and done at once by `checkNow` unless a store must be read, for a redelivery: its
+ *   failed attempts, or whether an expired event was committed before);
  * - admit (per key only): the key's lane, its turn, then a slot;
  * - run (`runHandler`): the handler (`attempt`: expiry before each run; each run a fiber of its
  *   own, cut at `handlerTimeout` by the consumer's one deadline watcher; in-process retries built
@@ -36,6 +36,7 @@ import { Clock, Deferred, Duration, Effect, Exit, Fiber, FiberSet, LogLevel, Opt
 import { AttemptStore } from "../AttemptStore.ts"
 import type { Tagged } from "../Classification.ts"
 import type { Delivery } from "../Delivery.ts"
+import { IdempotencyStore } from "../IdempotencyStore.ts"
 import * as Lifecycle from "../Lifecycle.ts"
 import * as Probe from "../Probe.ts"
 import type { Health, SourceError } from "../Source.ts"
@@ -67,7 +68,7 @@ const makeProcess = <A, E extends Tagged, R>(shared: Shared<A, E, R>) => {
   const { definition, progress } = shared
   // The stages, each built once per run, after the stages it calls.
   const bounded = makeBounded(shared)
-  const prepare = makePrepare(shared)
+  const prepare = makePrepare(shared, bounded)
   const conclude = makeConclude(shared, prepare)
   const runHandler = makeRunHandler(shared, bounded, conclude)
   const settle = makeSettle(shared, makeRecord(shared, bounded))
@@ -185,6 +186,8 @@ export const run = <A, E extends Tagged, R>(definition: Definition<A, E, R>): Ef
         })
       )
       const attemptStore = Option.getOrUndefined(yield* Effect.serviceOption(AttemptStore))
+      // Asked only whether an expired event's redelivery was committed before (see `prepare.ts`).
+      const idempotencyStore = Option.getOrUndefined(yield* Effect.serviceOption(IdempotencyStore))
       // The crash-loop guard: the consumer's own bound, and below the broker's MaxDeliver so the
       // engine still gets the delivery on which it dead-letters the message itself.
       const deliveryBound = intake.maxDeliver === undefined
@@ -205,6 +208,7 @@ export const run = <A, E extends Tagged, R>(definition: Definition<A, E, R>): Ef
         intake.lease,
         keeper,
         attemptStore,
+        idempotencyStore,
         deliveryBound,
         intake.maxDeliver,
         slots,

@@ -28,13 +28,13 @@ const noop = (): void => undefined
 /** Builds the batch path of one consumer run. */
 export const makeBatchPath = <A, E extends Tagged, R>(
   shared: Shared<A, E, R>,
-  { messageRef, defect, defectVerdict, prepare, checkNow }: PrepareStage<A, E, R>,
+  { messageRef, defect, defectVerdict, prepare, checkNow, readsStores }: PrepareStage<A, E, R>,
   { supervised }: BoundedRuns<A, E, R>,
   { attempt, attemptInSteps, heldAfter, gated }: RunStage<A, E, R>,
   { conclude }: ConcludeStage<A, E, R>,
   { settleAll }: SettleStage<A, E, R>
 ) => {
-  const { definition, keeper, attemptStore, env, now, record, probe, hit, leaseMillis, handlerDuration, inFlightGauge, redeliveries, progress } =
+  const { definition, keeper, env, now, record, probe, hit, leaseMillis, handlerDuration, inFlightGauge, redeliveries, progress } =
     shared
 
   // The batch's safety net, as `judgeSafely` is the single delivery's: a defect while judging an
@@ -167,7 +167,7 @@ export const makeBatchPath = <A, E extends Tagged, R>(
 
   /**
    * A batch's elements, prepared each on its own: a verdict for those that end here, the rest
-   * runnable. Without I/O (no count to read from the attempt store) as most elements are; a
+   * runnable. Without I/O (no store to read, `readsStores`) as most elements are; a
    * defect in the checks dead-letters the element alone.
    */
   const prepareBatch = (deliveries: ReadonlyArray<Delivery>): Effect.Effect<PreparedBatch<A>, never, R> => {
@@ -180,17 +180,16 @@ export const makeBatchPath = <A, E extends Tagged, R>(
         runnable.push({ index, prepared: prepared.success, reports: noReportsYet() })
       }
     }
-    const readsStore = (delivery: Delivery) => attemptStore !== undefined && delivery.deliveryCount > 1
     for (const delivery of deliveries) {
       if (delivery.deliveryCount > 1) record(redeliveries, 1)
     }
-    if (!deliveries.some(readsStore)) {
+    if (!deliveries.some(readsStores)) {
       for (const [index, delivery] of deliveries.entries()) add(index, checkNow(delivery))
       return Effect.succeed({ verdicts, runnable })
     }
     return Effect.as(
       Effect.forEach(deliveries, (delivery, index) =>
-        readsStore(delivery)
+        readsStores(delivery)
           ? prepare(delivery).pipe(
             Effect.catchCause((cause) => Effect.map(defectVerdict(messageRef(delivery))(cause), Result.fail)),
             Effect.map((prepared) => add(index, prepared))
@@ -408,9 +407,11 @@ export const makeBatchPath = <A, E extends Tagged, R>(
     }
     return links
   }
+  // Named by the consumer's source, not a subject (see `Telemetry.processSpanName`).
+  const spanName = Telemetry.processSpanName(definition.source.name)
   const many = (deliveries: ReadonlyArray<Delivery>, batch: BatchDefinition<A, E, R>): Effect.Effect<void, never, R> =>
     processBatch(deliveries, batch).pipe(
-      Effect.withSpan(Telemetry.processSpanName(deliveries[0]!.subject), {
+      Effect.withSpan(spanName, {
         kind: "consumer",
         root: true,
         links: linksOf(deliveries),

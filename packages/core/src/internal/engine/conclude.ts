@@ -21,7 +21,7 @@ import { effectCommittedIf, ExpiredBeforeRun, HandlerTimeout, type Prepared, typ
 export type ConcludeStage<A, E extends Tagged, R> = ReturnType<typeof makeConclude<A, E, R>>
 
 /** Builds the conclude stage of one consumer run. */
-export const makeConclude = <A, E extends Tagged, R>(shared: Shared<A, E, R>, { storeUnavailable }: PrepareStage<A, E, R>) => {
+export const makeConclude = <A, E extends Tagged, R>(shared: Shared<A, E, R>, { storeUnavailable, expiredRedelivery }: PrepareStage<A, E, R>) => {
   const { definition, attemptStore, probe, hit, isTransient } = shared
   const unrecorded = storeUnavailable("failure not recorded (deliveries are no failed attempts)", undefined)
 
@@ -107,12 +107,15 @@ export const makeConclude = <A, E extends Tagged, R>(shared: Shared<A, E, R>, { 
           if (verdict._tag === "Committed") yield* afterCommit
           return verdict
         }
-        return Outcome.verdict("Expired", {
+        const expired = Outcome.verdict("Expired", {
           message,
           expiresAt: metadata.expiresAt,
           detectedAt: DateTime.makeUnsafe(failure.value.detectedAt),
           stage: "AfterWait"
         })
+        // A redelivery: an earlier delivery may have committed the effect (its ack lost), and this
+        // run expired before it reached the store's commit (`Duplicate` then, not "no effect").
+        return delivery.deliveryCount > 1 ? yield* expiredRedelivery(expired) : expired
       }
       if (Option.isSome(failure) && failure.value instanceof LeaseExpired) {
         // The handler found its lease gone before an irreversible step (`Lease.ensure`).

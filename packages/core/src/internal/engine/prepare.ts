@@ -1,15 +1,19 @@
 /**
  * Prepare: the checks before any wait or handler run (decode, metadata, ordering key, expiry, the
- * delivery and attempt bounds), `checkNow` when they need no I/O, `prepare` when a redelivery's
- * failed attempts are read from the attempt store; and the safety nets' verdict (`defect`) for a
- * delivery whose judging died. Both paths, a single delivery's and a batch's, prepare through it.
+ * delivery and attempt bounds), `checkNow` when they need no I/O, `prepare` when a redelivery reads
+ * a store (its failed attempts from the attempt store; whether an expired event was committed
+ * before, `expiredRedelivery`); and the safety nets' verdict (`defect`) for a delivery whose
+ * judging died. Both paths, a single delivery's and a batch's, prepare through it.
  */
-import { type Cause, DateTime, Effect, Result, Schema } from "effect"
+import { type Cause, DateTime, Duration, Effect, Result, Schema } from "effect"
 import type { Tagged } from "../../Classification.ts"
 import type { Delivery } from "../../Delivery.ts"
 import { EventId, isExpired, type Metadata } from "../../Envelope.ts"
 import * as ErrorSummary from "../../ErrorSummary.ts"
+import { IdempotencyError } from "../../IdempotencyStore.ts"
 import * as Outcome from "../../Outcome.ts"
+import * as Retry from "../../Retry.ts"
+import type { BoundedRuns } from "./bounded.ts"
 import type { Shared } from "./shared.ts"
 import { effectCommittedIf, type Prepared, type Verdict } from "./types.ts"
 
@@ -23,8 +27,21 @@ const noKey: Result.Result<string, ErrorSummary.ErrorSummary> = Result.succeed("
 export type PrepareStage<A, E extends Tagged, R> = ReturnType<typeof makePrepare<A, E, R>>
 
 /** Builds the prepare stage of one consumer run. */
-export const makePrepare = <A, E extends Tagged, R>(shared: Shared<A, E, R>) => {
-  const { definition, attemptStore, deliveryBound, record, clockSkew, wallNow, takeUnwritten, committedOf, releasedOf } = shared
+export const makePrepare = <A, E extends Tagged, R>(shared: Shared<A, E, R>, { bounded }: BoundedRuns<A, E, R>) => {
+  const {
+    definition,
+    attemptStore,
+    idempotencyStore,
+    deadlines,
+    deliveryBound,
+    record,
+    clockSkew,
+    wallNow,
+    takeUnwritten,
+    committedOf,
+    releasedOf,
+    storedDeadLetterOf
+  } = shared
 
   // User code: it may throw, or give no usable id; either rejects the message with the cause.
   const readMetadata = (event: A): Result.Result<Metadata, ErrorSummary.ErrorSummary> => {
@@ -106,7 +123,11 @@ export const makePrepare = <A, E extends Tagged, R>(shared: Shared<A, E, R>) => 
   const prepare = (delivery: Delivery): Effect.Effect<Result.Result<Prepared<A>, Verdict>, never, R> =>
     Effect.suspend(() => {
       const checked = check(delivery)
-      if (Result.isFailure(checked)) return Effect.succeed(checked)
+      if (Result.isFailure(checked)) {
+        return checked.failure._tag === "Expired" && idempotencyStore !== undefined
+          ? Effect.map(expiredRedelivery(checked.failure), Result.fail)
+          : Effect.succeed(checked)
+      }
       const prepared = checked.success
       // Failed attempts so far: the store's count (read only for a redelivery: a first delivery
       // has none, unless NATS rewound its count, and then the failure's own count catches it),
@@ -118,6 +139,58 @@ export const makePrepare = <A, E extends Tagged, R>(shared: Shared<A, E, R>) => 
         Effect.map((failedBefore) => withinAttempts({ ...prepared, failedBefore }))
       )
     })
+
+  /**
+   * Whether `delivery` is prepared by `prepare` (it may read a store: a redelivery, with an attempt
+   * store or an idempotency store) rather than at once by `checkNow`.
+   */
+  const readsStores = (delivery: Delivery): boolean =>
+    delivery.deliveryCount > 1 && (attemptStore !== undefined || idempotencyStore !== undefined)
+
+  /**
+   * The verdict on a redelivery found expired, before its handler ran or by the handler before
+   * its commit: `Duplicate` when an earlier delivery committed the effect (its ack was lost, and the
+   * broker redelivered it past its deadline), as this run remembers (`committedOf`) or the
+   * idempotency store says (`isCommitted` of the engine's key, bounded by `handlerTimeout`);
+   * otherwise the `Expired` verdict. `Expired` says "no effect" (and dead-letters the event under
+   * `onExpired: "deadLetter"`), so a store that cannot answer never yields it: the redelivery is
+   * released (`Retrying`, naked with the retry policy's delay, no attempt spent, as for a handler
+   * whose store is unavailable), and its next delivery asks again (expiry is checked before the
+   * crash-loop guard: only the broker's MaxDeliver ends that loop, where the source dead-letters
+   * the message `DeliveriesExhausted` for an operator to judge). A first delivery cannot have been
+   * committed before (unless NATS rewound its count): its verdict stands.
+   */
+  const expiredRedelivery = (verdict: Extract<Verdict, { readonly _tag: "Expired" }>): Effect.Effect<Verdict> => {
+    const message = verdict.message
+    if (message.deliveryCount === 1 || message.eventId === undefined) return Effect.succeed(verdict)
+    if (committedOf(message) !== undefined) return Effect.succeed(Outcome.verdict("Duplicate", { message }))
+    if (idempotencyStore === undefined) return Effect.succeed(verdict)
+    return bounded(idempotencyStore.isCommitted({ scope: definition.name, id: message.eventId }), deadlines, lookupTimedOut).pipe(
+      Effect.matchEffect({
+        onSuccess: (committed) => Effect.succeed(committed ? Outcome.verdict("Duplicate", { message }) : verdict),
+        onFailure: (error) =>
+          Effect.map(Retry.delayAfter(definition.retry, message.deliveryCount), (retryIn) =>
+            Outcome.verdict("Released", {
+              message,
+              reason: "Retrying",
+              error: ErrorSummary.make(
+                "IdempotencyError",
+                `the event expired (due ${DateTime.formatIso(verdict.expiresAt)}), but whether an earlier delivery committed ` +
+                  `it could not be checked: ${error.message}`,
+                { reason: error.reason }
+              ),
+              retryIn
+            }))
+      })
+    )
+  }
+  const lookupTimedOut = () =>
+    Effect.fail(
+      new IdempotencyError({
+        reason: "Unavailable",
+        message: `the idempotency store did not answer within ${Duration.format(definition.handlerTimeout)} (handlerTimeout)`
+      })
+    )
 
   /**
    * The checks of `prepare` that need no I/O; `failedBefore` counts the deliveries before this
@@ -139,6 +212,19 @@ export const makePrepare = <A, E extends Tagged, R>(shared: Shared<A, E, R>) => 
     }
     const metadata = read.success
     const message = { ...ref, eventId: metadata.id }
+    // The redelivery of a message whose dead letter this run stored, its term unconfirmed: it is
+    // terminated again (its dead letter written again, stored once), and the handler never runs.
+    if (delivery.deliveryCount > 1) {
+      const stored = storedDeadLetterOf(message)
+      if (stored !== undefined) {
+        return Result.fail(Outcome.verdict("DeadLettered", {
+          message,
+          reason: stored.reason,
+          error: stored.error,
+          ...effectCommittedIf(stored.effectCommitted === true)
+        }))
+      }
+    }
     const orderKey = readKey(event)
     if (Result.isFailure(orderKey)) {
       return Result.fail(Outcome.verdict("Rejected", { message, reason: "MetadataInvalid", error: orderKey.failure }))
@@ -150,6 +236,11 @@ export const makePrepare = <A, E extends Tagged, R>(shared: Shared<A, E, R>) => 
     if (metadata.expiresAt !== undefined) {
       const nowMillis = wallNow()
       if (isExpired(metadata, nowMillis, definition.skewMillis)) {
+        // A redelivery whose effect this run saw committed (its ack lost): applied, not expired.
+        // What another run committed only the idempotency store knows (`expiredRedelivery`).
+        if (delivery.deliveryCount > 1 && committedOf(message) !== undefined) {
+          return Result.fail(Outcome.verdict("Duplicate", { message }))
+        }
         return Result.fail(Outcome.verdict("Expired", {
           message,
           expiresAt: metadata.expiresAt,
@@ -217,5 +308,5 @@ export const makePrepare = <A, E extends Tagged, R>(shared: Shared<A, E, R>) => 
     }
   }
 
-  return { messageRef, storeUnavailable, defect, defectVerdict, prepare, checkNow }
+  return { messageRef, storeUnavailable, defect, defectVerdict, prepare, checkNow, readsStores, expiredRedelivery }
 }

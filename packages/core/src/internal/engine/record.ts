@@ -91,7 +91,14 @@ export const makeRecord = <A, E extends Tagged, R>(shared: Shared<A, E, R>, { bo
   const recordOutcome = (delivery: Delivery, outcome: Outcome.Outcome, ownSpan: boolean, report = true): Effect.Effect<void> => {
     let effect: Effect.Effect<void> = ownSpan && fullSpans ? Effect.annotateCurrentSpan(spanAttributes(outcome)) : Effect.void
     const hadFailures = delivery.deliveryCount > 1 || (outcome._tag === "DeadLettered" && outcome.reason === "AttemptsExhausted")
-    if (attemptStore !== undefined && outcome._tag !== "Released" && outcome.message.eventId !== undefined && hadFailures) {
+    // Not a dead letter left unconfirmed: its message may be delivered again (the term was lost), to
+    // this process or another, and the count it keeps stops that delivery before the handler runs
+    // (`AttemptsExhausted` again, the dead letter written again, stored once) instead of giving
+    // the message a fresh budget; a later settling, or `purge`, removes it.
+    if (
+      attemptStore !== undefined && outcome._tag !== "Released" && outcome.message.eventId !== undefined && hadFailures &&
+      (outcome.confirmed || outcome._tag !== "DeadLettered")
+    ) {
       // Bounded growth: a message's failure count goes once it is settled for good (a count
       // left by a rewound delivery count is purged by age: `PgAttemptStore.purge`).
       effect = sequence(attemptStore.clear({ scope: definition.name, id: outcome.message.eventId }).pipe(Effect.ignore), effect)

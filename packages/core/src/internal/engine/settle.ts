@@ -2,11 +2,14 @@
  * Settle: a verdict's broker command, decided as it is sent (never an ack past the lease), and its
  * outcome once the broker has answered, handed to the record stage; a batch's elements settled
  * together (`settleAll`, the acks through the intake's `ackAll`); a dead letter that was not stored.
+ * An ack, or a dead letter's term, that may succeed if sent again (no reply, no responder: a
+ * JetStream consumer's leader being elected) is sent again within the lease (`resend`).
  */
-import { Cause, DateTime, Duration, Effect, Option } from "effect"
+import { Cause, DateTime, Duration, Effect, Exit, Option } from "effect"
 import type { Tagged } from "../../Classification.ts"
-import type { Delivery } from "../../Delivery.ts"
+import type { Delivery, SettleError } from "../../Delivery.ts"
 import * as ErrorSummary from "../../ErrorSummary.ts"
+import { timing } from "../../Lease.ts"
 import * as Outcome from "../../Outcome.ts"
 import * as Retry from "../../Retry.ts"
 import type * as LeaseKeeper from "../leaseKeeper.ts"
@@ -60,6 +63,24 @@ const deadLetterRetryFloor = Duration.seconds(5)
 
 const EPOCH = DateTime.makeUnsafe(0)
 
+/**
+ * The waits between the tries of a command sent again (`resend`): 100 ms, doubling up to 1 s. A
+ * JetStream consumer's leader election leaves its acks without a responder for 2 to 5 seconds.
+ */
+const resendBaseMillis = 100
+const resendCapMillis = 1_000
+/** How long a command is sent again for a source without leases (nothing else bounds it). */
+const resendWithoutLeaseMillis = 5_000
+
+/**
+ * Whether a command that failed so may succeed if sent again: no confirmation came (`Timeout`: it
+ * may have been applied, and an ack or term applied twice is harmless) or nobody answered
+ * (`Unavailable`: no responder, as while a consumer's leader is elected). Not a refusal.
+ */
+const mayPass = (error: unknown): boolean =>
+  typeof error === "object" && error !== null && (error as { readonly _tag?: unknown })._tag === "SettleError" &&
+  ((error as SettleError).reason === "Timeout" || (error as SettleError).reason === "Unavailable")
+
 /** The settle stage of one consumer run (`makeSettle`). */
 export type SettleStage<A, E extends Tagged, R> = ReturnType<typeof makeSettle<A, E, R>>
 
@@ -80,6 +101,8 @@ export const makeSettle = <A, E extends Tagged, R>(shared: Shared<A, E, R>, { re
     rememberUnwritten,
     rememberCommitted,
     rememberReleased,
+    rememberStored,
+    forgetStored,
     attemptStore
   } = shared
 
@@ -129,14 +152,72 @@ export const makeSettle = <A, E extends Tagged, R>(shared: Shared<A, E, R>, { re
     Effect.matchCauseEffect(effect, { onSuccess: () => succeededCommand, onFailure: commandFailed })
 
   /**
+   * Sends `send` again after it failed with `error`, while its failure may pass (`mayPass`): after
+   * 100 ms, then twice as long each time up to 1 s, as long as the next try starts before the local
+   * lease deadline (the keeper's 90%, from `hold`: the broker cannot have handed the message to
+   * anyone else before, so the command still settles this delivery; without a lease, for 5 s). A
+   * decided outcome is thus not left to the broker's redelivery over a blip: an ack lost while a
+   * JetStream consumer's leader is elected would bring a committed message back (a `Duplicate`,
+   * or worse past its deadline), and a lost term a dead-lettered one (to run the handler again).
+   * The wait is interruptible: a shutdown past its drain ends the tries. Whether it was confirmed
+   * in the end. Only after a failure: the success path pays nothing.
+   */
+  const resend = (
+    name: string,
+    delivery: Delivery,
+    send: Effect.Effect<void, SettleError>,
+    hold: LeaseKeeper.Hold,
+    error: unknown
+  ): Effect.Effect<boolean> =>
+    Effect.suspend(() => {
+      if (!mayPass(error)) return Effect.succeed(false)
+      const firstAt = now()
+      const deadline = leaseMillis > 0 ? hold.since + leaseMillis * timing.localEnd : firstAt + resendWithoutLeaseMillis
+      const again = (tries: number, last: unknown): Effect.Effect<boolean> => {
+        const delay = Math.min(resendCapMillis, resendBaseMillis * 2 ** tries)
+        if (!mayPass(last) || now() + delay >= deadline) return gaveUp(tries, last)
+        return Effect.flatMap(Effect.exit(Effect.interruptible(Effect.sleep(Duration.millis(delay)))), (slept) =>
+          Exit.isFailure(slept) || now() >= deadline
+            ? gaveUp(tries, last)
+            : Effect.matchEffect(send, {
+              onSuccess: () =>
+                Effect.as(
+                  Effect.logInfo(`${name} of delivery ${delivery.sequence} confirmed when sent again (try ${tries + 2})`),
+                  true
+                ),
+              onFailure: (failure) => again(tries + 1, failure)
+            }))
+      }
+      const gaveUp = (tries: number, last: unknown) =>
+        tries === 0 ? Effect.succeed(false) : Effect.as(
+          Effect.logWarning(
+            `${name} of delivery ${delivery.sequence} still not confirmed after ${tries + 1} tries; left to the broker's redelivery`,
+            ErrorSummary.fromError(last)
+          ),
+          false
+        )
+      return again(0, error)
+    })
+
+  /** An ack that failed with `cause`: sent again while that may help (`resend`). */
+  const ackFailed = (delivery: Delivery, cause: Cause.Cause<unknown>, hold: LeaseKeeper.Hold): Effect.Effect<"confirmed" | "failed"> =>
+    Effect.andThen(
+      commandFailed(cause),
+      Effect.map(resend("ack", delivery, delivery.ack, hold, Option.getOrUndefined(Cause.findErrorOption(cause))), (done) =>
+        done ? "confirmed" as const : "failed" as const)
+    )
+
+  /**
    * Sends `command`: `confirmed`, `failed`, or for a dead letter `stored` — written and confirmed,
    * but the term of the original was not (found by the simulation: the outcome must not then
-   * claim the message was released).
+   * claim the message was released). An ack, or the term after a stored dead letter, is sent again
+   * while its failure may pass (`resend`; the dead letter is written again with it, stored once by
+   * its `Nats-Msg-Id`, since a delivery can only be terminated with its dead letter).
    */
-  const execute = (delivery: Delivery, command: Outcome.Command): Effect.Effect<"confirmed" | "stored" | "failed"> => {
+  const execute = (delivery: Delivery, command: Outcome.Command, hold: LeaseKeeper.Hold): Effect.Effect<"confirmed" | "stored" | "failed"> => {
     switch (command._tag) {
       case "Ack":
-        return confirmed(delivery.ack)
+        return Effect.matchCauseEffect(delivery.ack, { onSuccess: () => succeededCommand, onFailure: (cause) => ackFailed(delivery, cause, hold) })
       case "Nak":
         return confirmed(delivery.nak(command.delay))
       case "DeadLetter":
@@ -145,18 +226,31 @@ export const makeSettle = <A, E extends Tagged, R>(shared: Shared<A, E, R>, { re
           Effect.catchCause((cause) => {
             const error = Cause.findErrorOption(cause)
             const stored = Option.isSome(error) && error.value.command === "Term"
-            return Effect.as(
-              Effect.logWarning(
-                stored ? "dead letter stored; the term of the original was not confirmed" : "broker command failed",
-                ErrorSummary.fromCause(cause)
-              ),
-              stored ? ("stored" as const) : ("failed" as const)
+            const logged = Effect.logWarning(
+              stored ? "dead letter stored; the term of the original was not confirmed" : "broker command failed",
+              ErrorSummary.fromCause(cause)
+            )
+            if (!stored) return Effect.as(logged, "failed" as const)
+            return Effect.andThen(
+              logged,
+              Effect.map(resend("term", delivery, delivery.deadLetter(command.record), hold, error.value), (done) =>
+                done ? "confirmed" as const : "stored" as const)
             )
           })
         )
       case "Leave":
         return Effect.succeed("confirmed")
     }
+  }
+
+  /**
+   * What a dead letter's result says for later deliveries of its message: stored with the term
+   * unconfirmed, its redelivery is terminated again without running the handler
+   * (`rememberStored`); terminated, there is nothing to remember.
+   */
+  const noteDeadLetter = (verdict: Verdict, result: "confirmed" | "stored" | "failed"): void => {
+    if (result === "stored") rememberStored(verdict)
+    else if (result === "confirmed") forgetStored(verdict.message)
   }
 
   /**
@@ -171,10 +265,10 @@ export const makeSettle = <A, E extends Tagged, R>(shared: Shared<A, E, R>, { re
     if (decided.command._tag === "Ack") {
       return Effect.matchCauseEffect(delivery.ack, {
         onSuccess: () => settledAlone(delivery, decided, "confirmed", receivedAt),
-        onFailure: (cause) => Effect.flatMap(commandFailed(cause), (result) => settledAlone(delivery, decided, result, receivedAt))
+        onFailure: (cause) => Effect.flatMap(ackFailed(delivery, cause, lease.hold), (result) => settledAlone(delivery, decided, result, receivedAt))
       })
     }
-    return Effect.flatMap(execute(delivery, decided.command), (result) => settledAlone(delivery, decided, result, receivedAt))
+    return Effect.flatMap(execute(delivery, decided.command, lease.hold), (result) => settledAlone(delivery, decided, result, receivedAt))
   }
 
   /** `settled` for a delivery settled alone: nothing reads its outcome back. */
@@ -255,17 +349,23 @@ export const makeSettle = <A, E extends Tagged, R>(shared: Shared<A, E, R>, { re
   }
 
   /** The outcome of a verdict whose command had `result` at `at` (not a dead letter that failed). */
-  const outcomeOf = ({ verdict }: Decided, result: "confirmed" | "stored" | "failed", receivedAt: number, at: number): Outcome.Outcome => {
+  const outcomeOf = ({ command, verdict }: Decided, result: "confirmed" | "stored" | "failed", receivedAt: number, at: number): Outcome.Outcome => {
     // A withheld ack is not a confirmed one, although saying nothing always "succeeds". A
     // dead letter `stored` but whose term was lost stays dead-lettered for good (a redelivery
-    // writes the same dead letter again, stored once), unconfirmed, and nothing is naked.
+    // writes the same dead letter again, stored once, and runs no handler: `noteDeadLetter`),
+    // unconfirmed, and nothing is naked.
     const confirmed = result === "confirmed" && !(verdict._tag === "Committed" && verdict.ackWithheld !== undefined)
     if (!confirmed || verdict._tag !== "Committed") noteCommitted(verdict, confirmed)
+    if (command._tag === "DeadLetter") noteDeadLetter(verdict, result)
     return finish(verdict, confirmed, at - receivedAt)
   }
 
-  /** An ack `ackAll` could not confirm: as `execute` reports a failed command. */
-  const unconfirmedAck = (error: unknown) => Effect.as(Effect.logWarning("broker command failed", ErrorSummary.fromError(error)), "failed" as const)
+  /** An ack `ackAll` could not confirm: as `execute` reports a failed ack, sent again while that may help. */
+  const unconfirmedAck = (delivery: Delivery, error: unknown, hold: LeaseKeeper.Hold) =>
+    Effect.andThen(
+      Effect.logWarning("broker command failed", ErrorSummary.fromError(error)),
+      Effect.map(resend("ack", delivery, delivery.ack, hold, error), (done) => done ? "confirmed" as const : "failed" as const)
+    )
 
   /**
    * Settles a batch's elements, each with its own command and outcome. The acks go through the
@@ -295,7 +395,7 @@ export const makeSettle = <A, E extends Tagged, R>(shared: Shared<A, E, R>, { re
         })
       const rest = Effect.forEach(
         others,
-        (index) => Effect.flatMap(execute(deliveries[index]!, decided[index]!.command), (result) => settleOne(index, result)),
+        (index) => Effect.flatMap(execute(deliveries[index]!, decided[index]!.command, leases[index]!.hold), (result) => settleOne(index, result)),
         { concurrency: "unbounded", discard: true }
       )
       const all = ackAll === undefined || acked.length === 0 ? rest : Effect.all([
@@ -311,7 +411,17 @@ export const makeSettle = <A, E extends Tagged, R>(shared: Shared<A, E, R>, { re
               return Effect.succeed(acked.map(() => failure))
             })
           ),
-          (errors) => Effect.forEach(acked, (index, i) => (errors[i] === undefined ? settleOne(index, "confirmed") : Effect.flatMap(unconfirmedAck(errors[i]), (result) => settleOne(index, result))), { discard: true })
+          // One by one when all are confirmed (no fiber each); an ack that failed is sent again
+          // (`resend`) beside the others, each within its own lease.
+          (errors) =>
+            Effect.forEach(
+              acked,
+              (index, i) =>
+                errors[i] === undefined
+                  ? settleOne(index, "confirmed")
+                  : Effect.flatMap(unconfirmedAck(deliveries[index]!, errors[i], leases[index]!.hold), (result) => settleOne(index, result)),
+              errors.every((error) => error === undefined) ? { discard: true } : { concurrency: "unbounded", discard: true }
+            )
         ),
         rest
       ], { concurrency: 2, discard: true })
@@ -342,7 +452,7 @@ export const makeSettle = <A, E extends Tagged, R>(shared: Shared<A, E, R>, { re
       // dead-letter stream does not use up the deliveries left.
       rememberUnwritten(verdict)
       const retryIn = Duration.max(yield* Retry.delayAfter(definition.retry, delivery.deliveryCount), deadLetterRetryFloor)
-      const naked = (yield* execute(delivery, Outcome.Command.Nak({ delay: retryIn }))) === "confirmed"
+      const naked = (yield* confirmed(delivery.nak(retryIn))) === "confirmed"
       return finish(
         Outcome.verdict("Released", {
           message: verdict.message,

@@ -7,6 +7,7 @@
  */
 import { Context, Duration, Effect, LogLevel, Metric, Option, References, Schedule, Tracer } from "effect"
 import type { AttemptStoreShape } from "../../AttemptStore.ts"
+import type { IdempotencyStore } from "../../IdempotencyStore.ts"
 import { classify, type Tagged } from "../../Classification.ts"
 import type * as ErrorSummary from "../../ErrorSummary.ts"
 import { WorkExpired } from "../../Expiry.ts"
@@ -27,7 +28,10 @@ import { type Definition, ExpiredBeforeRun, HandlerTimeout, type RunEnvironment,
 /** Counts outcomes by consumer and outcome tag (`Telemetry.outcomes`). */
 export const outcomesCounter = Telemetry.outcomes
 
-/** A dead letter that was decided but not written: what its redelivery writes instead. */
+/**
+ * A dead letter that was decided but not written (what its redelivery writes instead), or written
+ * but its original not terminated (`rememberStored`).
+ */
 interface UnwrittenDeadLetter {
   readonly eventId: string | undefined
   readonly reason: Outcome.DeadLetterReason
@@ -67,6 +71,7 @@ export const makeShared = <A, E extends Tagged, R>(
   lease: Duration.Duration,
   keeper: LeaseKeeper.LeaseKeeper,
   attemptStore: AttemptStoreShape | undefined,
+  idempotencyStore: IdempotencyStore["Service"] | undefined,
   deliveryBound: number,
   maxDeliver: number | undefined,
   slots: Slots.Slots,
@@ -186,6 +191,26 @@ export const makeShared = <A, E extends Tagged, R>(
     if (!failed) seen.notFailed++
     rememberNewest(committedBefore, message.sequence, seen)
   }
+  // Dead letters this run stored whose term of the original was not confirmed, even once retried
+  // within the lease (a JetStream consumer's leader being elected): the broker redelivers the
+  // original after its ack wait. Its redelivery must not run the handler again (the account may
+  // have been funded since, and a refused transfer would be applied after its dead letter was
+  // stored): it is terminated with the same dead letter (written again, stored once by its
+  // `Nats-Msg-Id`), before any other check. Forgotten once a term is confirmed. Only this run knows
+  // it: a redelivery that reaches another process (or this one after a restart) is judged afresh
+  // (its attempts spent stay in the attempt store, see `record.ts`). Bounded as `unwritten`.
+  const storedDeadLetters = new Map<number, UnwrittenDeadLetter>()
+  const rememberStored = (verdict: Verdict): void => {
+    if (verdict._tag !== "DeadLettered") return
+    const { sequence, eventId } = verdict.message
+    rememberNewest(storedDeadLetters, sequence, { eventId, reason: verdict.reason, error: verdict.error, effectCommitted: verdict.effectCommitted })
+  }
+  const forgetStored = (message: Outcome.MessageRef): void => {
+    if (storedDeadLetters.size > 0) storedDeadLetters.delete(message.sequence)
+  }
+  /** The dead letter this run stored for `message` without its term confirmed, if any (`rememberStored`). */
+  const storedDeadLetterOf = (message: Outcome.MessageRef): UnwrittenDeadLetter | undefined =>
+    storedDeadLetters.size === 0 ? undefined : recall(storedDeadLetters, message)
   /** What this run saw committed of `message` (its sequence and event id), if anything. */
   const committedOf = (message: Outcome.MessageRef): CommittedDeliveries | undefined => recall(committedBefore, message)
   // Deliveries of this run released with no failure of their handler: cut by the consumer's
@@ -211,6 +236,7 @@ export const makeShared = <A, E extends Tagged, R>(
     definition,
     keeper,
     attemptStore,
+    idempotencyStore,
     deliveryBound,
     maxDeliver,
     slots,
@@ -254,6 +280,9 @@ export const makeShared = <A, E extends Tagged, R>(
     takeUnwritten,
     rememberCommitted,
     committedOf,
+    rememberStored,
+    forgetStored,
+    storedDeadLetterOf,
     rememberReleased,
     releasedOf,
     dependencyGate: DependencyGate.make(

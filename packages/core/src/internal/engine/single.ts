@@ -21,14 +21,13 @@ import type { Admission, Prepared, Verdict } from "./types.ts"
 /** Builds the single delivery's path of one consumer run. */
 export const makeSinglePath = <A, E extends Tagged, R>(
   shared: Shared<A, E, R>,
-  { messageRef, defect, defectVerdict, prepare, checkNow }: PrepareStage<A, E, R>,
+  { messageRef, defect, defectVerdict, prepare, checkNow, readsStores }: PrepareStage<A, E, R>,
   { runHandler }: RunStage<A, E, R>,
   { settle }: SettleStage<A, E, R>
 ) => {
   const {
     definition,
     keeper,
-    attemptStore,
     slots,
     lanes,
     env,
@@ -42,6 +41,8 @@ export const makeSinglePath = <A, E extends Tagged, R>(
     timed,
     noParent
   } = shared
+  // Named by the consumer's source, not the subject (see `Telemetry.processSpanName`): one name per consumer.
+  const spanName = Telemetry.processSpanName(definition.source.name)
 
   // Per-key ordering: the delivery joins its key's lane, waits for its turn, then for a slot.
   // Each step is recorded on the admission as it completes, so whatever ends the delivery gives
@@ -85,7 +86,7 @@ export const makeSinglePath = <A, E extends Tagged, R>(
     lease: LeaseKeeper.Lease,
     admission: Admission | undefined
   ): Effect.Effect<Verdict, never, R> =>
-    attemptStore === undefined || delivery.deliveryCount === 1
+    !readsStores(delivery)
       ? judgePrepared(checkNow(delivery), delivery, restore, lease, admission)
       : Effect.flatMap(prepare(delivery), (prepared) => judgePrepared(prepared, delivery, restore, lease, admission))
 
@@ -164,9 +165,9 @@ export const makeSinglePath = <A, E extends Tagged, R>(
     restore: <X, Y, Z>(effect: Effect.Effect<X, Y, Z>) => Effect.Effect<X, Y, Z>
   ): Effect.Effect<void, never, R> => {
     const parent = Telemetry.parseTraceparent(delivery.header(Telemetry.traceparentHeader))
-    if (!fullSpans) return withLocalSpan(process(delivery, admission, restore), delivery, parent)
+    if (!fullSpans) return withLocalSpan(process(delivery, admission, restore), parent)
     return process(delivery, admission, restore).pipe(
-      Effect.withSpan(Telemetry.processSpanName(delivery.subject), {
+      Effect.withSpan(spanName, {
         kind: "consumer",
         ...(parent === undefined ? { root: true } : { parent }),
         attributes: {
@@ -194,11 +195,10 @@ export const makeSinglePath = <A, E extends Tagged, R>(
    */
   const withLocalSpan = (
     effect: Effect.Effect<void, never, R>,
-    delivery: Delivery,
     parent: Tracer.AnySpan | undefined
   ): Effect.Effect<void, never, R> => {
     const span = new Tracer.NativeSpan({
-      name: Telemetry.processSpanName(delivery.subject),
+      name: spanName,
       parent: parent === undefined ? noParent : Option.some(parent),
       annotations: Context.empty(),
       links: [],
