@@ -16,10 +16,10 @@
  * own, so they collide with nothing.
  */
 import { assert, describe, it } from "@effect/vitest"
-import { Consumer, Outbox, type Outcome, Retry } from "@jetworker/core"
+import { Consumer, Outbox, type Outcome, Retry, type Source } from "@jetworker/core"
 import { Contract, DeadLetter, JetStreamSource, MaxDeliveries, NatsConnection, Publisher, Topology } from "@jetworker/nats"
 import { Eventually, NatsServer, OutcomeLog } from "@jetworker/testing"
-import { Context, Data, DateTime, Duration, Effect, Exit, Fiber, Layer, Logger, Redacted, Schema } from "effect"
+import { Context, Data, DateTime, Duration, Effect, Fiber, Layer, Logger, Redacted, Schema } from "effect"
 import { readFileSync } from "node:fs"
 import { fileURLToPath } from "node:url"
 import { watchAcks } from "./support/acks.ts"
@@ -117,7 +117,8 @@ const contract: Contract.Contract = {
 const collecting = () => {
   const lines: Array<string> = []
   const logger = Logger.map(Logger.formatStructured, (entry) => {
-    const message = Array.isArray(entry.message) ? entry.message.map(String).join(" ") : String(entry.message)
+    const part = (value: unknown) => (typeof value === "object" && value !== null ? JSON.stringify(value) : String(value))
+    const message = Array.isArray(entry.message) ? entry.message.map(part).join(" ") : part(entry.message)
     lines.push(`${entry.level} ${message} ${JSON.stringify(entry.annotations)}`)
   })
   return { lines, layer: Logger.layer([logger]) }
@@ -308,28 +309,56 @@ describe("NATS permissions (docs/nats-permissions.md)", () => {
       assert.isFalse(refused.isRetryable)
       assert.strictEqual(refused.message, "Permissions Violation for Publish to \"orders.x\"")
 
-      // The consumer worker without `$JS.ACK.ORDERS.shipping.>`: what it says when its ack is refused.
+      // The consumer worker without `$JS.ACK.ORDERS.shipping.>`: its first ack is refused at once
+      // (not after its 20 s settle timeout), and the consumer stops with what to grant instead of
+      // handling messages whose results can never be acknowledged.
+      // The dead letter the operator replayed waits on the consumer: acked here, so the worker
+      // without acks is given n1 alone.
+      const drained = yield* Effect.promise(async () => {
+        const pull = await jetstream.consumers.get("ORDERS", "shipping")
+        const taken = await pull.fetch({ max_messages: 10, expires: 2_000 })
+        const subjects: Array<string> = []
+        for await (const msg of taken) {
+          subjects.push(msg.subject)
+          await msg.ackAck()
+        }
+        return subjects
+      })
+      assert.deepStrictEqual(drained, ["orders.poison"])
       const before = logged.lines.length
       const since = () => logged.lines.slice(before)
       const denied = yield* OutcomeLog.make
       const noAck = yield* as("shipping-worker-noack", password("shipping-worker"))
-      const deniedRun = yield* Effect.forkChild(Consumer.run(consumer("1 second", denied.record)).pipe(Effect.provide(noAck)))
-      yield* publish("n1", "ok")
-      const first = yield* denied.waitUntil((all) => all.some((o) => o.message.eventId === "n1"), "15 seconds", "the job's outcome")
-      const ackRefusal = /^WARN nats connection error: Permissions Violation for Publish to "\$JS\.ACK\.ORDERS\.shipping\.1\.\d+\./
-      yield* Eventually.holds("the refusal logged", Effect.sync(() => since().some((line) => ackRefusal.test(line))), "5 seconds")
-      // The server's refusal is logged from the connection (event nats.error); the ack's own failure
-      // says only that no reply came. The outcome is unconfirmed, and the message is redelivered
-      // after its ack wait (up to the engine's maxDeliveries, then dead-lettered, its term refused
-      // too, until the consumer's MaxDeliver).
+      const deniedRun = yield* Effect.forkChild(Consumer.run(consumer("20 seconds", denied.record)).pipe(Effect.provide(noAck)))
+      const n1 = yield* publish("n1", "ok")
+      const first = yield* denied.waitUntil((all) => all.some((o) => o.message.eventId === "n1"), "10 seconds", "the job's outcome")
+      const stoppedWith = yield* Fiber.join(deniedRun).pipe(Effect.timeout("10 seconds"), Effect.flip)
+      // The ack's own failure is the refusal, naming the subject; the outcome is unconfirmed.
       assert.deepStrictEqual(
         first.filter((o) => o.message.eventId === "n1").map((o) => [o._tag, o.message.deliveryCount, o.confirmed]),
         [["Committed", 1, false]]
       )
-      assert.include(since().find((line) => ackRefusal.test(line)), "\"event\":\"nats.error\"")
-      assert.isTrue(since().some((line) => line.startsWith("WARN Committed shipping#") && line.includes("(n1), ack unconfirmed")), since().join("\n"))
-      const stopped = yield* Fiber.interrupt(deniedRun).pipe(Effect.timeout("15 seconds"), Effect.exit)
-      assert.isTrue(Exit.isSuccess(stopped))
+      // The server's refusal, logged from the connection (event nats.error), and the ack's.
+      const ackRefusal = /^WARN nats connection error: Permissions Violation for Publish to "\$JS\.ACK\.ORDERS\.shipping\.1\.\d+\./
+      const refusedAck = `Ack ORDERS#${n1}: Permissions Violation for Publish to \\"$JS.ACK.ORDERS.shipping.1.${n1}.`
+      yield* Eventually.holds(
+        "the refusal logged, and the outcome",
+        Effect.sync(() =>
+          since().some((line) => ackRefusal.test(line) && line.includes("\"event\":\"nats.error\"")) &&
+          since().some((line) => line.startsWith("WARN Committed shipping#") && line.includes("(n1), ack unconfirmed")) &&
+          since().some((line) => line.includes(refusedAck))
+        ),
+        "5 seconds"
+      ).pipe(Effect.tapError(() => Effect.sync(() => console.error(since().join("\n")))))
+      assert.notInclude(since().join("\n"), "no reply within")
+      // The consumer stops: NotAuthorized, naming the refused subject and the permission to grant.
+      assert.strictEqual(stoppedWith._tag, "SourceError", String(stoppedWith))
+      const failure = stoppedWith as Source.SourceError
+      assert.strictEqual(failure.reason, "NotAuthorized")
+      assert.include(failure.message, `Permissions Violation for Publish to "$JS.ACK.ORDERS.shipping.1.${n1}.`)
+      assert.include(failure.message, `publish permission on "$JS.ACK.ORDERS.shipping.>"`)
+      // Handled once: nothing more was taken once the ack was refused.
+      assert.strictEqual(runs.get("n1"), 1)
     }).pipe(Effect.scoped, Effect.provide(logged.layer))
   }, 90_000)
 })

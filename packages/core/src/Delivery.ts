@@ -18,7 +18,10 @@ export type SettleFailure =
   | "Timeout"
   /** The connection is closed or the broker has no responder (consumer deleted). */
   | "Unavailable"
-  /** The broker answered with an error (for a dead-letter publish: a negative PubAck). */
+  /**
+   * The broker answered with an error (for a dead-letter publish: a negative PubAck), or refused
+   * the command for lack of permission; sending it again cannot help.
+   */
   | "Refused"
 
 /** A broker command that was not confirmed. Retrying is up to the caller: redelivery covers it. */

@@ -9,7 +9,11 @@
 import { Data, type Duration, type Effect, type Scope } from "effect"
 import type { Delivery, SettleError } from "./Delivery.ts"
 
-/** Why a source failed; the engine stops when its source fails, so the process can restart. */
+/**
+ * Why a source failed; the engine stops when its source fails, so the process can restart.
+ * `NotAuthorized`: the broker refuses this client something the source needs (a permission),
+ * such as settling the messages it delivers; the message names what to grant.
+ */
 export class SourceError extends Data.TaggedError("SourceError")<{
   readonly reason:
     | "ConnectionClosed"
@@ -17,6 +21,7 @@ export class SourceError extends Data.TaggedError("SourceError")<{
     | "ConsumerNotFound"
     | "ConsumerDeleted"
     | "ContractMismatch"
+    | "NotAuthorized"
     | "Unknown"
   readonly message: string
 }> {}

@@ -235,7 +235,7 @@ export const check = (contract: Contract): Effect.Effect<ReadonlyArray<Finding>,
       }
       findings.push(
         ...recreateFindings(target, info.config, consumer, name),
-        ...declaredConsumerFindings(target, info.config, consumer, name),
+        ...declaredConsumerFindings(target, info.config, consumer, name, serverVersion),
         ...consumerFindings(target, info.config, consumer.expect)
       )
     }
@@ -330,7 +330,7 @@ export const plan = (contract: Contract): Effect.Effect<ReadonlyArray<Topology.C
         `consumer info ${name}/${consumer.name}`,
         () => manager.consumers.info(name, consumer.name)
       ).pipe(Effect.catchIf((error) => error.reason === "ConsumerNotFound", () => Effect.succeed(undefined)))
-      changes.push(...Topology.consumerChanges(options, info?.config))
+      changes.push(...Topology.consumerChanges(options, info?.config, connection.info?.version))
     }
     return changes
   }).pipe(namingServer)
@@ -369,7 +369,8 @@ export interface ApplyOptions {
  * brings their mutable settings to the contract, and returns what it changed (empty: nothing).
  * It applies nothing when the contract is `platform`-owned, contradicts itself ({@link validate}
  * errors), needs a change the server cannot make in place (a stream's storage, a consumer's ack,
- * replay or deliver policy, a push consumer), or needs a change that can delete stored messages
+ * replay or deliver policy, a push consumer; on NATS before 2.10, a wildcard filter for a live
+ * consumer without one, which the server would take and then deliver nothing more), or needs a change that can delete stored messages
  * without `allowDataLoss`; the error says which.
  */
 export const apply = (

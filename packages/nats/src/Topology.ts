@@ -454,6 +454,18 @@ export const unsupported = (options: ConsumerOptions, serverVersion: string | un
 const formatBackoff = (backoff: ReadonlyArray<number> | undefined): string =>
   backoff === undefined || backoff.length === 0 ? "none" : backoff.map(formatNanos).join(", ")
 
+/** Whether a filter subject has a wildcard token (`*` or `>`). */
+const hasWildcard = (subject: string): boolean => subject.split(".").some((token) => token === "*" || token === ">")
+
+/**
+ * The first server version that applies an update giving a consumer without a wildcard filter a
+ * wildcard one. nats-server 2.9.10 keeps the consumer's "wildcard filter" flag from its creation:
+ * after such an update it compares each subject literally with the pattern and delivers nothing
+ * more (no error; checked on 2.9.10, the only older server tested). 2.10.0 is the first version
+ * known to apply it.
+ */
+const WILDCARD_FILTER_UPDATE_SINCE = "2.10.0"
+
 /**
  * What {@link ensureConsumer} would do to the live consumer (`undefined`: none exists): nothing
  * (an empty list), create it, update the settings listed, or refuse what the server cannot change
@@ -462,8 +474,18 @@ const formatBackoff = (backoff: ReadonlyArray<number> | undefined): string =>
  * deliver policy other than the declared one (compared only when `deliverPolicy` is declared). It
  * compares {@link consumerConfig}: a declaration with {@link consumerProblems} is refused by
  * `ensureConsumer` whatever this says.
+ *
+ * `serverVersion` (as the server reports it, e.g. `connection.info?.version`) decides the one change
+ * that depends on the server: a wildcard filter (`orders.>`, `orders.*`) for a live consumer that
+ * has no filter or only literal ones. A server older than 2.10.0 takes that update and then
+ * delivers nothing more from the consumer (nats-server 2.9.10 does), so it is refused there, and
+ * when the version is not given; other filter changes are updates on every server.
  */
-export const consumerChanges = (options: ConsumerOptions, live: ConsumerConfig | undefined): ReadonlyArray<Change> => {
+export const consumerChanges = (
+  options: ConsumerOptions,
+  live: ConsumerConfig | undefined,
+  serverVersion?: string | undefined
+): ReadonlyArray<Change> => {
   const target = `consumer ${options.stream}/${options.name}`
   const wanted = consumerConfig(options)
   if (live === undefined) return [{ target, action: "create", setting: "*", live: "-", wanted: options.name, message: `create ${target}` }]
@@ -536,7 +558,24 @@ export const consumerChanges = (options: ConsumerOptions, live: ConsumerConfig |
       message: `${target} filters on ${liveFilters}; jetworker does not remove a filter: remove it with the nats ` +
         `CLI (the consumer keeps its delivery state), or declare the filter`
     })
-  } else if (liveFilters !== wantedFilters) update("filter_subject", liveFilters || "none", wantedFilters || "none")
+  } else if (liveFilters !== wantedFilters) {
+    const liveList = [...(live.filter_subjects ?? []), ...(live.filter_subject ? [live.filter_subject] : [])]
+    const wantedList = [...(wanted.filter_subjects ?? []), ...(wanted.filter_subject === undefined ? [] : [wanted.filter_subject])]
+    const stops = !liveList.some(hasWildcard) && wantedList.some(hasWildcard) &&
+      (serverVersion === undefined || !versionAtLeast(serverVersion, WILDCARD_FILTER_UPDATE_SINCE))
+    if (stops) {
+      refuse(
+        "filter_subject",
+        liveFilters || "none",
+        wantedFilters,
+        `${target} ${liveFilters === "" ? "has no filter" : `filters on ${liveFilters}`}, the declaration on ${wantedFilters}: ` +
+          `NATS before ${WILDCARD_FILTER_UPDATE_SINCE} (the server is ${serverVersion ?? "unknown"}) takes an update that gives ` +
+          `a consumer without a wildcard filter a wildcard one, and the consumer then delivers nothing more: delete it ` +
+          `(\`nats consumer rm ${options.stream} ${options.name}\`; its delivery state goes with it: acks, redeliveries, its ` +
+          `position) and apply the declaration again, or declare a new consumer with the filter (and move the service to it)`
+      )
+    } else update("filter_subject", liveFilters || "none", wantedFilters || "none")
+  }
   if (formatBackoff(live.backoff) !== formatBackoff(wanted.backoff)) update("backoff", formatBackoff(live.backoff), formatBackoff(wanted.backoff))
   return changes
 }
@@ -544,8 +583,10 @@ export const consumerChanges = (options: ConsumerOptions, live: ConsumerConfig |
 /**
  * Creates the durable consumer, or updates its mutable settings to the declaration. Returns the
  * live info. A declared filter is first checked against the live stream's subjects
- * ({@link filterProblems}): one outside them is refused before anything is sent. A server without
- * JetStream is named (host:port) with how to enable it.
+ * ({@link filterProblems}): one outside them is refused before anything is sent, and so is a
+ * change {@link consumerChanges} refuses on this server (a wildcard filter for a live consumer
+ * without one, on NATS before 2.10). A server without JetStream is named (host:port) with how to
+ * enable it.
  */
 export const ensureConsumer = (
   options: ConsumerOptions
@@ -579,7 +620,7 @@ export const ensureConsumer = (
       Effect.catchIf((error) => error.reason === "ConsumerNotFound", () => Effect.succeed(undefined))
     )
     if (existing === undefined) return yield* call(operation, () => manager.consumers.add(options.stream, wanted))
-    const changes = consumerChanges(options, existing.config)
+    const changes = consumerChanges(options, existing.config, connection.info?.version)
     const refused = changes.find((change) => change.action === "refuse")
     if (refused !== undefined) return yield* invalid(operation, refused.message)
     if (changes.length === 0) return existing

@@ -12,6 +12,7 @@
  * it takes the message (and the engine extends at once a lease a third spent when taken).
  */
 import { timing } from "@jetworker/core/Lease"
+import type * as NatsError from "../NatsError.ts"
 import { type Pulled, sendExtend } from "./delivery.ts"
 import type { IntakeEnv, IntakeState } from "./intakeState.ts"
 
@@ -24,8 +25,16 @@ export interface BufferedLeases {
   readonly stop: () => void
 }
 
-/** The keeper of `state`'s buffered messages, whose lease (the consumer's ack wait) is `leaseMillis`. */
-export const makeBufferedLeases = (env: IntakeEnv, state: IntakeState, leaseMillis: number): BufferedLeases => {
+/**
+ * The keeper of `state`'s buffered messages, whose lease (the consumer's ack wait) is `leaseMillis`;
+ * an extension the server refuses for lack of permission is told to `refused` (the intake ends).
+ */
+export const makeBufferedLeases = (
+  env: IntakeEnv,
+  state: IntakeState,
+  leaseMillis: number,
+  refused: (pulled: Pulled, error: NatsError.NatsError) => void
+): BufferedLeases => {
   // Until when the engine holds the buffer, on the intake's monotonic time; undefined: it does not.
   let until: number | undefined
   let timer: ReturnType<typeof setInterval> | undefined
@@ -40,10 +49,11 @@ export const makeBufferedLeases = (env: IntakeEnv, state: IntakeState, leaseMill
     // The answer may come before `sendExtend` returns (a closed connection answers at once):
     // then there is nothing to withdraw.
     let answered = false
-    const withdraw = sendExtend(env.connection, pulled, Math.min(env.settleTimeoutMillis, leaseMillis * timing.extendAfter), (confirmed) => {
+    const withdraw = sendExtend(env.connection, pulled, Math.min(env.settleTimeoutMillis, leaseMillis * timing.extendAfter), (error) => {
       answered = true
       extending.delete(pulled)
-      if (confirmed) pulled.receivedAt = Math.max(pulled.receivedAt, sentAt)
+      if (error === undefined) pulled.receivedAt = Math.max(pulled.receivedAt, sentAt)
+      else if (error.reason === "NotAuthorized") refused(pulled, error)
     })
     if (!answered) extending.set(pulled, withdraw)
   }

@@ -238,16 +238,19 @@ const pullLimitFindings = (
 
 /**
  * The checks of a consumer's declared settings against the live ones (the contract's promises):
- * every setting `Topology` would update is an error. The ack policy is left to
- * {@link consumerFindings}, which checks it for every consumer, declared or not.
+ * every setting `Topology` would update is an error, and so is a filter it refuses to change (on
+ * `serverVersion`, the server's version, for a filter change the server would apply by stopping
+ * the consumer). The ack policy is left to {@link consumerFindings}, which checks it for every
+ * consumer, declared or not.
  */
 export const declaredConsumerFindings = (
   target: string,
   live: ConsumerConfig,
   declared: ConsumerContract,
-  stream: string
+  stream: string,
+  serverVersion: string | undefined
 ): ReadonlyArray<Finding> =>
-  Topology.consumerChanges({ ...declared, stream }, live).flatMap((change): ReadonlyArray<Finding> =>
+  Topology.consumerChanges({ ...declared, stream }, live, serverVersion).flatMap((change): ReadonlyArray<Finding> =>
     change.action === "update"
       ? [{
         severity: "error",

@@ -67,12 +67,13 @@ const NAK = encoder.encode("-NAK")
 const TERM = encoder.encode("+TERM")
 const WPI = encoder.encode("+WPI")
 
+// A permission refusal is `Refused`: sending the command again cannot help.
 const settleError = (command: Delivery.SettleCommand, error: NatsError.NatsError) =>
   new Delivery.SettleError({
     command,
     reason: error.reason === "Timeout"
       ? "Timeout"
-      : error.reason === "ApiError" || error.reason === "InvalidReply"
+      : error.reason === "ApiError" || error.reason === "InvalidReply" || error.reason === "NotAuthorized"
       ? "Refused"
       : "Unavailable",
     message: `${error.operation}: ${error.message}`
@@ -83,6 +84,18 @@ export interface Settling {
   readonly connection: Shape
   readonly settleTimeoutMillis: number
   readonly destination: DeadLetter.Destination
+  /**
+   * Told when the server refuses a command for lack of permission (`NotAuthorized`): `command`,
+   * the `subject` it was published to, and the error. The same refusal meets every delivery of the
+   * source, so the intake ends (see `intake.ts`).
+   */
+  readonly refused?: ((command: Delivery.SettleCommand, subject: string, error: NatsError.NatsError) => void) | undefined
+}
+
+/** `error` as the engine's `SettleError`, a permission refusal told to `settling` first. */
+const failed = (settling: Settling, command: Delivery.SettleCommand, subject: string, error: NatsError.NatsError) => {
+  if (error.reason === "NotAuthorized") settling.refused?.(command, subject, error)
+  return settleError(command, error)
 }
 
 const toVoid = (): void => undefined
@@ -139,7 +152,7 @@ class JetStreamDelivery implements Delivery.Delivery {
     const { msg, streamSequence } = this.#pulled
     return DeadLetter.publish(destination, { headers: msg.headers, subject: msg.subject, seq: streamSequence, data: msg.data }, record).pipe(
       Effect.provideService(NatsConnection, connection),
-      Effect.mapError((error) => settleError("DeadLetter", error)),
+      Effect.mapError((error) => failed(this.#settling, "DeadLetter", destination.subject, error)),
       // Only once the dead letter is stored may the original be terminated.
       Effect.andThen(this.#command("Term", TERM))
     )
@@ -148,16 +161,16 @@ class JetStreamDelivery implements Delivery.Delivery {
   /** Acks and calls `done` with the broker's confirmation or why not; returns a withdrawal. */
   sendAck(done: (error: Delivery.SettleError | undefined) => void): () => void {
     const pulled = this.#pulled
-    const { connection, settleTimeoutMillis } = this.#settling
-    return connection.send(`Ack ${pulled.stream}#${pulled.streamSequence}`, pulled.reply, ACK, settleTimeoutMillis, (result) =>
-      done(result instanceof NatsError.NatsError ? settleError("Ack", result) : undefined))
+    const settling = this.#settling
+    return settling.connection.send(`Ack ${pulled.stream}#${pulled.streamSequence}`, pulled.reply, ACK, settling.settleTimeoutMillis, (result) =>
+      done(result instanceof NatsError.NatsError ? failed(settling, "Ack", pulled.reply, result) : undefined))
   }
 
   #command(name: Delivery.SettleCommand, payload: Uint8Array): Effect.Effect<void, Delivery.SettleError> {
     const pulled = this.#pulled
-    const { connection, settleTimeoutMillis } = this.#settling
-    return Effect.mapBoth(connection.request(`${name} ${pulled.stream}#${pulled.streamSequence}`, pulled.reply, payload, settleTimeoutMillis), {
-      onFailure: (error) => settleError(name, error),
+    const settling = this.#settling
+    return Effect.mapBoth(settling.connection.request(`${name} ${pulled.stream}#${pulled.streamSequence}`, pulled.reply, payload, settling.settleTimeoutMillis), {
+      onFailure: (error) => failed(settling, name, pulled.reply, error),
       onSuccess: toVoid
     })
   }
@@ -187,17 +200,18 @@ export const ackAll = (deliveries: ReadonlyArray<Delivery.Delivery>): Effect.Eff
 }
 
 /**
- * Sends a lease extension (`+WPI`) for `pulled`, not yet taken, and calls `done` with whether the
- * server confirmed it within `timeoutMillis`; returns a withdrawal (`done` is then not called).
+ * Sends a lease extension (`+WPI`) for `pulled`, not yet taken, and calls `done` with `undefined`
+ * once the server confirmed it within `timeoutMillis`, else with why not; returns a withdrawal
+ * (`done` is then not called).
  */
 export const sendExtend = (
   connection: Shape,
   pulled: Pulled,
   timeoutMillis: number,
-  done: (confirmed: boolean) => void
+  done: (error: NatsError.NatsError | undefined) => void
 ): () => void =>
   connection.send(`Extend ${pulled.stream}#${pulled.streamSequence}`, pulled.reply, WPI, timeoutMillis, (result) =>
-    done(!(result instanceof NatsError.NatsError)))
+    done(result instanceof NatsError.NatsError ? result : undefined))
 
 /** Builds the engine's view of `pulled`. */
 export const toDelivery = (settling: Settling, pulled: Pulled): Delivery.Delivery => new JetStreamDelivery(settling, pulled)

@@ -13,9 +13,11 @@ import type * as DeadLetter from "../DeadLetter.ts"
 import type { Shape } from "../NatsConnection.ts"
 import { toDelivery } from "./delivery.ts"
 import { makeBufferedLeases } from "./bufferedLeases.ts"
-import { type IntakeEnv, initialState, signal } from "./intakeState.ts"
+import type * as NatsError from "../NatsError.ts"
+import { fail, type IntakeEnv, initialState, signal } from "./intakeState.ts"
 import { startWatchdog, watchLeader, watchLink } from "./intakeWatch.ts"
 import { boundedPromise, makePulls } from "./pulls.ts"
+import { refusedSettling } from "./sourceErrors.ts"
 
 /** The checked consumer an intake reads. */
 export interface IntakeOptions {
@@ -81,15 +83,27 @@ export const openIntake = (
       })
     })
     const whileLinkUp = <A, E>(effect: Effect.Effect<A, E>) => Effect.asVoid(Effect.raceFirst(effect, linkLost))
-    const settling = { connection, settleTimeoutMillis: options.settleTimeoutMillis, destination: options.destination }
+    // A settling command refused for lack of permission: the permission is the connection's, so
+    // every delivery's command would be refused too, and handlers would run for results that can
+    // never be acknowledged (each message redelivered after its ack wait, for ever without a
+    // MaxDeliver). The intake ends now, not once its buffer is drained: what it buffers can be
+    // neither settled nor released, and is left to its ack wait; nothing more is pulled.
+    const refused = (command: string, subject: string, error: NatsError.NatsError) => {
+      if (state.closed || state.refused !== undefined) return
+      state.refused = refusedSettling(name, command, subject, error)
+      state.buffered.length = 0
+      fail(state, state.refused)
+    }
+    const settling = { connection, settleTimeoutMillis: options.settleTimeoutMillis, destination: options.destination, refused }
     const pulls = makePulls(env, state)
     yield* watchLink(env, state, pulls)
     const advisories = watchLeader(env, state, pulls)
     const watchdog = startWatchdog(env, state, pulls)
-    const bufferedLeases = makeBufferedLeases(env, state, options.leaseMillis)
+    const bufferedLeases = makeBufferedLeases(env, state, options.leaseMillis, (pulled, error) => refused("Extend", pulled.reply, error))
 
     const take: Effect.Effect<Delivery.Delivery, Source.SourceError> = Effect.suspend(() => {
       if (state.closed) return Effect.fail(new Source.SourceError({ reason: "ConnectionClosed", message: `${name}: intake closed` }))
+      if (state.refused !== undefined) return Effect.fail(state.refused)
       // Taken synchronously: an interrupted `take` leaves every message in `buffered`.
       const pulled = state.buffered.shift()
       if (pulled !== undefined) {
@@ -137,6 +151,10 @@ export const openIntake = (
         yield* bounded(() => connection.manager.consumers.info(stream, durable))
         const rest = state.buffered.splice(0)
         if (rest.length === 0) return
+        if (state.refused !== undefined) {
+          // Their naks would be refused as the acks were.
+          return yield* Effect.logWarning(`${name}: ${rest.length} buffered messages not released (NATS refuses this connection's naks); the server redelivers them after their ack wait`)
+        }
         let released = 0
         yield* whileLinkUp(Effect.forEach(
           rest,

@@ -55,6 +55,11 @@ export interface IntakeState {
   lastHeard: number
   /** What ended the intake for good; surfaces once `buffered` is drained. */
   failure: Source.SourceError | undefined
+  /**
+   * A settling command the server refused for lack of permission (`refusedSettling`): the intake
+   * ends at once, its buffer dropped, since nothing it hands out could be settled.
+   */
+  refused: Source.SourceError | undefined
   /** After a failed pull: a growing pause, then a consumer info check, before pulling again. */
   pausing: boolean
   pauseMillis: number
@@ -79,6 +84,7 @@ export const initialState = (): IntakeState => ({
   waiting: [],
   lastHeard: performance.now(),
   failure: undefined,
+  refused: undefined,
   pausing: false,
   pauseMillis: 0,
   closed: false,

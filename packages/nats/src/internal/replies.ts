@@ -7,8 +7,10 @@
  * because they expire in the order they were sent. The requests leave through `Outgoing`, with
  * the other requests and pulls of the same turn of the event loop. Behaves as nats.js's request
  * does: a reply confirms, a 503 status means no responders, no reply within the bound is a
- * timeout (also across a reconnect), a closed connection fails what is pending. Internal to the
- * adapter.
+ * timeout (also across a reconnect), a closed connection fails what is pending, and a publish the
+ * server refuses for lack of permission fails the requests pending on its subject at once with
+ * `NotAuthorized` (the server says it only on the connection, as an `-ERR`, never as a reply), as
+ * does a refused reply subscription for everything pending. Internal to the adapter.
  */
 import { createInbox, type Msg, type NatsConnection as Connection, type Subscription } from "@nats-io/transport-node"
 import { Effect } from "effect"
@@ -25,6 +27,8 @@ export interface Replies {
 interface Pending {
   readonly token: number
   readonly operation: string
+  /** Where it was published: a permission refusal names only the subject. */
+  readonly subject: string
   readonly deadline: number
   /** Dropped once settled: the entry may wait in its expiry queue until the timer passes it. */
   done: ((result: Msg | NatsError.NatsError) => void) | undefined
@@ -43,6 +47,18 @@ const noop = (): void => undefined
 
 const timedOut = (operation: string, timeoutMillis: number) =>
   new NatsError.NatsError({ reason: "Timeout", operation, message: `no reply within ${timeoutMillis} ms` })
+
+/**
+ * The server's permission refusal in `error` (nats.js's `PermissionViolationError`, told apart by
+ * name as `NatsError` does): what was refused (`publish` or `subscription`), on which subject.
+ */
+const refusalOf = (error: unknown): { readonly operation: string; readonly subject: string; readonly message: string } | undefined => {
+  if (typeof error !== "object" || error === null || (error as { name?: unknown }).name !== "PermissionViolationError") return undefined
+  const { operation, subject, message } = error as { operation?: unknown; subject?: unknown; message?: unknown }
+  return typeof operation === "string" && typeof subject === "string" && typeof message === "string"
+    ? { operation, subject, message }
+    : undefined
+}
 
 /** The replies of `connection`; its subscription is opened by the first request. */
 export const make = (connection: Connection, outgoing: Outgoing.Outgoing = Outgoing.make(connection)): Replies => {
@@ -64,8 +80,17 @@ export const make = (connection: Connection, outgoing: Outgoing.Outgoing = Outgo
     done?.(result)
   }
 
+  const notAuthorized = (entry: Pending, message: string) =>
+    settle(entry, new NatsError.NatsError({ reason: "NotAuthorized", operation: entry.operation, message }))
+
   const onReply = (error: Error | null, msg: Msg) => {
-    if (error !== null) return
+    if (error !== null) {
+      // The reply subscription refused (no permission to subscribe to the inbox): no reply can
+      // come to anything pending. nats.js closes it; the next request subscribes again.
+      const refusal = refusalOf(error)
+      if (refusal !== undefined) for (const key in pending) notAuthorized(pending[key]!, refusal.message)
+      return
+    }
     const token = parseInt(msg.subject.slice(prefix.length), 36)
     const entry = pending[token]
     if (entry === undefined) return // late (timed out or interrupted)
@@ -76,7 +101,27 @@ export const make = (connection: Connection, outgoing: Outgoing.Outgoing = Outgo
     }
   }
 
+  // A refused publish is said only on the connection (its `error` status), naming the subject:
+  // the requests pending there fail now instead of at their bound. Rare, so found by a scan.
+  let watching = false
+  const watchRefusals = () => {
+    watching = true
+    const statuses = connection.status()
+    void (async () => {
+      for await (const status of statuses) {
+        if (status.type !== "error") continue
+        const refusal = refusalOf(status.error)
+        if (refusal === undefined || refusal.operation !== "publish") continue
+        for (const key in pending) {
+          const entry = pending[key]!
+          if (entry.subject === refusal.subject) notAuthorized(entry, refusal.message)
+        }
+      }
+    })().catch(noop)
+  }
+
   const subscribe = (): Subscription => {
+    if (!watching) watchRefusals()
     if (subscription === undefined || subscription.isClosed()) {
       subscription = connection.subscribe(`${prefix}*`, { callback: onReply })
       void connection.closed().then(() => {
@@ -142,7 +187,7 @@ export const make = (connection: Connection, outgoing: Outgoing.Outgoing = Outgo
     const token = next
     next = next === 0x7fffffff ? 0 : next + 1
     // Deadlines on the monotonic clock: a wall clock stepped back (NTP, a resumed VM) would stretch them.
-    const entry: Pending = { token, operation, deadline: performance.now() + timeoutMillis, done, settled: false }
+    const entry: Pending = { token, operation, subject, deadline: performance.now() + timeoutMillis, done, settled: false }
     try {
       subscribe()
       pending[token] = entry

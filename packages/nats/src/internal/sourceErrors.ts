@@ -14,6 +14,8 @@ export const sourceError = (error: NatsError.NatsError): Source.SourceError =>
       ? "ConsumerNotFound"
       : error.reason === "ConnectionClosed" || error.reason === "ConnectionRefused"
       ? "ConnectionClosed"
+      : error.reason === "NotAuthorized"
+      ? "NotAuthorized"
       : "Unknown",
     message: `${error.operation}: ${error.message}`
   })
@@ -76,3 +78,31 @@ export const terminal = (name: string, error: unknown): Source.SourceError | und
     ? sourceError(mapped)
     : undefined
 }
+
+/**
+ * The subject to allow for what `command` publishes, from the `subject` the server refused: a
+ * dead letter's subject as it is; an ack's (nak, term, `+WPI`) reply subject up to its consumer's
+ * name, then `>` (`$JS.ACK.<stream>.<consumer>.>`, or with the domain and account hash of the long
+ * form), which covers every delivery of the consumer.
+ */
+const grantFor = (command: string, subject: string): string => {
+  if (command === "DeadLetter") return subject
+  const tokens = subject.split(".")
+  const consumerAt = tokens.length === 9 ? 3 : tokens.length >= 11 ? 5 : -1
+  return consumerAt < 0 ? subject : `${tokens.slice(0, consumerAt + 1).join(".")}.>`
+}
+
+/**
+ * The intake of consumer `name` (`<stream>/<durable>`) ended because the server refused `command`
+ * (`Ack`, `Nak`, `Term`, `Extend`, `DeadLetter`) published to `subject` for lack of permission
+ * (`error`, in the server's words): the permission is the connection's, so no message of the
+ * consumer could be settled. Says what to grant.
+ */
+export const refusedSettling = (name: string, command: string, subject: string, error: NatsError.NatsError): Source.SourceError =>
+  new Source.SourceError({
+    reason: "NotAuthorized",
+    message: `${name}: NATS refuses this connection's ${command === "DeadLetter" ? "dead letters" : "acks (and naks, terms, lease extensions)"} ` +
+      `(${error.operation}: ${error.message}), so no message the consumer delivers can be settled: the consumer stops ` +
+      `instead of running handlers whose results cannot be acknowledged. Grant the connection's user publish permission ` +
+      `on "${grantFor(command, subject)}" (docs/nats-permissions.md); the messages it holds are redelivered after their ack wait`
+  })
