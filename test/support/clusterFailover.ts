@@ -61,7 +61,20 @@ export interface Failover {
   readonly publish: (id: string, body: string) => Effect.Effect<void, unknown, NatsConnection.NatsConnection>
   /** Finalized with the test's scope: the killed node is started again. */
   readonly killLeaderWhileHeld: Effect.Effect<void, unknown, Scope.Scope>
+  /**
+   * Like `killLeaderWhileHeld`, but the third node (neither the worker's nor the leader's) is
+   * SIGKILLed too, so no leader can be elected until `restore` starts both again: what the worker
+   * sends the consumer meanwhile gets no responders, whatever an election would have taken.
+   */
+  readonly killQuorumWhileHeld: Effect.Effect<{ readonly restore: Effect.Effect<void, unknown> }, unknown, Scope.Scope>
   readonly settledOnBroker: Effect.Effect<void, unknown>
+  /**
+   * Once `settledOnBroker`: waits until the worker has printed as many outcomes of `eventId` as the
+   * broker made deliveries (of this test's one message), at most `timeout`. The broker counts an ack
+   * before the worker prints the outcome its answer completes, so reading the outcomes as soon as the
+   * broker is settled can miss the last one.
+   */
+  readonly outcomesOfAllDeliveries: (eventId: string, timeout: Duration.Input) => Effect.Effect<ReadonlyArray<OutcomeLine>, unknown>
   readonly outcomesOf: (eventId: string) => Effect.Effect<ReadonlyArray<OutcomeLine>>
 }
 
@@ -134,6 +147,19 @@ export const failover = <A, E, R>(
         yield* Effect.addFinalizer(() => Effect.ignore(killed.start))
         yield* Deferred.succeed(risk.release, undefined)
       })
+      const outcomesOf = (eventId: string) =>
+        Effect.map(W.outcomes(worker), (all) => all.filter((o) => o.eventId === eventId) as unknown as ReadonlyArray<OutcomeLine>)
+      const third = cluster.nodes.find((n) => n.name !== consumerLeader && n.name !== away.name)!
+      const killQuorumWhileHeld = Effect.gen(function*() {
+        yield* Deferred.await(risk.asked).pipe(Effect.timeout("15 seconds"))
+        const killed = [cluster.node(consumerLeader)!, third]
+        for (const node of killed) {
+          yield* node.stop("SIGKILL")
+          yield* Effect.addFinalizer(() => Effect.ignore(node.start))
+        }
+        yield* Deferred.succeed(risk.release, undefined)
+        return { restore: Effect.forEach(killed, (node) => node.start, { concurrency: "unbounded", discard: true }) }
+      })
       const settledOnBroker = Eventually.holds(
         "the consumer has nothing pending or unacknowledged",
         api(() => manager.consumers.info(settings.stream, settings.consumer)).pipe(
@@ -152,9 +178,19 @@ export const failover = <A, E, R>(
             timeout: "2 seconds"
           })),
         killLeaderWhileHeld,
+        killQuorumWhileHeld,
         settledOnBroker,
-        outcomesOf: (eventId) =>
-          Effect.map(W.outcomes(worker), (all) => all.filter((o) => o.eventId === eventId) as unknown as ReadonlyArray<OutcomeLine>)
+        outcomesOfAllDeliveries: (eventId, timeout) =>
+          Effect.gen(function*() {
+            const deliveries = (yield* api(() => manager.consumers.info(settings.stream, settings.consumer))).delivered.consumer_seq
+            return yield* Eventually.poll(
+              `${deliveries} outcomes of ${eventId}, one per delivery`,
+              outcomesOf(eventId),
+              (mine) => mine.length >= deliveries,
+              { timeout, interval: "100 millis" }
+            )
+          }),
+        outcomesOf
       })
     }).pipe(Effect.provide(natsLayer))
   }).pipe(Effect.scoped)
