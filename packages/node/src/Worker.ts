@@ -90,6 +90,12 @@ export interface Settings {
   /** `HEALTH_MAX_EVENT_LOOP_LAG`, default `5 seconds`, positive and finite: past it `/healthz/live` answers 503. */
   readonly maxEventLoopLag: Duration.Duration
   /**
+   * `HEALTH_MAX_CONNECTIONS`, default 64, from 1 to 65535: the health server's open connections at
+   * most (probes and scrapes); one past it is closed as soon as it is accepted (see
+   * `HealthServer.make`'s `maxConnections`).
+   */
+  readonly healthMaxConnections: number
+  /**
    * `LOG_LEVEL`, default `Info`: the least severe level written (`Debug` adds a line per committed
    * and duplicate message; `Warn` keeps only problems). One of `All`, `Trace`, `Debug`, `Info`,
    * `Warn`, `Error`, `Fatal`, `None`, in any case (`debug`). The lifecycle events (`worker.*`, `startup.*`, `shutdown.*`,
@@ -109,6 +115,9 @@ export interface Settings {
 /** The range of `LOG_BUFFER_BYTES`. */
 const LOG_BUFFER_BYTES = { min: 65_536, max: 1_073_741_824 }
 
+/** The range of `HEALTH_MAX_CONNECTIONS`. */
+const HEALTH_MAX_CONNECTIONS = { min: 1, max: 65_535 }
+
 /** The variable each number or duration of {@link Settings} is read from. */
 const VARIABLES = {
   budget: "SHUTDOWN_BUDGET",
@@ -118,6 +127,7 @@ const VARIABLES = {
   reserve: "SHUTDOWN_RESERVE",
   startupTimeout: "STARTUP_TIMEOUT",
   maxEventLoopLag: "HEALTH_MAX_EVENT_LOOP_LAG",
+  healthMaxConnections: "HEALTH_MAX_CONNECTIONS",
   logBufferBytes: "LOG_BUFFER_BYTES"
 } as const
 
@@ -139,9 +149,9 @@ const notPositiveFinite = (name: string, duration: Duration.Duration, text: stri
  * Reads {@link Settings} from the environment (managed configuration). A value that cannot be
  * used fails with one line naming the variable, what it takes and the value given (see
  * `describeConfigError`): `LOG_LEVEL` in any case; durations as `"25 seconds"`; the `SHUTDOWN_*`
- * shares not negative; `HEALTH_PORT` a port or `off`; `LOG_BUFFER_BYTES` an integer. What the
- * values must be together (a budget whose shares fit, a positive start-up timeout, a buffer within
- * its range) is checked by {@link settingsProblems}; {@link readSettings} does both, as `run` does,
+ * shares not negative; `HEALTH_PORT` a port or `off`; `LOG_BUFFER_BYTES` and
+ * `HEALTH_MAX_CONNECTIONS` integers. What the values must be together (a budget whose shares fit,
+ * a positive start-up timeout, a buffer and a connection limit within their ranges) is checked by {@link settingsProblems}; {@link readSettings} does both, as `run` does,
  * and quotes in each refusal the text the environment gave (`got "0 seconds"`).
  */
 export const settings: Config.Config<Settings> = Config.all({
@@ -154,6 +164,7 @@ export const settings: Config.Config<Settings> = Config.all({
   healthPort: FromEnv.port("HEALTH_PORT", "8080"),
   healthHost: Config.String("HEALTH_HOST").pipe(Config.withDefault("0.0.0.0")),
   maxEventLoopLag: FromEnv.duration("HEALTH_MAX_EVENT_LOOP_LAG", "5 seconds"),
+  healthMaxConnections: FromEnv.integer("HEALTH_MAX_CONNECTIONS", HealthServer.defaultMaxConnections, HEALTH_MAX_CONNECTIONS),
   logLevel: FromEnv.logLevel("LOG_LEVEL"),
   logBufferBytes: FromEnv.integer("LOG_BUFFER_BYTES", JsonLogger.defaultMaxBufferedBytes, LOG_BUFFER_BYTES)
 })
@@ -196,6 +207,12 @@ const problemsOf = (s: Settings, given: Given): ReadonlyArray<SettingsProblem> =
   if (!(s.logBufferBytes >= LOG_BUFFER_BYTES.min && s.logBufferBytes <= LOG_BUFFER_BYTES.max)) {
     const shown = given.logBufferBytes === undefined ? String(s.logBufferBytes) : JSON.stringify(given.logBufferBytes)
     problems.push({ error: `LOG_BUFFER_BYTES must be from ${LOG_BUFFER_BYTES.min} to ${LOG_BUFFER_BYTES.max}, got ${shown}` })
+  }
+  if (!(s.healthMaxConnections >= HEALTH_MAX_CONNECTIONS.min && s.healthMaxConnections <= HEALTH_MAX_CONNECTIONS.max)) {
+    const shown = given.healthMaxConnections === undefined ? String(s.healthMaxConnections) : JSON.stringify(given.healthMaxConnections)
+    problems.push({
+      error: `HEALTH_MAX_CONNECTIONS must be from ${HEALTH_MAX_CONNECTIONS.min} to ${HEALTH_MAX_CONNECTIONS.max}, got ${shown}`
+    })
   }
   for (
     const problem of [
@@ -390,6 +407,7 @@ const runWith = <E, ROut, LE, TE>(
         port: s.healthPort,
         host: s.healthHost,
         maxEventLoopLag: s.maxEventLoopLag,
+        maxConnections: s.healthMaxConnections,
         readiness: lifecycle.readiness
       }).pipe(Scope.provide(healthScope), Effect.result)
       if (Result.isFailure(health)) {

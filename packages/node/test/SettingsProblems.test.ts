@@ -71,6 +71,9 @@ describe("Worker.settingsProblems and Worker.readSettings", () => {
           ["STARTUP_TIMEOUT", "Infinity", "STARTUP_TIMEOUT must be a positive, finite duration"],
           ["STARTUP_TIMEOUT", "soon", "STARTUP_TIMEOUT must be a duration such as"],
           ["HEALTH_MAX_EVENT_LOOP_LAG", "0 millis", "HEALTH_MAX_EVENT_LOOP_LAG must be a positive, finite duration"],
+          ["HEALTH_MAX_CONNECTIONS", "0", "HEALTH_MAX_CONNECTIONS must be from 1 to 65535"],
+          ["HEALTH_MAX_CONNECTIONS", "70000", "HEALTH_MAX_CONNECTIONS must be from 1 to 65535"],
+          ["HEALTH_MAX_CONNECTIONS", "many", "HEALTH_MAX_CONNECTIONS must be an integer from 1 to 65535"],
           ["SHUTDOWN_CLOSE", "-3 seconds", "SHUTDOWN_CLOSE must not be negative"],
           ["SHUTDOWN_RESERVE", "Infinity", "reserve must be a finite duration"],
           ["SHUTDOWN_BUDGET", "5 seconds", "leaves no drain share"],
@@ -91,6 +94,8 @@ describe("Worker.settingsProblems and Worker.readSettings", () => {
       // Accepted as before: an integer in exponent notation, and surrounding spaces (as for every variable).
       assert.strictEqual((yield* Worker.readSettings().pipe(fromEnv({ LOG_BUFFER_BYTES: "1e6" }))).settings.logBufferBytes, 1_000_000)
       assert.strictEqual((yield* Worker.readSettings().pipe(fromEnv({ LOG_BUFFER_BYTES: " 70000 " }))).settings.logBufferBytes, 70_000)
+      assert.strictEqual((yield* Worker.readSettings().pipe(fromEnv({}))).settings.healthMaxConnections, 64)
+      assert.strictEqual((yield* Worker.readSettings().pipe(fromEnv({ HEALTH_MAX_CONNECTIONS: "2" }))).settings.healthMaxConnections, 2)
     }))
 
   it.effect("a value given in code, over the environment's, is shown as given in code, not as the environment's text", () =>
