@@ -21,7 +21,7 @@
  * `JW_KEEP_PACKED_APP=1`.
  */
 import { execFileSync } from "node:child_process"
-import { cpSync, mkdirSync, mkdtempSync, readdirSync, rmSync, writeFileSync } from "node:fs"
+import { cpSync, existsSync, mkdirSync, mkdtempSync, readdirSync, rmSync, writeFileSync } from "node:fs"
 import { tmpdir } from "node:os"
 import { join, resolve } from "node:path"
 import { fileURLToPath } from "node:url"
@@ -52,10 +52,15 @@ const run = (name: string, command: string, args: ReadonlyArray<string>, cwd: st
 
 /**
  * What a user gets in each tarball: the compiled code with its declarations, the license, the
- * README and the changelog, and `exports` that point at `dist/`; no tests.
+ * README and the changelog, and `exports` that point at `dist/`; no tests, and no compiled module
+ * whose source is gone (a stale `dist/` file, importable and typed in the package).
  */
 const checkContents = (file: string, listing: string): void => {
   const entries = new Set(listing.split("\n").filter((line) => line !== ""))
+  const source = join(root, "packages", file.replace(/^jetworker-/, "").replace(/-\d+\.\d+\.\d+\.tgz$/, ""), "src")
+  const stale = [...entries].filter((entry) =>
+    /^package\/dist\/.+\.js$/.test(entry) && !existsSync(join(source, entry.slice("package/dist/".length).replace(/\.js$/, ".ts")))
+  )
   const missing = ["package/LICENSE", "package/README.md", "package/CHANGELOG.md", "package/dist/index.js", "package/dist/index.d.ts"]
     .filter((entry) => !entries.has(entry))
   const tests = [...entries].filter((entry) => entry.startsWith("package/test/"))
@@ -66,6 +71,7 @@ const checkContents = (file: string, listing: string): void => {
   const problems = [
     ...missing.map((entry) => `${entry} is missing`),
     ...tests.map((entry) => `${entry} is shipped`),
+    ...stale.map((entry) => `${entry} is shipped, but its source is gone (a stale build)`),
     ...(exported.types === "./dist/index.d.ts" && exported.default === "./dist/index.js" ? [] : [`exports "." is ${JSON.stringify(exported)}`]),
     // Tools read a dependency's package.json through its exports; internal modules stay private.
     ...(manifest.exports["./package.json"] === "./package.json" ? [] : [`exports "./package.json" is ${JSON.stringify(manifest.exports["./package.json"])}`]),
@@ -79,6 +85,9 @@ const checkContents = (file: string, listing: string): void => {
 }
 
 try {
+  // From scratch: `tsc -b` never deletes the output of a module that was removed or renamed (its
+  // build info lives in `dist/` too, so this also makes the build a full one).
+  for (const name of packages) rmSync(join(root, "packages", name, "dist"), { recursive: true, force: true })
   run("build", "pnpm", ["exec", "tsc", "-b", "tsconfig.build.json"], root)
   mkdirSync(packs, { recursive: true })
   for (const name of packages) run(`pack ${name}`, "pnpm", ["pack", "--pack-destination", packs], join(root, "packages", name))
