@@ -10,7 +10,7 @@
  * relays an outbox row twice; the operator checks, diffs and applies the contract and lists,
  * shows, replays, purges and recovers dead letters. No refusal is logged meanwhile. Then what a
  * missing permission looks like: a worker that may not create its dead-letter stream, a producer
- * publishing where it may not, and a worker that may not ack.
+ * publishing where it may not, a worker that may not ack, and one that may not pull.
  *
  * The page's names (ORDERS, shipping, SHIPMENTS) are used as they are: the server is this test's
  * own, so they collide with nothing.
@@ -76,6 +76,7 @@ const serverConfig = (): string =>
     ...roles.map(userEntry),
     without("shipping-worker", "$JS.ACK.ORDERS.shipping.>", "shipping-worker-noack"),
     without("shipping-worker", "$JS.API.STREAM.CREATE.ORDERS_DLQ", "shipping-worker-nodlq"),
+    without("shipping-worker", "$JS.API.CONSUMER.MSG.NEXT.ORDERS.shipping", "shipping-worker-nopull"),
     "  ]",
     "}"
   ].join("\n")
@@ -359,6 +360,26 @@ describe("NATS permissions (docs/nats-permissions.md)", () => {
       assert.include(failure.message, `publish permission on "$JS.ACK.ORDERS.shipping.>"`)
       // Handled once: nothing more was taken once the ack was refused.
       assert.strictEqual(runs.get("n1"), 1)
+
+      // The consumer worker without `$JS.API.CONSUMER.MSG.NEXT.ORDERS.shipping`: its first pull is
+      // refused, and the consumer stops at once with what to grant (before, it stalled and checked
+      // the consumer for ever, saying only `intake.stalled`).
+      const noPull = yield* as("shipping-worker-nopull", password("shipping-worker"))
+      const started = performance.now()
+      const pullRefused = yield* Consumer.run(consumer("20 seconds", () => Effect.void)).pipe(
+        Effect.provide(noPull),
+        Effect.timeout("10 seconds"),
+        Effect.flip
+      )
+      assert.isBelow(performance.now() - started, 10_000)
+      assert.strictEqual(pullRefused._tag, "SourceError", String(pullRefused))
+      assert.strictEqual((pullRefused as Source.SourceError).reason, "NotAuthorized")
+      assert.include(
+        (pullRefused as Source.SourceError).message,
+        `ORDERS/shipping: NATS refuses this connection's pulls (Permissions Violation for Publish to "$JS.API.CONSUMER.MSG.NEXT.ORDERS.shipping")`
+      )
+      assert.include((pullRefused as Source.SourceError).message, `publish permission on "$JS.API.CONSUMER.MSG.NEXT.ORDERS.shipping"`)
+      assert.strictEqual(runs.get("n1"), 1, "nothing handled without a pull")
     }).pipe(Effect.scoped, Effect.provide(logged.layer))
   }, 90_000)
 })

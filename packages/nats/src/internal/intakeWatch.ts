@@ -1,23 +1,37 @@
 /**
  * What notices that an intake's open pulls are lost, and writes them off so the room is pulled
- * again: a reconnect, a new consumer leader, and two missed idle heartbeats.
+ * again: a reconnect, a new consumer leader, and two missed idle heartbeats; and what ends the
+ * intake when the server refuses its pulls for lack of permission.
  */
 import type { Subscription } from "@nats-io/transport-node"
 import { Effect, type Scope, Stream } from "effect"
-import type { IntakeEnv, IntakeState } from "./intakeState.ts"
+import { fail, type IntakeEnv, type IntakeState } from "./intakeState.ts"
+import { refusalOf } from "./permissionRefusal.ts"
 import type { Pulls } from "./pulls.ts"
+import { refusedPulls } from "./sourceErrors.ts"
 
 /**
  * The client's link, from its status: `state.linkDown` while it is down (disconnected, stale or
  * closed), and `state.onLinkLost` called as it goes down. After a reconnect: a pull sent while
  * disconnected was lost with the client's outbound buffer (it is never answered), and those sent
  * before may or may not have survived; all are written off and the room pulled again once the
- * consumer answers (as nats.js does). Runs in the scope.
+ * consumer answers (as nats.js does). A pull the server refuses for lack of permission (said only
+ * on the connection, as an `-ERR`) ends the intake at once, naming what to grant: the permission is
+ * the connection's, so every pull would be refused, and the intake would only stall and check the
+ * consumer for ever. What it buffered is still handed out. Runs in the scope.
  */
 export const watchLink = (env: IntakeEnv, state: IntakeState, pulls: Pulls): Effect.Effect<void, never, Scope.Scope> =>
   Stream.fromAsyncIterable(env.connection.connection.status(), (error) => error).pipe(
     Stream.runForEach((status) =>
       Effect.sync(() => {
+        if (status.type === "error") {
+          const refusal = refusalOf(status.error)
+          if (refusal?.operation === "publish" && refusal.subject === pulls.subject && !state.closed && state.failure === undefined) {
+            pulls.cancelPause()
+            fail(state, refusedPulls(env.name, refusal.subject, refusal.message))
+          }
+          return
+        }
         if (status.type === "disconnect" || status.type === "staleConnection" || status.type === "close") {
           state.linkDown = true
           for (const lost of state.onLinkLost) lost()

@@ -34,6 +34,8 @@ export const boundedPromise = (millis: number, f: () => Promise<unknown>): Promi
 
 /** The pulls of one intake, and what its watchers and `close` do to them. */
 export interface Pulls {
+  /** Where the pulls are published: the consumer's next-message API. */
+  readonly subject: string
   /** Pulls the free room, when it is worth a pull and the intake is neither pausing nor ended. */
   readonly pump: () => void
   /** Pulls again after a growing pause, once the consumer answers (a failure ends the intake). */
@@ -231,5 +233,5 @@ export const makePulls = (env: IntakeEnv, state: IntakeState): Pulls => {
     for (const open of [subscription, ...retired.splice(0)]) if (!open.isClosed()) open.unsubscribe()
   }
 
-  return { pump, pause, writeOff, cancelPause, unsubscribe }
+  return { subject: pullSubject, pump, pause, writeOff, cancelPause, unsubscribe }
 }

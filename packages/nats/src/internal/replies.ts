@@ -17,6 +17,7 @@ import { Effect } from "effect"
 import type { Shape } from "../NatsConnection.ts"
 import * as NatsError from "../NatsError.ts"
 import * as Outgoing from "./outgoing.ts"
+import { refusalOf } from "./permissionRefusal.ts"
 
 /** Confirmed requests on one connection: `NatsConnection`'s `request` and `send`. */
 export interface Replies {
@@ -47,18 +48,6 @@ const noop = (): void => undefined
 
 const timedOut = (operation: string, timeoutMillis: number) =>
   new NatsError.NatsError({ reason: "Timeout", operation, message: `no reply within ${timeoutMillis} ms` })
-
-/**
- * The server's permission refusal in `error` (nats.js's `PermissionViolationError`, told apart by
- * name as `NatsError` does): what was refused (`publish` or `subscription`), on which subject.
- */
-const refusalOf = (error: unknown): { readonly operation: string; readonly subject: string; readonly message: string } | undefined => {
-  if (typeof error !== "object" || error === null || (error as { name?: unknown }).name !== "PermissionViolationError") return undefined
-  const { operation, subject, message } = error as { operation?: unknown; subject?: unknown; message?: unknown }
-  return typeof operation === "string" && typeof subject === "string" && typeof message === "string"
-    ? { operation, subject, message }
-    : undefined
-}
 
 /** The replies of `connection`; its subscription is opened by the first request. */
 export const make = (connection: Connection, outgoing: Outgoing.Outgoing = Outgoing.make(connection)): Replies => {

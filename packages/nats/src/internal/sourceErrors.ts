@@ -106,3 +106,16 @@ export const refusedSettling = (name: string, command: string, subject: string, 
       `instead of running handlers whose results cannot be acknowledged. Grant the connection's user publish permission ` +
       `on "${grantFor(command, subject)}" (docs/nats-permissions.md); the messages it holds are redelivered after their ack wait`
   })
+
+/**
+ * The intake of consumer `name` (`<stream>/<durable>`) ended because the server refused its pull,
+ * published to `subject` (the consumer's next-message API), for lack of permission (`message`, the
+ * server's words): every pull of the connection would be refused, so the consumer would receive
+ * nothing. Says what to grant.
+ */
+export const refusedPulls = (name: string, subject: string, message: string): Source.SourceError =>
+  new Source.SourceError({
+    reason: "NotAuthorized",
+    message: `${name}: NATS refuses this connection's pulls (${message}), so the consumer would receive nothing: ` +
+      `grant the connection's user publish permission on "${subject}" (docs/nats-permissions.md)`
+  })
