@@ -237,6 +237,35 @@ const dataLoss = (
   }
 }
 
+/** The server's refusal of a consumer a `workqueue` stream cannot take beside its others (10099, 10100). */
+const WORKQUEUE_REFUSAL = /non-filtered consumers not allowed on workqueue|filtered consumer not unique on workqueue/i
+
+/**
+ * A consumer refused by a `workqueue` stream, which hands each message to one consumer only: the
+ * server's words, with the live consumers and what to do (a stream `ensureStream` declared is never
+ * `workqueue` unless its declaration says so, but one an operator or another tool created may be).
+ */
+const workqueueRefusal = (operation: string, options: ConsumerOptions, error: NatsError.NatsError) =>
+  Effect.gen(function*() {
+    const { manager } = yield* NatsConnection
+    const live = yield* call(operation, async () => {
+      const names: Array<string> = []
+      for await (const info of manager.consumers.list(options.stream)) {
+        names.push(info.name)
+        if (names.length === 10) break
+      }
+      return names
+    }).pipe(Effect.orElseSucceed((): ReadonlyArray<string> => []))
+    return yield* invalid(
+      operation,
+      `stream ${options.stream} has retention workqueue, which hands each message to one consumer only, and the server refuses ` +
+        `consumer ${options.name} beside ${live.length === 0 ? "its live consumers" : `its live consumers (${live.join(", ")})`}: ` +
+        `${error.message}. Give each consumer of the stream a filter subject (filterSubject) that no other one's overlaps, ` +
+        `or read the stream with one consumer; a stream that several consumers read whole needs retention "limits" or "interest" ` +
+        `(a new stream: the server cannot change retention in place)`
+    )
+  })
+
 /**
  * What {@link ensureStream} would do to the live stream (`undefined`: none exists): nothing (an
  * empty list), create it, update the settings listed, or refuse a change of storage or retention
@@ -585,8 +614,9 @@ export const consumerChanges = (
  * live info. A declared filter is first checked against the live stream's subjects
  * ({@link filterProblems}): one outside them is refused before anything is sent, and so is a
  * change {@link consumerChanges} refuses on this server (a wildcard filter for a live consumer
- * without one, on NATS before 2.10). A server without JetStream is named (host:port) with how to
- * enable it.
+ * without one, on NATS before 2.10). A consumer that a `workqueue` stream refuses beside its others
+ * (each message goes to one consumer only) fails naming the retention, the live consumers and what
+ * to do. A server without JetStream is named (host:port) with how to enable it.
  */
 export const ensureConsumer = (
   options: ConsumerOptions
@@ -619,7 +649,11 @@ export const ensureConsumer = (
     const existing = yield* call(operation, () => manager.consumers.info(options.stream, options.name)).pipe(
       Effect.catchIf((error) => error.reason === "ConsumerNotFound", () => Effect.succeed(undefined))
     )
-    if (existing === undefined) return yield* call(operation, () => manager.consumers.add(options.stream, wanted))
+    if (existing === undefined) {
+      return yield* call(operation, () => manager.consumers.add(options.stream, wanted)).pipe(
+        Effect.catchIf((error) => WORKQUEUE_REFUSAL.test(error.message), (error) => workqueueRefusal(operation, options, error))
+      )
+    }
     const changes = consumerChanges(options, existing.config, connection.info?.version)
     const refused = changes.find((change) => change.action === "refuse")
     if (refused !== undefined) return yield* invalid(operation, refused.message)

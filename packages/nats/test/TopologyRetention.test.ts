@@ -86,5 +86,30 @@ describe("Topology and a stream's retention", () => {
         assert.deepInclude(error, { reason: "Unreadable" })
         assert.include(error.message, "stream.retention")
       }))
+
+    it.effect("a second unfiltered consumer of a live workqueue stream is refused naming the retention, the live consumer and what to do", () =>
+      Effect.gen(function*() {
+        const declared = yield* names
+        const { manager } = yield* NatsConnection.NatsConnection
+        yield* Effect.promise(() => manager.streams.add({ ...declared, retention: RetentionPolicy.Workqueue }))
+        yield* Topology.ensureConsumer({ stream: declared.name, name: "first" })
+
+        const error = yield* Effect.flip(Topology.ensureConsumer({ stream: declared.name, name: "second" }))
+        assert.deepInclude(error, { reason: "ApiError", operation: `ensure consumer ${declared.name}/second` })
+        for (
+          const part of [
+            `stream ${declared.name} has retention workqueue`,
+            "consumer second beside its live consumers (first)",
+            "multiple non-filtered consumers not allowed on workqueue stream",
+            "filter subject (filterSubject)",
+            "retention \"limits\" or \"interest\""
+          ]
+        ) {
+          assert.include(error.message, part)
+        }
+        // A filter of its own is taken.
+        const filtered = yield* Effect.flip(Topology.ensureConsumer({ stream: declared.name, name: "third", filterSubject: `${declared.subjects[0]!.slice(0, -2)}.a` }))
+        assert.include(filtered.message, "retention workqueue", "beside an unfiltered consumer, a filtered one is refused too (its subjects overlap)")
+      }).pipe(Effect.scoped))
   })
 })
