@@ -1,30 +1,9 @@
 import { assert, describe, it } from "@effect/vitest"
 import { Worker } from "@jetworker/node"
 import { Duration, Effect, Layer } from "effect"
+import { capturingStdout } from "./support/stdout.ts"
 
 const password = "S3cretPw"
-
-/** Runs `effect` with `process.stdout.write` captured; returns its result and the lines written. */
-const capturingStdout = <A, E>(effect: Effect.Effect<A, E>) =>
-  Effect.acquireUseRelease(
-    Effect.sync(() => {
-      const original = process.stdout.write
-      const chunks: Array<string> = []
-      process.stdout.write = ((chunk: string | Uint8Array, ...rest: Array<unknown>) => {
-        chunks.push(typeof chunk === "string" ? chunk : Buffer.from(chunk).toString("utf8"))
-        const callback = rest.find((arg) => typeof arg === "function") as (() => void) | undefined
-        if (callback !== undefined) queueMicrotask(callback)
-        return true
-      }) as typeof process.stdout.write
-      return { original, chunks }
-    }),
-    ({ chunks }) =>
-      Effect.map(effect, (result) => ({
-        result,
-        lines: chunks.join("").split("\n").filter((line) => line !== "").map((line) => JSON.parse(line) as Record<string, unknown>)
-      })),
-    ({ original }) => Effect.sync(() => void (process.stdout.write = original))
-  )
 
 const quick = {
   healthPort: "off" as const,

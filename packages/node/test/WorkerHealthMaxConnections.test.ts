@@ -7,7 +7,7 @@ import { assert, describe, it } from "@effect/vitest"
 import { Worker } from "@jetworker/node"
 import { Duration, Effect, Schedule } from "effect"
 import { connect } from "node:net"
-import { capturingStdout } from "./support/stdout.ts"
+import { capturingStdoutWith } from "./support/stdout.ts"
 
 /** What a connection that sent `text` received until it was closed, at most `limitMs`; `undefined` if it stayed open. */
 const received = (port: number, text: string, limitMs: number) =>
@@ -30,7 +30,7 @@ describe("Worker", () => {
   it.live("HEALTH_MAX_CONNECTIONS bounds the health server's connections", () =>
     Effect.gen(function*() {
       const seen: { refused?: string | undefined; served?: string | undefined } = {}
-      const { lines, result } = yield* capturingStdout((linesSoFar) =>
+      const { lines, result } = yield* capturingStdoutWith((linesSoFar) =>
         Worker.run(
           Effect.gen(function*() {
             const listening = yield* linesSoFar.pipe(

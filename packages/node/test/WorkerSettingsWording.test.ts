@@ -13,28 +13,7 @@ import { assert, describe, it } from "@effect/vitest"
 import { Worker } from "@jetworker/node"
 import { Config, ConfigProvider, Duration, Effect } from "effect"
 import { describeConfigError } from "../src/internal/settingsFromEnv.ts"
-
-/** Runs `effect` with `process.stdout.write` captured; returns its result and the JSON lines written. */
-const capturingStdout = <A, E>(effect: Effect.Effect<A, E>) =>
-  Effect.acquireUseRelease(
-    Effect.sync(() => {
-      const original = process.stdout.write
-      const chunks: Array<string> = []
-      process.stdout.write = ((chunk: string | Uint8Array, ...rest: Array<unknown>) => {
-        chunks.push(typeof chunk === "string" ? chunk : Buffer.from(chunk).toString("utf8"))
-        const callback = rest.find((arg) => typeof arg === "function") as (() => void) | undefined
-        if (callback !== undefined) queueMicrotask(callback)
-        return true
-      }) as typeof process.stdout.write
-      return { original, chunks }
-    }),
-    ({ chunks }) =>
-      Effect.map(effect, (result) => ({
-        result,
-        lines: chunks.join("").split("\n").filter((line) => line !== "").map((line) => JSON.parse(line) as Record<string, unknown>)
-      })),
-    ({ original }) => Effect.sync(() => void (process.stdout.write = original))
-  )
+import { capturingStdout } from "./support/stdout.ts"
 
 /** A worker that would stop at once, with its settings from `env`. */
 const runWith = (env: Record<string, string>) =>

@@ -11,7 +11,7 @@ describe("Worker", () => {
   it.live("a wall-clock step forward during start-up is not counted in worker.ready's startupMs", () =>
     Effect.gen(function*() {
       const realNow = Date.now
-      const { lines, result } = yield* capturingStdout(() =>
+      const { lines, result } = yield* capturingStdout(
         Worker.run(Effect.void, {
           settings: {
             healthPort: "off",

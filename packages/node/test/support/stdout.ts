@@ -16,7 +16,9 @@ const parse = (chunks: ReadonlyArray<string>) => {
  * Runs `effect(linesSoFar)` with `process.stdout.write` captured; returns its result and the JSON
  * lines written. `linesSoFar` reads the lines written until then (a complete line only).
  */
-export const capturingStdout = <A, E>(effect: (linesSoFar: Effect.Effect<ReadonlyArray<Record<string, unknown>>>) => Effect.Effect<A, E>) =>
+export const capturingStdoutWith = <A, E>(
+  effect: (linesSoFar: Effect.Effect<ReadonlyArray<Record<string, unknown>>>) => Effect.Effect<A, E>
+) =>
   Effect.acquireUseRelease(
     Effect.sync(() => {
       const original = process.stdout.write
@@ -36,3 +38,6 @@ export const capturingStdout = <A, E>(effect: (linesSoFar: Effect.Effect<Readonl
       ),
     ({ original }) => Effect.sync(() => void (process.stdout.write = original))
   )
+
+/** Runs `effect` with `process.stdout.write` captured; returns its result and the JSON lines written. */
+export const capturingStdout = <A, E>(effect: Effect.Effect<A, E>) => capturingStdoutWith(() => effect)
