@@ -3,9 +3,9 @@
  * on the NATS under test, with a consumer running under a managed lifecycle): while the consumer
  * answers no pull (`intake.stalled`) the consumer's component is down with a reason an operator
  * can read, and it is up again once the intake pulls again (`intake.resumed`). The log lines stay
- * as they were. Pulls that are never answered while the consumer's info still answers (a NATS user
- * denied `$JS.API.CONSUMER.MSG.NEXT.>`) keep it down: a consumer info proves only that the
- * consumer exists, and readiness was up again after each one, most of the time.
+ * as they were. Pulls that NATS refuses (a user denied `$JS.API.CONSUMER.MSG.NEXT.>`) stop the
+ * consumer at once, naming the subject to grant, and it is never up meanwhile. (Before, those pulls
+ * went unanswered while the consumer's info answered, and readiness came up again after each info.)
  */
 import { assert, describe, it, layer } from "@effect/vitest"
 import { Consumer, Envelope, Lifecycle } from "@jetworker/core"
@@ -92,8 +92,8 @@ describe("a stalled JetStream intake on the readiness probe", () => {
   })
 })
 
-describe("an intake whose pulls are never answered, on the readiness probe", () => {
-  it.live("the consumer stays down on readiness from the first silent pull while no pull is answered, though the consumer info answers", () =>
+describe("an intake whose pulls NATS refuses, on the readiness probe", () => {
+  it.live("the consumer stops at once with NotAuthorized naming the pull subject, and is never up on readiness meanwhile", () =>
     Effect.gen(function*() {
       const server = yield* NatsServer.make({
         config: [
@@ -114,25 +114,27 @@ describe("an intake whose pulls are never answered, on the readiness probe", () 
       yield* lifecycle.started
       const component = () => lifecycle.readiness().components.find((c) => c.name === consumer)
       const handled = { count: 0 }
-      const running = yield* runConsumer({ stream, consumer }, worker, lifecycle, Logger.layer([]), handled)
       yield* test.publish("a", JSON.stringify({ n: 1 }), "m1")
-      yield* Eventually.holds(
-        "the stall on readiness",
-        Effect.sync(() => component()?.up === false && (component()?.reason ?? "").startsWith("intake stalled")),
-        "20 seconds"
-      )
-      // Sampled for 8 s, over the pauses and consumer infos that follow the stall (the observation
-      // window, not a wait for a result): no pull is answered meanwhile (nothing is handled).
+      // Sampled every 10 ms while the consumer runs (the observation window, not a wait for a result).
       const samples: Array<boolean> = []
-      for (let i = 0; i < 80; i++) {
-        samples.push(component()?.up === true)
-        yield* Effect.sleep("100 millis")
-      }
-      yield* Fiber.interrupt(running).pipe(Effect.timeout("15 seconds"))
+      const sampling = yield* Effect.forkChild(Effect.forever(Effect.andThen(
+        Effect.sync(() => void samples.push(component()?.up === true)),
+        Effect.sleep("10 millis")
+      )))
+      const running = yield* runConsumer({ stream, consumer }, worker, lifecycle, Logger.layer([]), handled)
+      // Before, the pulls went unanswered for ever: the intake stalled and checked the consumer again and again.
+      const stopped = yield* Fiber.join(running).pipe(Effect.timeout("10 seconds"), Effect.flip)
+      yield* Fiber.interrupt(sampling)
+      assert.strictEqual(stopped._tag, "SourceError", String(stopped))
+      const failure = stopped as { readonly reason?: string; readonly message: string }
+      assert.strictEqual(failure.reason, "NotAuthorized")
+      assert.include(failure.message, `publish permission on "$JS.API.CONSUMER.MSG.NEXT.${stream}.${consumer}"`)
       const info = yield* test.info
       assert.strictEqual(handled.count, 0, "a message was handled after all")
       assert.strictEqual(info.delivered.consumer_seq, 0, "a pull was answered after all")
+      assert.isAbove(samples.length, 0)
       const up = samples.filter((s) => s).length
-      assert.strictEqual(up, 0, `readiness was up in ${up} of ${samples.length} samples (100 ms apart) while no pull was answered`)
-    }).pipe(Effect.scoped), 90_000)
+      assert.strictEqual(up, 0, `readiness was up in ${up} of ${samples.length} samples while no pull could be sent`)
+      assert.isFalse(lifecycle.readiness().ready, JSON.stringify(lifecycle.readiness()))
+    }).pipe(Effect.scoped), 60_000)
 })
