@@ -25,21 +25,22 @@ const unavailable = (operation: string) =>
 
 /**
  * An attempt store double: `read` gives the recorded failures (or `undefined`: the read fails),
- * every record fails (the store is unavailable); the calls are counted.
+ * every record fails (the store is unavailable); the calls are counted (`failures`: the reads).
  */
 const storeDouble = (read: number | undefined) => {
   const calls = { failures: 0, recordFailure: 0, clear: 0 }
   const store: AttemptStore.AttemptStoreShape = {
-    failures: () =>
+    read: () =>
       Effect.suspend(() => {
         calls.failures++
-        return read === undefined ? Effect.fail(unavailable("read")) : Effect.succeed(read)
+        return read === undefined ? Effect.fail(unavailable("read")) : Effect.succeed({ failures: read })
       }),
     recordFailure: () =>
       Effect.suspend(() => {
         calls.recordFailure++
         return Effect.fail(unavailable("record"))
       }),
+    recordDeadLetter: () => Effect.fail(unavailable("record dead letter")),
     clear: () => Effect.sync(() => void calls.clear++)
   }
   return { store, calls }

@@ -146,7 +146,7 @@ describe("attempt store settings", () => {
           const outcome = yield* Effect.result(PgAttemptStore.purge({ olderThan, limit: 1000 }))
           assert.isTrue(outcome._tag === "Failure", `purge({ olderThan: ${JSON.stringify(olderThan)} }) ran: ${JSON.stringify(outcome)}`)
           if (outcome._tag === "Failure") assert.include(outcome.failure.message, "olderThan must be a finite duration of at least 0")
-          assert.strictEqual(yield* store.failures(key), 2, `purge({ olderThan: ${JSON.stringify(olderThan)} }) deleted a live count`)
+          assert.strictEqual((yield* store.read(key)).failures, 2, `purge({ olderThan: ${JSON.stringify(olderThan)} }) deleted a live count`)
         }
       }))
 

@@ -7,8 +7,10 @@
  */
 import { assert, describe, layer } from "@effect/vitest"
 import * as Probe from "@jetworker/core/Probe"
+import { DeadLetter } from "@jetworker/nats"
 import { ChildWorker, Eventually, TestDatabase, TestStream } from "@jetworker/testing"
 import { Duration, Effect } from "effect"
+import { SqlClient } from "effect/sql"
 import { fileURLToPath } from "node:url"
 import {
   balances,
@@ -198,6 +200,46 @@ describe("crash", () => {
           assert.deepStrictEqual(notDuplicate(yield* tagsFor(second, id)), [])
           assert.strictEqual((yield* transferCounts([id])).get(id), 1)
           assert.deepStrictEqual(yield* balances([a, b]), { [a]: 0n, [b]: 60_00n })
+        })
+    )
+
+    it.effect(
+      "BE-JOB-003: crash after a refused transfer's dead letter is stored, before its term: the account funded meanwhile, the restarted worker dead-letters the redelivery again without running the handler, and the transfer is never applied",
+      () =>
+        Effect.gen(function*() {
+          const stream = yield* TestStream.make()
+          const { p, a, b } = yield* twoAccounts("after-dead-letter")
+          const id = `${p}.t1`
+          // How many times a worker's handler was about to run for the transfer (the fixture's `received` lines).
+          const runsIn = (child: ChildWorker.ChildWorker) =>
+            Effect.map(child.lines, (lines) => lines.filter((line) => line.startsWith("received ") && line.includes(`"${id}"`)).length)
+          const letters = Effect.map(DeadLetter.list(stream.deadLetterStream), (all) => all.map((l) => [l.eventId, l.reason]))
+
+          const first = yield* startWorker(stream, { point: "after-dead-letter" })
+          // 150.00 from an account holding 100.00: refused (InsufficientFunds, permanent).
+          const seq = yield* stream.publish("eur", transfer(id, a, b, 150_00), id)
+          const line = yield* crashed(first, "after-dead-letter")
+          assert.strictEqual(line, `crash at after-dead-letter seq=${seq} event=${id}`)
+          assert.deepStrictEqual(yield* outcomesOf(first), [], "the killed worker settled nothing")
+          assert.strictEqual(yield* runsIn(first), 1)
+          assert.deepStrictEqual(yield* letters, [[id, "PermanentError"]], "the dead letter is stored")
+          assert.strictEqual((yield* stream.info).num_ack_pending, 1, "the original was not terminated")
+
+          // The world changes: the account is funded; a second run of the handler would now apply the transfer.
+          const sql = yield* SqlClient.SqlClient
+          yield* sql`UPDATE accounts SET balance = balance + ${100_00} WHERE id = ${a}`
+          assert.deepStrictEqual(yield* balances([a, b]), { [a]: 200_00n, [b]: 0n })
+
+          const second = yield* startWorker(stream)
+          const outcome = yield* outcomeFor(second, id)
+          assert.deepInclude(outcome, { tag: "DeadLettered", sequence: seq, confirmed: true })
+          assert.isAtLeast(outcome.deliveryCount, 2, "it was a redelivery")
+          yield* drained(stream)
+          assert.strictEqual(yield* runsIn(second), 0, "the restarted worker did not run the handler")
+          assert.deepStrictEqual(yield* tagsFor(second, id), ["DeadLettered"])
+          assert.strictEqual((yield* transferCounts([id])).get(id), undefined, "the refused transfer is never applied")
+          assert.deepStrictEqual(yield* balances([a, b]), { [a]: 200_00n, [b]: 0n })
+          assert.deepStrictEqual(yield* letters, [[id, "PermanentError"]], "the dead letter is stored once")
         })
     )
 

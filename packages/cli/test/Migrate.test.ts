@@ -25,7 +25,7 @@ const inventory = Effect.gen(function*() {
 
 const expected = {
   tables: ["jetworker_attempts", "jetworker_dedup", "jetworker_migrations", "jetworker_outbox"],
-  recorded: [[1, "jetworker_dedup"], [2, "jetworker_attempts"], [3, "jetworker_outbox"], [4, "jetworker_outbox_unique_id"]] as ReadonlyArray<readonly [number, string]>
+  recorded: [[1, "jetworker_dedup"], [2, "jetworker_attempts"], [3, "jetworker_outbox"], [4, "jetworker_outbox_unique_id"], [5, "jetworker_attempts_dead_letter"]] as ReadonlyArray<readonly [number, string]>
 }
 
 interface Run {
@@ -62,7 +62,7 @@ describe("jetworker migrate", () => {
       // The first line names the database (see MigrateTarget.test.ts).
       const where = `jetworker migrations: database "test" on 127.0.0.1:5432, schema "${schema.name}"\n`
       const first = yield* runBin(url)
-      assert.deepStrictEqual(first, { code: 0, stdout: where + "jetworker migrations: applied 1_jetworker_dedup\njetworker migrations: applied 2_jetworker_attempts\njetworker migrations: applied 3_jetworker_outbox\njetworker migrations: applied 4_jetworker_outbox_unique_id\n", stderr: "" })
+      assert.deepStrictEqual(first, { code: 0, stdout: where + "jetworker migrations: applied 1_jetworker_dedup\njetworker migrations: applied 2_jetworker_attempts\njetworker migrations: applied 3_jetworker_outbox\njetworker migrations: applied 4_jetworker_outbox_unique_id\njetworker migrations: applied 5_jetworker_attempts_dead_letter\n", stderr: "" })
       const second = yield* runBin(url)
       assert.deepStrictEqual(second, { code: 0, stdout: `${where}jetworker migrations: up to date\n`, stderr: "" })
       assert.deepStrictEqual(yield* inventory, expected)

@@ -9,15 +9,23 @@
  * - `after-commit`: the handler returned (transaction committed), the ack not yet sent;
  * - `after-ack`: the broker confirmed the ack.
  *
+ * And one on a dead letter's path, hit by the source rather than the engine (the JetStream source
+ * when the context has a probe; other sources may not):
+ *
+ * - `after-dead-letter`: the dead letter is stored, the term of the original not yet sent.
+ *
  * @since 0.1.0
  */
 import { Context, Effect } from "effect"
 
 /** A named point in a delivery's life. */
-export type Point = "received" | "before-commit" | "after-commit" | "after-ack"
+export type Point = "received" | "before-commit" | "after-commit" | "after-ack" | "after-dead-letter"
 
-/** Every point, in the order a committing delivery passes them. */
+/** The points a committing delivery passes, in order (not `after-dead-letter`: see {@link allPoints}). */
 export const points: ReadonlyArray<Point> = ["received", "before-commit", "after-commit", "after-ack"]
+
+/** Every point: those of {@link points}, then `after-dead-letter`. */
+export const allPoints: ReadonlyArray<Point> = [...points, "after-dead-letter"]
 
 /** Which delivery reached a point. */
 export interface Hit {

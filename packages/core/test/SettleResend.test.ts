@@ -90,20 +90,34 @@ const stop = (fiber: Fiber.Fiber<unknown, unknown>) =>
 const summary = (outcomes: ReadonlyArray<Outcome.Outcome>) =>
   outcomes.map((o) => [o._tag, "reason" in o ? o.reason : "", o.confirmed, o.message.deliveryCount])
 
-/** An attempt store in memory: the failed attempts per event id. */
+/**
+ * An attempt store in memory: the failed attempts per event id (a decision alone counts none, as
+ * in `PgAttemptStore`'s row), and the dead-letter decisions.
+ */
 const attemptStore = () => {
   const counts = new Map<string, number>()
+  const decisions = new Map<string, AttemptStore.DeadLetterDecision>()
   const layer = Layer.succeed(AttemptStore.AttemptStore, {
-    failures: (key) => Effect.sync(() => counts.get(key.id) ?? 0),
+    read: (key) =>
+      Effect.sync(() => {
+        const deadLetter = decisions.get(key.id)
+        const failures = counts.get(key.id) ?? 0
+        return deadLetter === undefined ? { failures } : { failures, deadLetter }
+      }),
     recordFailure: (key) =>
       Effect.sync(() => {
         const n = (counts.get(key.id) ?? 0) + 1
         counts.set(key.id, n)
         return n
       }),
-    clear: (key) => Effect.sync(() => void counts.delete(key.id))
+    recordDeadLetter: (key, decision) => Effect.sync(() => void decisions.set(key.id, decision)),
+    clear: (key) =>
+      Effect.sync(() => {
+        counts.delete(key.id)
+        decisions.delete(key.id)
+      })
   })
-  return { layer, counts }
+  return { layer, counts, decisions }
 }
 
 describe("a decided outcome's command sent again", () => {
@@ -306,6 +320,150 @@ describe("a dead letter stored whose term never got through", () => {
       assert.deepStrictEqual(summary(outcomes).slice(1), [["DeadLettered", "AttemptsExhausted", true, 2]])
       assert.strictEqual(runs, 1, "the handler did not run with a fresh budget")
       assert.deepStrictEqual([...attempts.counts], [], "cleared once settled")
+      assert.isTrue(broker.quiescent())
+    }))
+})
+
+describe("a dead-letter decision kept in the attempt store", () => {
+  it.effect("a dead letter stored whose term was lost: another run's redelivery (funded since) is dead-lettered again with the same reason, its handler not run", () =>
+    Effect.gen(function*() {
+      const broker = InMemoryBroker.make({ lease: "2 seconds", maxDeliver: 10 })
+      yield* broker.publish(JSON.stringify({ id: "refused" }))
+      const { source, written } = scripted(broker, (command, delivery) => command === "Term" && delivery.deliveryCount === 1)
+      const attempts = attemptStore()
+      const outcomes: Array<Outcome.Outcome> = []
+      let runs = 0
+      let applied = 0
+      const consumer = Consumer.make({
+        name: "decided-elsewhere",
+        source,
+        schema: Event,
+        metadata,
+        // Refused the first time (no funds); funded since, a second run would apply it.
+        handle: () =>
+          Effect.suspend(() =>
+            ++runs === 1
+              ? Effect.fail(new InsufficientFunds({ message: "30.00 from an account holding 10.00" }))
+              : Effect.sync(() => void applied++)
+          ),
+        classify: { InsufficientFunds: "permanent" },
+        onOutcome: (outcome) => Effect.sync(() => void outcomes.push(outcome))
+      })
+      // The first run: the dead letter is stored, its term never confirmed.
+      const first = yield* Effect.forkChild(Effect.provide(Consumer.run(consumer), attempts.layer))
+      yield* until(() => outcomes.length >= 1, () => JSON.stringify(summary(outcomes)))
+      yield* stop(first)
+      assert.deepStrictEqual(summary(outcomes), [["DeadLettered", "PermanentError", false, 1]])
+      assert.deepStrictEqual([...attempts.decisions].map(([id, d]) => [id, d.reason, d.error.tag]), [
+        ["refused", "PermanentError", "InsufficientFunds"]
+      ], "the decision is kept while the term is unconfirmed")
+      // Another run (another process, or this one restarted: no memory of the dead letter).
+      const second = yield* Effect.forkChild(Effect.provide(Consumer.run(consumer), attempts.layer))
+      yield* until(() => outcomes.length >= 2, () => JSON.stringify(summary(outcomes)))
+      yield* stop(second)
+      assert.deepStrictEqual(summary(outcomes).slice(1), [["DeadLettered", "PermanentError", true, 2]])
+      assert.deepStrictEqual([runs, applied], [1, 0], "the handler did not run again; nothing applied")
+      const again = outcomes[1]!
+      assert.strictEqual(again._tag === "DeadLettered" ? again.error.tag : undefined, "InsufficientFunds")
+      // The dead letter written again is the first one (stored once, by its Nats-Msg-Id).
+      assert.deepStrictEqual([...new Set(written.map((w) => `${w.sequence} ${w.record.reason} ${w.record.error.tag}`))], [
+        "1 PermanentError InsufficientFunds"
+      ])
+      assert.deepStrictEqual([[...attempts.decisions], [...attempts.counts]], [[], []], "cleared once terminated")
+      assert.isTrue(broker.quiescent(), "terminated by the redelivery")
+    }))
+
+  it.effect("batch: an element dead-lettered whose term was lost is dead-lettered again by another run's batch, its handler not run", () =>
+    Effect.gen(function*() {
+      const broker = InMemoryBroker.make({ lease: "2 seconds", maxDeliver: 10 })
+      yield* broker.publish(JSON.stringify({ id: "refused" }))
+      const { source } = scripted(broker, (command, delivery) => command === "Term" && delivery.deliveryCount === 1)
+      const attempts = attemptStore()
+      const outcomes: Array<Outcome.Outcome> = []
+      let runs = 0
+      const consumer = Consumer.makeBatch({
+        name: "batch-decided-elsewhere",
+        source,
+        schema: Event,
+        metadata,
+        batch: { maxSize: 2, maxWait: "100 millis" },
+        // Refused the first time; a second run would apply it.
+        handleBatch: (events) =>
+          Effect.sync(() =>
+            events.map(() =>
+              ++runs === 1 ? Result.fail(new InsufficientFunds({ message: "30.00 from an account holding 10.00" })) : Result.succeed(undefined)
+            )
+          ),
+        classify: { InsufficientFunds: "permanent" },
+        onOutcome: (outcome) => Effect.sync(() => void outcomes.push(outcome))
+      })
+      const first = yield* Effect.forkChild(Effect.provide(Consumer.run(consumer), attempts.layer))
+      yield* until(() => outcomes.length >= 1, () => JSON.stringify(summary(outcomes)))
+      yield* stop(first)
+      assert.deepStrictEqual(summary(outcomes), [["DeadLettered", "PermanentError", false, 1]])
+      const second = yield* Effect.forkChild(Effect.provide(Consumer.run(consumer), attempts.layer))
+      yield* until(() => outcomes.length >= 2, () => JSON.stringify(summary(outcomes)))
+      yield* stop(second)
+      assert.deepStrictEqual(summary(outcomes).slice(1), [["DeadLettered", "PermanentError", true, 2]])
+      assert.strictEqual(runs, 1, "the batch handler did not run the element again")
+      assert.deepStrictEqual([[...attempts.decisions], [...attempts.counts]], [[], []], "cleared once terminated")
+      assert.isTrue(broker.quiescent())
+    }))
+
+  it.effect("a store that never answers the decision's write is cut at handlerTimeout: the dead letter is written all the same", () =>
+    Effect.gen(function*() {
+      const broker = InMemoryBroker.make({ lease: "30 seconds", maxDeliver: 10 })
+      yield* broker.publish(JSON.stringify({ id: "refused" }))
+      const hanging = Layer.succeed(AttemptStore.AttemptStore, {
+        read: () => Effect.succeed({ failures: 0 }),
+        recordFailure: () => Effect.succeed(1),
+        recordDeadLetter: () => Effect.never,
+        clear: () => Effect.void
+      })
+      const outcomes: Array<Outcome.Outcome> = []
+      const consumer = Consumer.make({
+        name: "decision-hangs",
+        source: broker.source,
+        schema: Event,
+        metadata,
+        handle: () => Effect.fail(new InsufficientFunds({ message: "30.00 from an account holding 10.00" })),
+        classify: { InsufficientFunds: "permanent" },
+        handlerTimeout: "1 second",
+        onOutcome: (outcome) => Effect.sync(() => void outcomes.push(outcome))
+      })
+      const startedAt = yield* Clock.currentTimeMillis
+      const fiber = yield* Effect.forkChild(Effect.provide(Consumer.run(consumer), hanging))
+      yield* until(() => outcomes.length >= 1, () => JSON.stringify(summary(outcomes)))
+      const settledAt = yield* Clock.currentTimeMillis
+      yield* stop(fiber)
+      assert.deepStrictEqual(summary(outcomes), [["DeadLettered", "PermanentError", true, 1]])
+      assert.isAtLeast(settledAt - startedAt, 1_000, "the write was waited for up to its bound")
+      assert.isAtMost(settledAt - startedAt, 1_500, "waited for the store no longer than handlerTimeout")
+      assert.isTrue(broker.quiescent())
+    }))
+
+  it.effect("a dead letter whose term is confirmed leaves no record; a delivery that commits writes none", () =>
+    Effect.gen(function*() {
+      const broker = InMemoryBroker.make({ lease: "2 seconds", maxDeliver: 10 })
+      yield* broker.publish(JSON.stringify({ id: "refused" }))
+      yield* broker.publish(JSON.stringify({ id: "fine" }))
+      const attempts = attemptStore()
+      const outcomes: Array<Outcome.Outcome> = []
+      const consumer = Consumer.make({
+        name: "decided-and-terminated",
+        source: broker.source,
+        schema: Event,
+        metadata,
+        handle: (event) =>
+          event.id === "refused" ? Effect.fail(new InsufficientFunds({ message: "30.00 from an account holding 10.00" })) : Effect.void,
+        classify: { InsufficientFunds: "permanent" },
+        onOutcome: (outcome) => Effect.sync(() => void outcomes.push(outcome))
+      })
+      const fiber = yield* Effect.forkChild(Effect.provide(Consumer.run(consumer), attempts.layer))
+      yield* until(() => outcomes.length >= 2, () => JSON.stringify(summary(outcomes)))
+      yield* stop(fiber)
+      assert.deepStrictEqual(summary(outcomes).sort(), [["Committed", "", true, 1], ["DeadLettered", "PermanentError", true, 1]])
+      assert.deepStrictEqual([[...attempts.decisions], [...attempts.counts]], [[], []])
       assert.isTrue(broker.quiescent())
     }))
 })

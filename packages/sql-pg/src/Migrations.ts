@@ -1,15 +1,17 @@
 /**
- * The database objects `@jetworker/sql-pg` needs (the dedup table, the failed-attempts table, the outbox), as migrations run by effect's generic SQL
- * migrator, which records them in their own table (`jetworker_migrations`, so their ids never
- * collide with the application's migrations). Running them is safe from several processes at once:
+ * The database objects `@jetworker/sql-pg` needs (the dedup table, the failed-attempts table with
+ * its dead-letter decisions, the outbox), as migrations run by effect's generic SQL migrator, which
+ * records them in their own table (`jetworker_migrations`, so their ids never collide with the
+ * application's migrations). Running them is safe from several processes at once:
  * the migrator locks its table for the run, so one process applies them and the others find
  * them applied. Every statement is also idempotent (`IF NOT EXISTS`), so the SQL text in
  * {@link statements} can be applied ahead of time with psql, and the migrator still runs cleanly after.
  *
  * It deliberately does not drop or rewrite anything, dump the schema (no `pg_dump`, so it needs
  * only a `SqlClient`), or create tables for a store configured with another table name: such a
- * table must have the same columns and primary key (an outbox also the unique index on `id`, named
- * `<table>_id_key` as `UNIQUE (id)` names it). Nor does it delete anything to make a step fit: an
+ * table must have the same columns and primary key (an attempts table also the `dead_letter jsonb`
+ * column migration 5 adds; an outbox also the unique index on `id`, named `<table>_id_key` as
+ * `UNIQUE (id)` names it). Nor does it delete anything to make a step fit: an
  * outbox holding an id more than once fails migration 4, naming the ids, until a person fixes them.
  *
  * @since 0.1.0
@@ -29,6 +31,7 @@ const attempts: ReadonlyArray<string> = Table.attemptsDdl(
   `"${Table.defaultAttemptsTable}"`,
   `${Table.defaultAttemptsTable}_updated_at_idx`
 )
+const attemptsDeadLetter: ReadonlyArray<string> = Table.attemptsDeadLetterDdl(`"${Table.defaultAttemptsTable}"`)
 const outbox: ReadonlyArray<string> = Table.outboxDdl(`"${Table.defaultOutboxTable}"`, Table.defaultOutboxTable)
 
 /**
@@ -62,7 +65,7 @@ const outboxUniqueId: ReadonlyArray<string> = [
 ]
 
 /** Every statement of every migration, in order, as plain SQL (each idempotent). */
-export const statements: ReadonlyArray<string> = [...dedup, ...attempts, ...outbox, ...outboxUniqueId]
+export const statements: ReadonlyArray<string> = [...dedup, ...attempts, ...outbox, ...outboxUniqueId, ...attemptsDeadLetter]
 
 /** The same statements as one script, for `psql -f` (a user may run it ahead of time). */
 export const script: string = statements.map((statement) => `${statement};\n`).join("\n")
@@ -76,7 +79,10 @@ export const migrations: Readonly<Record<string, Effect.Effect<void, SqlError, S
   "2_jetworker_attempts": runAll(attempts),
   "3_jetworker_outbox": runAll(outbox),
   // Its own step: migration 3 may already have run (without the index) in a deployed database.
-  "4_jetworker_outbox_unique_id": runAll(outboxUniqueId)
+  "4_jetworker_outbox_unique_id": runAll(outboxUniqueId),
+  // The attempts table's dead-letter decisions (`PgAttemptStore.recordDeadLetter`): a column added
+  // to a table migration 2 may have created long before.
+  "5_jetworker_attempts_dead_letter": runAll(attemptsDeadLetter)
 }
 
 /** Applies the pending migrations and returns the ones it applied, as `[id, name]`. */

@@ -1,18 +1,27 @@
 /**
- * The attempts budget's memory on PostgreSQL: one row per event that has failed at least once,
- * `(scope, id, failures)`, in the table the migrations create (`jetworker_attempts`). Each failure
- * is recorded by one atomic upsert on its own connection, outside the handler's transaction (which
- * rolled back), so the count survives crashes, restarts and the broker rewinding its delivery
- * count. The engine reads it only for redeliveries and clears the row once the message is settled
- * for good, so a message that never fails costs no round trip and leaves no row.
+ * The attempts budget's memory on PostgreSQL: one row per event that has failed at least once or
+ * been dead-lettered, `(scope, id, failures, dead_letter)`, in the table the migrations create
+ * (`jetworker_attempts`). Each failure is recorded by one atomic upsert on its own connection,
+ * outside the handler's transaction (which rolled back), so the count survives crashes, restarts
+ * and the broker rewinding its delivery count; a dead-letter decision likewise (`dead_letter`, as
+ * JSON), before the dead letter is written. The engine reads the row (one statement) only for
+ * redeliveries and clears it once the message is settled for good, so a message that never fails
+ * costs no round trip and leaves no row.
  *
- * It deliberately does not decide anything: the engine compares the count with the retry policy.
+ * It deliberately does not decide anything: the engine compares the count with the retry policy,
+ * and writes the decisions it made.
  *
  * @since 0.1.0
  */
-import { AttemptStore, AttemptStoreError, type AttemptStoreShape } from "@jetworker/core/AttemptStore"
+import {
+  AttemptStore,
+  AttemptStoreError,
+  type Attempts,
+  type AttemptStoreShape,
+  type DeadLetterDecision
+} from "@jetworker/core/AttemptStore"
 import type { Key } from "@jetworker/core/IdempotencyStore"
-import { Duration, Effect, Layer } from "effect"
+import { Cause, Duration, Effect, Layer, Schema } from "effect"
 import { SqlClient } from "effect/sql"
 import type { SqlError } from "effect/sql/SqlError"
 import * as DurationInput from "@jetworker/core/DurationInput"
@@ -40,6 +49,38 @@ const storeError = (operation: string) => (error: SqlError) => {
   return new AttemptStoreError({ message: `attempt store ${operation}: ${lost === undefined ? error.message : `${lost} (${error.message})`}` })
 }
 
+const Fields = Schema.Record(Schema.String, Schema.Union([Schema.String, Schema.Number, Schema.Boolean]))
+
+/** The `dead_letter` column's JSON: an `AttemptStore.DeadLetterDecision`. */
+const Decision = Schema.Struct({
+  reason: Schema.Literals(["PermanentError", "AttemptsExhausted", "DeliveriesExhausted", "Defect"]),
+  error: Schema.Struct({
+    kind: Schema.Literals(["Failure", "Defect", "Interrupted"]),
+    tag: Schema.String,
+    message: Schema.String,
+    fields: Fields,
+    causes: Schema.optional(Schema.Array(Schema.Struct({ tag: Schema.String, message: Schema.String, fields: Fields })))
+  }),
+  effectCommitted: Schema.optional(Schema.Boolean)
+})
+const decodeDecision = Schema.decodeUnknownExit(Decision)
+
+/**
+ * A row as `read` gives it: a `dead_letter` that does not decode (written by hand, or by a newer
+ * version) is an error, not "no decision", which would run the handler of a dead-lettered event.
+ */
+const attemptsOf = (
+  row: { readonly failures: number; readonly dead_letter: unknown } | undefined
+): Effect.Effect<Attempts, AttemptStoreError> => {
+  if (row === undefined) return Effect.succeed(none)
+  if (row.dead_letter === null || row.dead_letter === undefined) return Effect.succeed({ failures: row.failures })
+  const decoded = decodeDecision(row.dead_letter)
+  return decoded._tag === "Success"
+    ? Effect.succeed({ failures: row.failures, deadLetter: decoded.value as DeadLetterDecision })
+    : Effect.fail(new AttemptStoreError({ message: `attempt store read: the recorded dead-letter decision is not one: ${Cause.pretty(decoded.cause)}` }))
+}
+const none: Attempts = { failures: 0 }
+
 /** Builds the store on the current `SqlClient`; fails when the table name is invalid. */
 export const make = (options?: Options): Effect.Effect<AttemptStoreShape, AttemptStoreError, SqlClient.SqlClient> =>
   Effect.gen(function*() {
@@ -50,13 +91,21 @@ export const make = (options?: Options): Effect.Effect<AttemptStoreShape, Attemp
     const upsert = `INSERT INTO ${table} AS t (scope, id, failures) VALUES ($1, $2, 1)
 ON CONFLICT (scope, id) DO UPDATE SET failures = t.failures + 1, updated_at = now()
 RETURNING failures`
-    const select = `SELECT failures FROM ${table} WHERE scope = $1 AND id = $2`
+    // A decision keeps the failures counted (none if it is the first row of the event).
+    const decide = `INSERT INTO ${table} AS t (scope, id, failures, dead_letter) VALUES ($1, $2, 0, $3::jsonb)
+ON CONFLICT (scope, id) DO UPDATE SET dead_letter = EXCLUDED.dead_letter, updated_at = now()`
+    const select = `SELECT failures, dead_letter FROM ${table} WHERE scope = $1 AND id = $2`
     const remove = `DELETE FROM ${table} WHERE scope = $1 AND id = $2`
     return {
-      failures: (key: Key) =>
-        sql.unsafe<{ readonly failures: number }>(select, [key.scope, key.id]).pipe(
-          Effect.map((rows) => rows[0]?.failures ?? 0),
-          Effect.mapError(storeError("read"))
+      read: (key: Key) =>
+        sql.unsafe<{ readonly failures: number; readonly dead_letter: unknown }>(select, [key.scope, key.id]).pipe(
+          Effect.mapError(storeError("read")),
+          Effect.flatMap((rows) => attemptsOf(rows[0]))
+        ),
+      recordDeadLetter: (key: Key, decision: DeadLetterDecision) =>
+        sql.unsafe(decide, [key.scope, key.id, JSON.stringify(decision)]).pipe(
+          Effect.asVoid,
+          Effect.mapError(storeError("record dead letter"))
         ),
       recordFailure: (key: Key) =>
         sql.unsafe<{ readonly failures: number }>(upsert, [key.scope, key.id]).pipe(
@@ -85,7 +134,8 @@ export const layer = (options?: Options): Layer.Layer<AttemptStore, AttemptStore
 
 /**
  * Deletes at most `limit` rows not updated for `olderThan` (messages that stopped failing
- * without reaching a final outcome the engine saw, e.g. purged from the stream) and returns how
+ * without reaching a final outcome the engine saw, e.g. purged from the stream; dead-letter
+ * decisions whose term was never confirmed, once no redelivery can come) and returns how
  * many it deleted. A negative, NaN or infinite `olderThan`, and a `limit` outside 1 to
  * 2147483647, are refused before any statement.
  */

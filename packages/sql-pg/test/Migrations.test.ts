@@ -12,7 +12,8 @@ const applied: ReadonlyArray<readonly [number, string]> = [
   [1, "jetworker_dedup"],
   [2, "jetworker_attempts"],
   [3, "jetworker_outbox"],
-  [4, "jetworker_outbox_unique_id"]
+  [4, "jetworker_outbox_unique_id"],
+  [5, "jetworker_attempts_dead_letter"]
 ]
 
 /** What exists in the test schema: its tables and indexes, and the recorded migrations. */

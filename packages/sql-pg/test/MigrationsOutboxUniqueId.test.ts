@@ -63,12 +63,12 @@ describe("Migrations: outbox ids unique", () => {
     Effect.gen(function*() {
       yield* migratedToOutbox
       yield* insertRows(["a", "b"])
-      assert.deepStrictEqual(yield* Migrations.run, [[4, "jetworker_outbox_unique_id"]])
+      assert.deepStrictEqual(yield* Migrations.run, [[4, "jetworker_outbox_unique_id"], [5, "jetworker_attempts_dead_letter"]])
       assert.deepStrictEqual(yield* uniqueIndexes, [
         ["jetworker_outbox_id_key", "CREATE UNIQUE INDEX jetworker_outbox_id_key ON jetworker_outbox USING btree (id)"],
         ["jetworker_outbox_pkey", "CREATE UNIQUE INDEX jetworker_outbox_pkey ON jetworker_outbox USING btree (seq)"]
       ])
-      assert.deepStrictEqual(yield* recorded, [1, 2, 3, 4])
+      assert.deepStrictEqual(yield* recorded, [1, 2, 3, 4, 5])
       const sql = yield* SqlClient.SqlClient
       const [rows] = yield* sql<{ readonly n: number }>`SELECT count(*)::int AS n FROM jetworker_outbox`
       assert.strictEqual(rows?.n, 2)
@@ -103,7 +103,7 @@ describe("Migrations: outbox ids unique", () => {
 
       // The operator deletes the later copies; the migration then applies.
       yield* sql`DELETE FROM jetworker_outbox AS o WHERE EXISTS (SELECT FROM jetworker_outbox AS e WHERE e.id = o.id AND e.seq < o.seq)`
-      assert.deepStrictEqual(yield* Migrations.run, [[4, "jetworker_outbox_unique_id"]])
+      assert.deepStrictEqual(yield* Migrations.run, [[4, "jetworker_outbox_unique_id"], [5, "jetworker_attempts_dead_letter"]])
       assert.deepStrictEqual((yield* uniqueIndexes).map(([name]) => name), ["jetworker_outbox_id_key", "jetworker_outbox_pkey"])
     }).pipe(Effect.provide(Fresh)))
 })

@@ -71,7 +71,7 @@ const makeProcess = <A, E extends Tagged, R>(shared: Shared<A, E, R>) => {
   const prepare = makePrepare(shared, bounded)
   const conclude = makeConclude(shared, prepare)
   const runHandler = makeRunHandler(shared, bounded, conclude)
-  const settle = makeSettle(shared, makeRecord(shared, bounded))
+  const settle = makeSettle(shared, makeRecord(shared, bounded), bounded)
   const { one } = makeSinglePath(shared, prepare, runHandler, settle)
   const { many } = makeBatchPath(shared, prepare, bounded, runHandler, conclude, settle)
 

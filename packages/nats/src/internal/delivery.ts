@@ -7,7 +7,7 @@
 import type { Msg } from "@nats-io/transport-node"
 import { nanos } from "@nats-io/transport-node"
 import { Delivery } from "@jetworker/core"
-import type { Outcome } from "@jetworker/core"
+import type { Outcome, Probe } from "@jetworker/core"
 import { Duration, Effect } from "effect"
 import * as DeadLetter from "../DeadLetter.ts"
 import type { Shape } from "../NatsConnection.ts"
@@ -90,6 +90,14 @@ export interface Settling {
    * source, so the intake ends (see `intake.ts`).
    */
   readonly refused?: ((command: Delivery.SettleCommand, subject: string, error: NatsError.NatsError) => void) | undefined
+  /**
+   * The probe the intake was opened with, when it is not the default one that does nothing: told
+   * `after-dead-letter` once a dead letter is stored, before the original's term is sent (the
+   * consumer named by `durable`).
+   */
+  readonly probe?: Probe.ProbeShape | undefined
+  /** The JetStream consumer's name, for the probe's hits. */
+  readonly durable?: string | undefined
 }
 
 /** `error` as the engine's `SettleError`, a permission refusal told to `settling` first. */
@@ -148,13 +156,24 @@ class JetStreamDelivery implements Delivery.Delivery {
   }
 
   deadLetter(record: Outcome.DeadLetterRecord): Effect.Effect<void, Delivery.SettleError> {
-    const { connection, destination } = this.#settling
+    const { connection, destination, probe } = this.#settling
     const { msg, streamSequence } = this.#pulled
+    const term = this.#command("Term", TERM)
     return DeadLetter.publish(destination, { headers: msg.headers, subject: msg.subject, seq: streamSequence, data: msg.data }, record).pipe(
       Effect.provideService(NatsConnection, connection),
       Effect.mapError((error) => failed(this.#settling, "DeadLetter", destination.subject, error)),
       // Only once the dead letter is stored may the original be terminated.
-      Effect.andThen(this.#command("Term", TERM))
+      Effect.andThen(
+        probe === undefined ? term : Effect.andThen(
+          probe.hit({
+            point: "after-dead-letter",
+            consumer: this.#settling.durable ?? "",
+            sequence: streamSequence,
+            eventId: record.message.eventId
+          }),
+          term
+        )
+      )
     )
   }
 

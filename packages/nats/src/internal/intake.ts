@@ -7,7 +7,7 @@
  * be answered and no nak arrive, and the server redelivers what it had handed out after its ack
  * wait; a link lost while `close` waits ends the wait.
  */
-import { type Delivery, Source } from "@jetworker/core"
+import { type Delivery, Probe, Source } from "@jetworker/core"
 import { Clock, Duration, Effect, type Scope } from "effect"
 import type * as DeadLetter from "../DeadLetter.ts"
 import type { Shape } from "../NatsConnection.ts"
@@ -94,7 +94,15 @@ export const openIntake = (
       state.buffered.length = 0
       fail(state, state.refused)
     }
-    const settling = { connection, settleTimeoutMillis: options.settleTimeoutMillis, destination: options.destination, refused }
+    // The probe is read once, as the engine reads it: the default one (which does nothing) is skipped.
+    const probe = yield* Probe.Probe
+    const settling = {
+      connection,
+      settleTimeoutMillis: options.settleTimeoutMillis,
+      destination: options.destination,
+      refused,
+      ...(probe === Probe.noop ? {} : { probe, durable })
+    }
     const pulls = makePulls(env, state)
     yield* watchLink(env, state, pulls)
     const advisories = watchLeader(env, state, pulls)

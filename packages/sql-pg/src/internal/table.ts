@@ -51,6 +51,14 @@ export const attemptsDdl = (quoted: string, indexName: string): ReadonlyArray<st
   `CREATE INDEX IF NOT EXISTS "${indexName}" ON ${quoted} (updated_at)`
 ]
 
+/**
+ * The column a later migration adds to an attempts table named `quoted` (already validated and
+ * quoted): the dead-letter decision (`AttemptStore.recordDeadLetter`), as JSON; idempotent.
+ */
+export const attemptsDeadLetterDdl = (quoted: string): ReadonlyArray<string> => [
+  `ALTER TABLE ${quoted} ADD COLUMN IF NOT EXISTS dead_letter jsonb`
+]
+
 /** The table the migrations create for the transactional outbox, and `PgOutbox` uses by default. */
 export const defaultOutboxTable = "jetworker_outbox"
 

@@ -1,11 +1,13 @@
 /**
  * Prepare: the checks before any wait or handler run (decode, metadata, ordering key, expiry, the
  * delivery and attempt bounds), `checkNow` when they need no I/O, `prepare` when a redelivery reads
- * a store (its failed attempts from the attempt store; whether an expired event was committed
- * before, `expiredRedelivery`); and the safety nets' verdict (`defect`) for a delivery whose
- * judging died. Both paths, a single delivery's and a batch's, prepare through it.
+ * a store (its failed attempts and any dead letter decided for it from the attempt store; whether
+ * an expired event was committed before, `expiredRedelivery`); and the safety nets' verdict
+ * (`defect`) for a delivery whose judging died. Both paths, a single delivery's and a batch's,
+ * prepare through it.
  */
 import { type Cause, DateTime, Duration, Effect, Result, Schema } from "effect"
+import type * as AttemptStore from "../../AttemptStore.ts"
 import type { Tagged } from "../../Classification.ts"
 import type { Delivery } from "../../Delivery.ts"
 import { EventId, isExpired, type Metadata } from "../../Envelope.ts"
@@ -19,6 +21,9 @@ import { effectCommittedIf, type Prepared, type Verdict } from "./types.ts"
 
 const textDecoder = new TextDecoder()
 const isEventId = Schema.is(EventId)
+
+/** What an attempt store that cannot be read stands for: no failures, no decision. */
+const noAttempts: AttemptStore.Attempts = { failures: 0 }
 
 /** The ordering key of every delivery of a consumer without per-key ordering (built once). */
 const noKey: Result.Result<string, ErrorSummary.ErrorSummary> = Result.succeed("")
@@ -105,7 +110,7 @@ export const makePrepare = <A, E extends Tagged, R>(shared: Shared<A, E, R>, { b
   // attempts; the crash-loop guard (`deliveryBound`, below MaxDeliver) still bounds the deliveries.
   const storeUnavailable = <X>(doing: string, fallback: X) => (error: { readonly message: string }): Effect.Effect<X> =>
     Effect.as(Effect.logWarning(`attempt store unavailable; ${doing}: ${error.message}`), fallback)
-  const unreadable = storeUnavailable("running the handler (deliveries are no failed attempts)", 0)
+  const unreadable = storeUnavailable("running the handler (deliveries are no failed attempts)", noAttempts)
 
   // The verdict of a delivery whose judging died: dead-lettered with the cause.
   const defect = (message: Outcome.MessageRef, error: ErrorSummary.ErrorSummary): Verdict =>
@@ -123,22 +128,64 @@ export const makePrepare = <A, E extends Tagged, R>(shared: Shared<A, E, R>, { b
   const prepare = (delivery: Delivery): Effect.Effect<Result.Result<Prepared<A>, Verdict>, never, R> =>
     Effect.suspend(() => {
       const checked = check(delivery)
-      if (Result.isFailure(checked)) {
-        return checked.failure._tag === "Expired" && idempotencyStore !== undefined
-          ? Effect.map(expiredRedelivery(checked.failure), Result.fail)
-          : Effect.succeed(checked)
-      }
-      const prepared = checked.success
-      // Failed attempts so far: the store's count (read only for a redelivery: a first delivery
-      // has none, unless NATS rewound its count, and then the failure's own count catches it),
-      // or without a store the deliveries before this one. A store that cannot be read counts
-      // none: the handler runs, and fails transiently if its dependency is down too.
-      if (attemptStore === undefined || delivery.deliveryCount === 1) return Effect.succeed(withinAttempts(prepared))
-      return attemptStore.failures(prepared.key).pipe(
+      // A redelivery reads the attempt store once: its failed attempts so far (a first delivery
+      // has none, unless NATS rewound its count, and then the failure's own count catches it) and
+      // the dead letter decided for it, if one was (by this process or another, before a restart).
+      // A decided dead letter is written again and the message terminated, the handler not run,
+      // whatever the other checks say (as for `storedDeadLetterOf`). Without a store, the
+      // deliveries before this one count as failures. A store that cannot be read counts none and
+      // knows no decision: the handler runs, and fails transiently if its dependency is down too.
+      const message = attemptStore === undefined || delivery.deliveryCount === 1 ? undefined : recordedFor(checked)
+      if (message === undefined) return judgeChecked(checked, undefined)
+      return attemptStore!.read({ scope: definition.name, id: message.eventId! }).pipe(
         Effect.catch(unreadable),
-        Effect.map((failedBefore) => withinAttempts({ ...prepared, failedBefore }))
+        Effect.flatMap((attempts) =>
+          attempts.deadLetter === undefined
+            ? judgeChecked(checked, attempts.failures)
+            : Effect.succeed(Result.fail(decidedBefore(message, attempts.deadLetter)))
+        )
       )
     })
+
+  /**
+   * The message whose record a redelivery reads (`prepare`), or `undefined` when it reads none: a
+   * rejected one (no dead-letter decision), one this run already knows dead-lettered
+   * (`storedDeadLetterOf`), or one found committed.
+   */
+  const recordedFor = (checked: Result.Result<Prepared<A>, Verdict>): Outcome.MessageRef | undefined => {
+    if (Result.isSuccess(checked)) return checked.success.message
+    const verdict = checked.failure
+    if (verdict.message.eventId === undefined) return undefined
+    return verdict._tag === "Expired" || (verdict._tag === "DeadLettered" && storedDeadLetterOf(verdict.message) === undefined)
+      ? verdict.message
+      : undefined
+  }
+
+  /** The verdict on a redelivery whose dead letter was decided before (`AttemptStore.recordDeadLetter`). */
+  const decidedBefore = (message: Outcome.MessageRef, decision: AttemptStore.DeadLetterDecision): Verdict =>
+    Outcome.verdict("DeadLettered", {
+      message,
+      reason: decision.reason,
+      error: decision.error,
+      ...effectCommittedIf(decision.effectCommitted === true)
+    })
+
+  /**
+   * `prepare` once the checks are done: an expired redelivery asks the idempotency store; a
+   * prepared one is held to the attempts, `failures` the store's count when it was read.
+   */
+  const judgeChecked = (
+    checked: Result.Result<Prepared<A>, Verdict>,
+    failures: number | undefined
+  ): Effect.Effect<Result.Result<Prepared<A>, Verdict>> => {
+    if (Result.isFailure(checked)) {
+      return checked.failure._tag === "Expired" && idempotencyStore !== undefined
+        ? Effect.map(expiredRedelivery(checked.failure), Result.fail)
+        : Effect.succeed(checked)
+    }
+    const prepared = checked.success
+    return Effect.succeed(withinAttempts(failures === undefined ? prepared : { ...prepared, failedBefore: failures }))
+  }
 
   /**
    * Whether `delivery` is prepared by `prepare` (it may read a store: a redelivery, with an attempt

@@ -90,17 +90,20 @@ export const makeRecord = <A, E extends Tagged, R>(shared: Shared<A, E, R>, { bo
    */
   const recordOutcome = (delivery: Delivery, outcome: Outcome.Outcome, ownSpan: boolean, report = true): Effect.Effect<void> => {
     let effect: Effect.Effect<void> = ownSpan && fullSpans ? Effect.annotateCurrentSpan(spanAttributes(outcome)) : Effect.void
-    const hadFailures = delivery.deliveryCount > 1 || (outcome._tag === "DeadLettered" && outcome.reason === "AttemptsExhausted")
+    // What may have left a record: failures (a redelivery), or a dead letter, whose decision the
+    // settle stage recorded before writing it (`recordDecision`). A first delivery that settles
+    // otherwise left none, and costs no store call.
+    const mayHaveRecord = delivery.deliveryCount > 1 || outcome._tag === "DeadLettered"
     // Not a dead letter left unconfirmed: its message may be delivered again (the term was lost), to
-    // this process or another, and the count it keeps stops that delivery before the handler runs
-    // (`AttemptsExhausted` again, the dead letter written again, stored once) instead of giving
-    // the message a fresh budget; a later settling, or `purge`, removes it.
+    // this process or another, and the record it keeps (its dead-letter decision, and its count)
+    // stops that delivery before the handler runs (the same dead letter written again, stored
+    // once) instead of running the handler afresh; a later settling, or `purge`, removes it.
     if (
-      attemptStore !== undefined && outcome._tag !== "Released" && outcome.message.eventId !== undefined && hadFailures &&
+      attemptStore !== undefined && outcome._tag !== "Released" && outcome.message.eventId !== undefined && mayHaveRecord &&
       (outcome.confirmed || outcome._tag !== "DeadLettered")
     ) {
-      // Bounded growth: a message's failure count goes once it is settled for good (a count
-      // left by a rewound delivery count is purged by age: `PgAttemptStore.purge`).
+      // Bounded growth: a message's record goes once it is settled for good (a record left by a
+      // rewound delivery count, or a stranded message, is purged by age: `PgAttemptStore.purge`).
       effect = sequence(attemptStore.clear({ scope: definition.name, id: outcome.message.eventId }).pipe(Effect.ignore), effect)
     }
     record(counters.get(outcome._tag)!, 1)

@@ -6,6 +6,7 @@
  * JetStream consumer's leader being elected) is sent again within the lease (`resend`).
  */
 import { Cause, DateTime, Duration, Effect, Exit, Option } from "effect"
+import { AttemptStoreError } from "../../AttemptStore.ts"
 import type { Tagged } from "../../Classification.ts"
 import type { Delivery, SettleError } from "../../Delivery.ts"
 import * as ErrorSummary from "../../ErrorSummary.ts"
@@ -13,6 +14,7 @@ import { timing } from "../../Lease.ts"
 import * as Outcome from "../../Outcome.ts"
 import * as Retry from "../../Retry.ts"
 import type * as LeaseKeeper from "../leaseKeeper.ts"
+import type { BoundedRuns } from "./bounded.ts"
 import { pastLease } from "./helpers.ts"
 import type { RecordStage } from "./record.ts"
 import type { Shared } from "./shared.ts"
@@ -85,9 +87,14 @@ const mayPass = (error: unknown): boolean =>
 export type SettleStage<A, E extends Tagged, R> = ReturnType<typeof makeSettle<A, E, R>>
 
 /** Builds the settle stage of one consumer run. */
-export const makeSettle = <A, E extends Tagged, R>(shared: Shared<A, E, R>, { recordOutcome, reportAll }: RecordStage<A, E, R>) => {
+export const makeSettle = <A, E extends Tagged, R>(
+  shared: Shared<A, E, R>,
+  { recordOutcome, reportAll }: RecordStage<A, E, R>,
+  { bounded }: BoundedRuns<A, E, R>
+) => {
   const {
     definition,
+    deadlines,
     ackAll,
     maxDeliver,
     now,
@@ -110,7 +117,9 @@ export const makeSettle = <A, E extends Tagged, R>(shared: Shared<A, E, R>, { re
    * The verdict for a dead letter decided past the lease, on a delivery the broker may still
    * redeliver: nothing written, no term (it would end another consumer's delivery, and the dead
    * letter would be a false one if that consumer commits). The error stays said; the next
-   * delivery decides, and writes the dead letter (`rememberUnwritten`: with its reason) if it is due.
+   * delivery decides, and writes the dead letter (`rememberUnwritten`: with its reason) if it is due;
+   * with an attempt store, a `DeadLettered` decision recorded before (`recordDecision`) makes it due
+   * (a consumer that commits the message meanwhile clears the record).
    */
   const withholdDeadLetter = (verdict: Extract<Verdict, { readonly _tag: "DeadLettered" | "Rejected" | "Expired" }>): Verdict => {
     rememberUnwritten(verdict)
@@ -253,6 +262,42 @@ export const makeSettle = <A, E extends Tagged, R>(shared: Shared<A, E, R>, { re
     else if (result === "confirmed") forgetStored(verdict.message)
   }
 
+  /** Whether `verdict` is a dead letter whose decision is recorded before it is settled (`recordDecision`). */
+  const recordsDecision = (verdict: Verdict): boolean =>
+    verdict._tag === "DeadLettered" && attemptStore !== undefined && verdict.message.eventId !== undefined
+
+  /**
+   * Records a `DeadLettered` verdict's decision in the attempt store (`AttemptStore.recordDeadLetter`)
+   * before the verdict's command is decided and sent: if the term of the original is then lost,
+   * even to a crash right after the dead letter is stored, its redelivery (to any process) writes
+   * the same dead letter again instead of running the handler; cleared once the term is confirmed
+   * (`record.ts`). Before the decision, not in `execute`, so that the time it takes is counted
+   * against the lease (a dead letter found past it is withheld: the record stays, and the next
+   * delivery writes that dead letter). Best effort: bounded by `handlerTimeout`, and a decision that
+   * cannot be recorded is logged and the dead letter written anyway (only this run then remembers
+   * a lost term, `rememberStored`).
+   */
+  const recordDecision = (verdict: Verdict): Effect.Effect<void> => {
+    if (verdict._tag !== "DeadLettered" || attemptStore === undefined || verdict.message.eventId === undefined) return Effect.void
+    // As the dead letter's record names it: without the stack.
+    const { stack: _stack, ...error } = verdict.error
+    const decision = { reason: verdict.reason, error, ...(verdict.effectCommitted === true ? { effectCommitted: true } : {}) }
+    return bounded(
+      attemptStore.recordDeadLetter({ scope: definition.name, id: verdict.message.eventId }, decision),
+      deadlines,
+      decisionTimedOut
+    ).pipe(Effect.catchCause(decisionUnrecorded))
+  }
+  const decisionTimedOut = () =>
+    Effect.fail(
+      new AttemptStoreError({ message: `the attempt store did not answer within ${Duration.format(definition.handlerTimeout)} (handlerTimeout)` })
+    )
+  const decisionUnrecorded = (cause: Cause.Cause<unknown>) =>
+    Effect.logWarning(
+      "attempt store unavailable; dead-letter decision not recorded (if the term is lost, a redelivery to another process runs the handler again)",
+      ErrorSummary.fromCause(cause)
+    )
+
   /**
    * Settle and record: sends the verdict's broker command (never an ack past the lease), then
    * counts, logs and reports the outcome. Never fails. Called as the delivery's effect runs (the
@@ -260,7 +305,13 @@ export const makeSettle = <A, E extends Tagged, R>(shared: Shared<A, E, R>, { re
    * common command, goes straight to its outcome (no steps of `execute` and no value passed on:
    * each step of the fiber is CPU on every message, see docs/performance.md).
    */
-  const settle = (delivery: Delivery, judged: Verdict, receivedAt: number, lease: LeaseKeeper.Lease): Effect.Effect<void> => {
+  const settle = (delivery: Delivery, judged: Verdict, receivedAt: number, lease: LeaseKeeper.Lease): Effect.Effect<void> =>
+    recordsDecision(judged)
+      ? Effect.andThen(recordDecision(judged), Effect.suspend(() => settleDecided(delivery, judged, receivedAt, lease)))
+      : settleDecided(delivery, judged, receivedAt, lease)
+
+  /** `settle` once the verdict's dead-letter decision, if any, is recorded: decided as it is sent. */
+  const settleDecided = (delivery: Delivery, judged: Verdict, receivedAt: number, lease: LeaseKeeper.Lease): Effect.Effect<void> => {
     const decided = decide(judged, lease)
     if (decided.command._tag === "Ack") {
       return Effect.matchCauseEffect(delivery.ack, {
@@ -374,6 +425,19 @@ export const makeSettle = <A, E extends Tagged, R>(shared: Shared<A, E, R>, { re
    * outcomes are reported to `onOutcome` once all are recorded, side by side too.
    */
   const settleAll = (
+    deliveries: ReadonlyArray<Delivery>,
+    verdicts: ReadonlyArray<Verdict>,
+    receivedAt: number,
+    leases: ReadonlyArray<LeaseKeeper.Lease>
+  ): Effect.Effect<void> => {
+    const settling = settleAllDecided(deliveries, verdicts, receivedAt, leases)
+    return attemptStore === undefined || !verdicts.some(recordsDecision)
+      ? settling
+      : Effect.andThen(Effect.forEach(verdicts.filter(recordsDecision), recordDecision, { concurrency: "unbounded", discard: true }), settling)
+  }
+
+  /** `settleAll` once the dead-letter decisions among `verdicts` are recorded. */
+  const settleAllDecided = (
     deliveries: ReadonlyArray<Delivery>,
     verdicts: ReadonlyArray<Verdict>,
     receivedAt: number,

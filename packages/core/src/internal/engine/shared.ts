@@ -197,8 +197,9 @@ export const makeShared = <A, E extends Tagged, R>(
   // have been funded since, and a refused transfer would be applied after its dead letter was
   // stored): it is terminated with the same dead letter (written again, stored once by its
   // `Nats-Msg-Id`), before any other check. Forgotten once a term is confirmed. Only this run knows
-  // it: a redelivery that reaches another process (or this one after a restart) is judged afresh
-  // (its attempts spent stay in the attempt store, see `record.ts`). Bounded as `unwritten`.
+  // it; a redelivery that reaches another process (or this one after a restart) finds the same
+  // decision in the attempt store, when there is one (recorded before the dead letter was written,
+  // see `settle.ts` and `prepare.ts`), and is otherwise judged afresh. Bounded as `unwritten`.
   const storedDeadLetters = new Map<number, UnwrittenDeadLetter>()
   const rememberStored = (verdict: Verdict): void => {
     if (verdict._tag !== "DeadLettered") return
