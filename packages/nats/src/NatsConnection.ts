@@ -127,6 +127,15 @@ export interface Options {
   readonly pingInterval?: Duration.Input | undefined
   /** Unanswered pings before the link is taken as dead, 1 to 100. Default: 2. */
   readonly maxPingsOut?: number | undefined
+  /**
+   * The prefix of every reply subject of the connection (nats.js's `inboxPrefix`): the JetStream
+   * API's answers, PubAcks, the messages jetworker pulls and the confirmations of its acks all
+   * come to `<inboxPrefix>.<unique>`. Give each service of an account its own, and allow its user
+   * to subscribe to `<inboxPrefix>.>` only, so that it cannot read another's replies (see
+   * docs/nats-permissions.md). Subject tokens of letters, digits, `_`, `-` and `$`, separated by
+   * dots (no wildcards), at most 100 characters. Default: `_INBOX`.
+   */
+  readonly inboxPrefix?: string | undefined
 }
 
 /** The connection and its JetStream handles. */
@@ -134,6 +143,8 @@ export interface Shape {
   readonly connection: Connection
   readonly jetstream: JetStreamClient
   readonly manager: JetStreamManager
+  /** The prefix of the connection's reply subjects (`Options.inboxPrefix`; default `_INBOX`). */
+  readonly inboxPrefix: string
   /** The API timeout in milliseconds, for adapter code that calls nats.js directly. */
   readonly apiTimeoutMillis: number
   /** Permits for confirmed publishes in flight (`maxPublishesInFlight`). */
@@ -201,6 +212,9 @@ const connectOnce = (options: ConnectionOptions): Effect.Effect<Connection, Nats
     })
   })
 
+/** What `inboxPrefix` may be: subject tokens without wildcards. */
+const INBOX_PREFIX = /^[A-Za-z0-9_$-]+(\.[A-Za-z0-9_$-]+)*$/
+
 /**
  * Connects with `options`; the scope's close drains, then closes, the connection. A setting that
  * cannot work (see {@link Options}) fails before connecting. Under a worker, readiness follows the
@@ -239,6 +253,13 @@ export const make = (options: Options) =>
       return yield* settingError(`pingInterval must be from 1 second to 10 minutes, got ${DurationInput.show(options.pingInterval)}`)
     }
     const maxPingsOut = yield* integerSetting("maxPingsOut", options.maxPingsOut ?? 2, 100)
+    const inboxPrefix = options.inboxPrefix ?? "_INBOX"
+    if (!(inboxPrefix.length <= 100 && INBOX_PREFIX.test(inboxPrefix))) {
+      return yield* settingError(
+        `inboxPrefix must be subject tokens of letters, digits, _, - and $, separated by dots, at most 100 characters ` +
+          `(e.g. _INBOX_shipping), got ${JSON.stringify(inboxPrefix.slice(0, 100))}`
+      )
+    }
     // Credentials in the URLs are taken out (nats.js would drop them, or misread the port) and
     // checked against the options' before the NKey seed or credentials file is read.
     const fromUrls = yield* serversAndCredentials(servers)
@@ -264,6 +285,7 @@ export const make = (options: Options) =>
       pingInterval: pingMillis,
       maxPingOut: maxPingsOut,
       noAsyncTraces: true,
+      inboxPrefix,
       ...(login.token === undefined ? {} : { token: Redacted.value(login.token) }),
       ...(login.user === undefined ? {} : { user: login.user }),
       ...(login.password === undefined ? {} : { pass: Redacted.value(login.password) }),
@@ -400,10 +422,11 @@ export const make = (options: Options) =>
       connection,
       jetstream: jetstream(connection, { timeout: apiTimeoutMillis }),
       manager,
+      inboxPrefix,
       apiTimeoutMillis,
       publishPermits: Semaphore.makeUnsafe(maxPublishes),
       publishSoon: outgoing.publish,
-      ...Replies.make(connection, outgoing)
+      ...Replies.make(connection, outgoing, inboxPrefix)
     })
   })
 
@@ -419,8 +442,8 @@ export const layer = (options: Options): Layer.Layer<NatsConnection, NatsError.N
  * {@link Options}' `servers` says, and refused when `NATS_TOKEN`, `NATS_USER`/`NATS_PASSWORD`,
  * `NATS_NKEY_SEED` or `NATS_CREDS` give other credentials), `NATS_TOKEN`, `NATS_USER` and
  * `NATS_PASSWORD`, `NATS_NKEY_SEED`, `NATS_CREDS` (a credentials file), `NATS_TLS_CA`,
- * `NATS_TLS_CERT` and `NATS_TLS_KEY` (PEM files). Secrets are read as `Redacted`. `options`
- * sets the rest (and wins over the environment).
+ * `NATS_TLS_CERT` and `NATS_TLS_KEY` (PEM files), `NATS_INBOX_PREFIX` (`inboxPrefix`). Secrets
+ * are read as `Redacted`. `options` sets the rest (and wins over the environment).
  */
 export const layerConfig = (
   options: Omit<Options, "servers"> = {}
@@ -437,7 +460,8 @@ export const layerConfig = (
         credentialsFile: Config.String("NATS_CREDS").pipe(Config.option),
         caFile: Config.String("NATS_TLS_CA").pipe(Config.option),
         certFile: Config.String("NATS_TLS_CERT").pipe(Config.option),
-        keyFile: Config.String("NATS_TLS_KEY").pipe(Config.option)
+        keyFile: Config.String("NATS_TLS_KEY").pipe(Config.option),
+        inboxPrefix: Config.String("NATS_INBOX_PREFIX").pipe(Config.option)
       })
       const tls = {
         ...Option.match(env.caFile, { onNone: () => ({}), onSome: (caFile) => ({ caFile }) }),
@@ -451,6 +475,7 @@ export const layerConfig = (
         nkeySeed: Option.getOrUndefined(env.nkeySeed),
         credentialsFile: Option.getOrUndefined(env.credentialsFile),
         tls: Object.keys(tls).length === 0 ? undefined : tls,
+        inboxPrefix: Option.getOrUndefined(env.inboxPrefix),
         ...options,
         // Blank entries dropped: a `NATS_URL` of only commas is no server, refused by `make`.
         servers: serverList(env.url)

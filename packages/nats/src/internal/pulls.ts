@@ -53,7 +53,7 @@ export const makePulls = (env: IntakeEnv, state: IntakeState): Pulls => {
   const { connection, name, prefetch, expiresMillis, heartbeatMillis } = env
   const minPull = Math.max(1, Math.ceil(prefetch / 4))
   const pullSubject = `$JS.API.CONSUMER.MSG.NEXT.${env.stream}.${env.durable}`
-  let inbox = `${createInbox()}.`
+  let inbox = `${createInbox(connection.inboxPrefix)}.`
   let nextPull = 0
   let pauseTimer: ReturnType<typeof setTimeout> | undefined
   // Messages of written-off pulls left to their ack wait for want of room, not yet reported.
@@ -221,7 +221,7 @@ export const makePulls = (env: IntakeEnv, state: IntakeState): Pulls => {
     state.requested = 0
     state.waiting.length = 0
     retired.push(subscription)
-    inbox = `${createInbox()}.`
+    inbox = `${createInbox(connection.inboxPrefix)}.`
     subscription = listen()
   }
 

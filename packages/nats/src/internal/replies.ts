@@ -49,9 +49,13 @@ const noop = (): void => undefined
 const timedOut = (operation: string, timeoutMillis: number) =>
   new NatsError.NatsError({ reason: "Timeout", operation, message: `no reply within ${timeoutMillis} ms` })
 
-/** The replies of `connection`; its subscription is opened by the first request. */
-export const make = (connection: Connection, outgoing: Outgoing.Outgoing = Outgoing.make(connection)): Replies => {
-  const prefix = `${createInbox()}.`
+/** The replies of `connection`, to `<inboxPrefix>.<unique>.*`; its subscription is opened by the first request. */
+export const make = (
+  connection: Connection,
+  outgoing: Outgoing.Outgoing = Outgoing.make(connection),
+  inboxPrefix?: string
+): Replies => {
+  const prefix = `${createInbox(inboxPrefix)}.`
   // Keyed by each request's number, in an object rather than a `Map`: a long-lived `Map` that
   // adds and deletes an entry per message keeps the deleted entries alive through scavenges until
   // the next full collection (see core's internal `liveSet`). An object's integer keys hold nothing
