@@ -91,6 +91,40 @@ const summary = (outcomes: ReadonlyArray<Outcome.Outcome>) =>
   outcomes.map((o) => [o._tag, "reason" in o ? o.reason : "", o.confirmed, o.message.deliveryCount])
 
 /**
+ * A consumer `name` of `source` whose handler refuses its first run (no funds) and applies the
+ * event on any later one (funded since); `counts` says how often it ran and applied.
+ */
+const refusedThenFunded = (name: string, source: Source.Source, outcomes: Array<Outcome.Outcome>) => {
+  const counts = { runs: 0, applied: 0 }
+  const consumer = Consumer.make({
+    name,
+    source,
+    schema: Event,
+    metadata,
+    handle: () =>
+      Effect.suspend(() =>
+        ++counts.runs === 1
+          ? Effect.fail(new InsufficientFunds({ message: "30.00 from an account holding 10.00" }))
+          : Effect.sync(() => void counts.applied++)
+      ),
+    classify: { InsufficientFunds: "permanent" },
+    onOutcome: (outcome) => Effect.sync(() => void outcomes.push(outcome))
+  })
+  return { consumer, counts }
+}
+
+/**
+ * One run of a process: `run` until `outcomes` holds `count` outcomes, then stopped (its memory
+ * goes with it; what the attempt store in `run`'s context holds stays).
+ */
+const runUntil = (run: Effect.Effect<unknown, unknown>, outcomes: ReadonlyArray<Outcome.Outcome>, count: number) =>
+  Effect.gen(function*() {
+    const fiber = yield* Effect.forkChild(run)
+    yield* until(() => outcomes.length >= count, () => JSON.stringify(summary(outcomes)))
+    yield* stop(fiber)
+  })
+
+/**
  * An attempt store in memory: the failed attempts per event id (a decision alone counts none, as
  * in `PgAttemptStore`'s row), and the dead-letter decisions.
  */
@@ -258,28 +292,10 @@ describe("a dead letter stored whose term never got through", () => {
       yield* broker.publish(JSON.stringify({ id: "refused" }))
       const { source, written } = scripted(broker, (command, delivery) => command === "Term" && delivery.deliveryCount === 1)
       const outcomes: Array<Outcome.Outcome> = []
-      let runs = 0
-      let applied = 0
-      const consumer = Consumer.make({
-        name: "stored-dead-letter",
-        source,
-        schema: Event,
-        metadata,
-        // Refused the first time (no funds); funded since, a second run would apply it.
-        handle: () =>
-          Effect.suspend(() =>
-            ++runs === 1
-              ? Effect.fail(new InsufficientFunds({ message: "30.00 from an account holding 10.00" }))
-              : Effect.sync(() => void applied++)
-          ),
-        classify: { InsufficientFunds: "permanent" },
-        onOutcome: (outcome) => Effect.sync(() => void outcomes.push(outcome))
-      })
-      const fiber = yield* Effect.forkChild(Consumer.run(consumer))
-      yield* until(() => outcomes.length >= 2, () => JSON.stringify(summary(outcomes)))
-      yield* stop(fiber)
+      const { consumer, counts } = refusedThenFunded("stored-dead-letter", source, outcomes)
+      yield* runUntil(Consumer.run(consumer), outcomes, 2)
       assert.deepStrictEqual(summary(outcomes), [["DeadLettered", "PermanentError", false, 1], ["DeadLettered", "PermanentError", true, 2]])
-      assert.deepStrictEqual([runs, applied], [1, 0], "the handler ran once; nothing applied")
+      assert.deepStrictEqual([counts.runs, counts.applied], [1, 0], "the handler ran once; nothing applied")
       const second = outcomes[1]!
       assert.strictEqual(second._tag === "DeadLettered" ? second.error.tag : undefined, "InsufficientFunds")
       // The dead letter written again names the first run's cause.
@@ -308,15 +324,11 @@ describe("a dead letter stored whose term never got through", () => {
         onOutcome: (outcome) => Effect.sync(() => void outcomes.push(outcome))
       })
       // The first run: the dead letter is stored, the term never confirmed.
-      const first = yield* Effect.forkChild(Effect.provide(Consumer.run(consumer), attempts.layer))
-      yield* until(() => outcomes.length >= 1, () => JSON.stringify(summary(outcomes)))
-      yield* stop(first)
+      yield* runUntil(Effect.provide(Consumer.run(consumer), attempts.layer), outcomes, 1)
       assert.deepStrictEqual(summary(outcomes), [["DeadLettered", "AttemptsExhausted", false, 1]])
       assert.deepStrictEqual([...attempts.counts], [["flaky", 1]], "the spent attempt is kept")
       // Another run (another process, or this one restarted: no memory of the dead letter).
-      const second = yield* Effect.forkChild(Effect.provide(Consumer.run(consumer), attempts.layer))
-      yield* until(() => outcomes.length >= 2, () => JSON.stringify(summary(outcomes)))
-      yield* stop(second)
+      yield* runUntil(Effect.provide(Consumer.run(consumer), attempts.layer), outcomes, 2)
       assert.deepStrictEqual(summary(outcomes).slice(1), [["DeadLettered", "AttemptsExhausted", true, 2]])
       assert.strictEqual(runs, 1, "the handler did not run with a fresh budget")
       assert.deepStrictEqual([...attempts.counts], [], "cleared once settled")
@@ -332,37 +344,17 @@ describe("a dead-letter decision kept in the attempt store", () => {
       const { source, written } = scripted(broker, (command, delivery) => command === "Term" && delivery.deliveryCount === 1)
       const attempts = attemptStore()
       const outcomes: Array<Outcome.Outcome> = []
-      let runs = 0
-      let applied = 0
-      const consumer = Consumer.make({
-        name: "decided-elsewhere",
-        source,
-        schema: Event,
-        metadata,
-        // Refused the first time (no funds); funded since, a second run would apply it.
-        handle: () =>
-          Effect.suspend(() =>
-            ++runs === 1
-              ? Effect.fail(new InsufficientFunds({ message: "30.00 from an account holding 10.00" }))
-              : Effect.sync(() => void applied++)
-          ),
-        classify: { InsufficientFunds: "permanent" },
-        onOutcome: (outcome) => Effect.sync(() => void outcomes.push(outcome))
-      })
+      const { consumer, counts } = refusedThenFunded("decided-elsewhere", source, outcomes)
       // The first run: the dead letter is stored, its term never confirmed.
-      const first = yield* Effect.forkChild(Effect.provide(Consumer.run(consumer), attempts.layer))
-      yield* until(() => outcomes.length >= 1, () => JSON.stringify(summary(outcomes)))
-      yield* stop(first)
+      yield* runUntil(Effect.provide(Consumer.run(consumer), attempts.layer), outcomes, 1)
       assert.deepStrictEqual(summary(outcomes), [["DeadLettered", "PermanentError", false, 1]])
       assert.deepStrictEqual([...attempts.decisions].map(([id, d]) => [id, d.reason, d.error.tag]), [
         ["refused", "PermanentError", "InsufficientFunds"]
       ], "the decision is kept while the term is unconfirmed")
       // Another run (another process, or this one restarted: no memory of the dead letter).
-      const second = yield* Effect.forkChild(Effect.provide(Consumer.run(consumer), attempts.layer))
-      yield* until(() => outcomes.length >= 2, () => JSON.stringify(summary(outcomes)))
-      yield* stop(second)
+      yield* runUntil(Effect.provide(Consumer.run(consumer), attempts.layer), outcomes, 2)
       assert.deepStrictEqual(summary(outcomes).slice(1), [["DeadLettered", "PermanentError", true, 2]])
-      assert.deepStrictEqual([runs, applied], [1, 0], "the handler did not run again; nothing applied")
+      assert.deepStrictEqual([counts.runs, counts.applied], [1, 0], "the handler did not run again; nothing applied")
       const again = outcomes[1]!
       assert.strictEqual(again._tag === "DeadLettered" ? again.error.tag : undefined, "InsufficientFunds")
       // The dead letter written again is the first one (stored once, by its Nats-Msg-Id).
@@ -397,13 +389,9 @@ describe("a dead-letter decision kept in the attempt store", () => {
         classify: { InsufficientFunds: "permanent" },
         onOutcome: (outcome) => Effect.sync(() => void outcomes.push(outcome))
       })
-      const first = yield* Effect.forkChild(Effect.provide(Consumer.run(consumer), attempts.layer))
-      yield* until(() => outcomes.length >= 1, () => JSON.stringify(summary(outcomes)))
-      yield* stop(first)
+      yield* runUntil(Effect.provide(Consumer.run(consumer), attempts.layer), outcomes, 1)
       assert.deepStrictEqual(summary(outcomes), [["DeadLettered", "PermanentError", false, 1]])
-      const second = yield* Effect.forkChild(Effect.provide(Consumer.run(consumer), attempts.layer))
-      yield* until(() => outcomes.length >= 2, () => JSON.stringify(summary(outcomes)))
-      yield* stop(second)
+      yield* runUntil(Effect.provide(Consumer.run(consumer), attempts.layer), outcomes, 2)
       assert.deepStrictEqual(summary(outcomes).slice(1), [["DeadLettered", "PermanentError", true, 2]])
       assert.strictEqual(runs, 1, "the batch handler did not run the element again")
       assert.deepStrictEqual([[...attempts.decisions], [...attempts.counts]], [[], []], "cleared once terminated")
