@@ -135,6 +135,20 @@ const VARIABLES = {
 type Given = Partial<Record<keyof typeof VARIABLES, string>>
 
 /**
+ * Why `value`, read from `name`, is outside `range`; `undefined` when it is inside. `text`: what the
+ * environment gave, shown rather than the number (a value given in code is shown as it is).
+ */
+const outOfRange = (
+  name: string,
+  value: number,
+  range: { readonly min: number; readonly max: number },
+  text: string | undefined
+): string | undefined =>
+  value >= range.min && value <= range.max
+    ? undefined
+    : `${name} must be from ${range.min} to ${range.max}, got ${text === undefined ? String(value) : JSON.stringify(text)}`
+
+/**
  * Why `duration`, read from `name`, cannot be used where only a positive, finite duration makes
  * sense (a lag of 0 fails every liveness probe, a start-up timeout of 0 has already run out);
  * `undefined` when it can. `text`: what the environment gave, shown rather than the duration
@@ -204,15 +218,13 @@ const problemsOf = (s: Settings, given: Given): ReadonlyArray<SettingsProblem> =
   if (s.healthPort !== "off" && !(Number.isInteger(s.healthPort) && s.healthPort >= 0 && s.healthPort <= 65535)) {
     problems.push({ error: `HEALTH_PORT must be a port (0-65535) or "off", got ${s.healthPort}` })
   }
-  if (!(s.logBufferBytes >= LOG_BUFFER_BYTES.min && s.logBufferBytes <= LOG_BUFFER_BYTES.max)) {
-    const shown = given.logBufferBytes === undefined ? String(s.logBufferBytes) : JSON.stringify(given.logBufferBytes)
-    problems.push({ error: `LOG_BUFFER_BYTES must be from ${LOG_BUFFER_BYTES.min} to ${LOG_BUFFER_BYTES.max}, got ${shown}` })
-  }
-  if (!(s.healthMaxConnections >= HEALTH_MAX_CONNECTIONS.min && s.healthMaxConnections <= HEALTH_MAX_CONNECTIONS.max)) {
-    const shown = given.healthMaxConnections === undefined ? String(s.healthMaxConnections) : JSON.stringify(given.healthMaxConnections)
-    problems.push({
-      error: `HEALTH_MAX_CONNECTIONS must be from ${HEALTH_MAX_CONNECTIONS.min} to ${HEALTH_MAX_CONNECTIONS.max}, got ${shown}`
-    })
+  for (
+    const problem of [
+      outOfRange("LOG_BUFFER_BYTES", s.logBufferBytes, LOG_BUFFER_BYTES, given.logBufferBytes),
+      outOfRange("HEALTH_MAX_CONNECTIONS", s.healthMaxConnections, HEALTH_MAX_CONNECTIONS, given.healthMaxConnections)
+    ]
+  ) {
+    if (problem !== undefined) problems.push({ error: problem })
   }
   for (
     const problem of [
