@@ -9,7 +9,9 @@
  * - the store alone: `concurrency` fibers in a loop, each `IdempotencyStore.commit` on
  *   `PgIdempotencyStore` with the same effect (what `@effect/sql-pg` and the store cost);
  * - the engine: `Consumer.run` over an in-memory source (no broker), the handler
- *   `IdempotencyStore.commit` with the same effect, `concurrency` handlers (what the engine adds).
+ *   `IdempotencyStore.commit` with the same effect, `concurrency` handlers (what the engine adds);
+ * - the store alone and the engine again, on `PgPipelinedClient` instead of `@effect/sql-pg`'s
+ *   `PgClient` (a transaction's BEGIN sent with its dedup row: three round trips a commit).
  *
  * Prints each side's rate and this process's CPU per message (medians of the rounds, min and max),
  * its writes to PostgreSQL per message and the time spent inside them (`socketWrites.ts`), the bytes
@@ -26,8 +28,8 @@
  */
 import { PgClient } from "@effect/sql-pg"
 import { IdempotencyStore } from "@jetworker/core"
-import { Migrations, PgIdempotencyStore } from "@jetworker/sql-pg"
-import { Effect, Layer, Logger, Redacted, References } from "effect"
+import { Migrations, PgIdempotencyStore, PgPipelinedClient } from "@jetworker/sql-pg"
+import { Context, Effect, Layer, Logger, Redacted, References } from "effect"
 import { SqlClient } from "effect/sql"
 import { randomBytes } from "node:crypto"
 import pg from "pg"
@@ -111,17 +113,35 @@ const measured = (run: (prefix: string) => Effect.Effect<void, unknown, Services
     return Stopwatch.perMessage(measuredRound, total)
   })
 
+const clientConfig = {
+  url: Redacted.make(databaseUrl),
+  maxConnections: concurrency,
+  applicationName: "jetworker-bench",
+  startupParameters: { search_path: schema }
+}
+
+/** The store on `PgPipelinedClient`, built once (its pool opened before the clock starts). */
+let pipelined: Context.Context<Services> | undefined
+const onPipelined = (run: (prefix: string) => Effect.Effect<void, unknown, Services>) => (prefix: string) =>
+  Effect.provideContext(run(prefix), pipelined!)
+
 const sides: ReadonlyArray<{ readonly label: string; readonly key: string; readonly run: (prefix: string) => Effect.Effect<void, unknown, Services> }> = [
   { label: "pg loop (hand-written)", key: "p", run: (prefix) => Effect.promise(() => pgLoop(prefix)) },
   { label: "store alone (loop of fibers)", key: "s", run: storeAlone },
-  { label: "engine, handler IdempotencyStore.commit", key: "e", run: engine }
+  { label: "engine, handler IdempotencyStore.commit", key: "e", run: engine },
+  { label: "store alone, PgPipelinedClient", key: "sp", run: onPipelined(storeAlone) },
+  { label: "engine, PgPipelinedClient", key: "ep", run: onPipelined(engine) }
 ]
 
 const program = (admin: pg.Client) =>
   Effect.gen(function*() {
     const sql = yield* SqlClient.SqlClient
-    // Every connection of both pools open before the clock starts.
-    yield* Effect.forEach(Array.from({ length: concurrency }), () => sql`SELECT pg_sleep(0.005)`, { concurrency: "unbounded", discard: true })
+    pipelined = yield* Layer.build(PgIdempotencyStore.layer().pipe(Layer.provideMerge(PgPipelinedClient.layer(clientConfig))))
+    const pipelinedSql = Context.get(pipelined, SqlClient.SqlClient)
+    // Every connection of the pools open before the clock starts.
+    for (const client of [sql, pipelinedSql]) {
+      yield* Effect.forEach(Array.from({ length: concurrency }), () => client`SELECT pg_sleep(0.005)`, { concurrency: "unbounded", discard: true })
+    }
     yield* Effect.promise(() => Promise.all(Array.from({ length: concurrency }, () => baselinePool.query("SELECT pg_sleep(0.005)"))))
     for (const side of sides) yield* measured(side.run, nextPrefix(side.key), admin) // warm-up
     const figures: Array<Array<Figure>> = sides.map(() => [])
@@ -130,12 +150,8 @@ const program = (admin: pg.Client) =>
     }
     return figures
   }).pipe(
-    Effect.provide(PgIdempotencyStore.layer().pipe(Layer.provideMerge(PgClient.layer({
-      url: Redacted.make(databaseUrl),
-      maxConnections: concurrency,
-      applicationName: "jetworker-bench",
-      startupParameters: { search_path: schema }
-    })))),
+    Effect.scoped,
+    Effect.provide(PgIdempotencyStore.layer().pipe(Layer.provideMerge(PgClient.layer(clientConfig)))),
     Effect.provide(Logger.layer([Logger.consolePretty()])),
     Effect.provideService(References.MinimumLogLevel, "Error")
   )
@@ -174,6 +190,10 @@ try {
   console.log(
     `rate ratios: store alone / pg loop ${(rate(1) / rate(0)).toFixed(2)}, engine / pg loop ${(rate(2) / rate(0)).toFixed(2)}, ` +
       `engine / store alone ${(rate(2) / rate(1)).toFixed(2)}`
+  )
+  console.log(
+    `on PgPipelinedClient: store alone / pg loop ${(rate(3) / rate(0)).toFixed(2)}, engine / pg loop ${(rate(4) / rate(0)).toFixed(2)}, ` +
+      `store alone / store alone on PgClient ${(rate(3) / rate(1)).toFixed(2)}, engine / engine on PgClient ${(rate(4) / rate(2)).toFixed(2)}`
   )
 } finally {
   await baselinePool.end()

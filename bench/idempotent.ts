@@ -21,8 +21,11 @@
  * - jetworker per message: `Consumer.run` over a `JetStreamSource`, a handler
  *   `IdempotencyStore.commit(event.id, <effect INSERT through the SqlClient>)` on `PgIdempotencyStore`
  *   (with `PgAttemptStore`, as a production worker is assembled; it is not read on a first
- *   delivery), an `@effect/sql-pg` pool of `concurrency` connections. It also decodes the envelope
- *   with its Schema, which the baselines skip.
+ *   delivery), on a `PgPipelinedClient` of `concurrency` connections (its transactions send their
+ *   BEGIN with the dedup row: three round trips a message). It also decodes the envelope with its
+ *   Schema, which the baselines skip.
+ * - jetworker per message, on PgClient: the same on `@effect/sql-pg`'s `PgClient` (four round trips
+ *   a message, as the baseline).
  * - jetworker per message, one statement: the same, but the handler is
  *   `PgIdempotencyStore.commitStatement`, which sends the dedup row and the effect insert as one
  *   statement (`WITH ... INSERT ... ON CONFLICT DO NOTHING RETURNING 1 ... INSERT ... WHERE EXISTS`):
@@ -45,14 +48,14 @@
  *
  * NATS_URL (default nats://127.0.0.1:4222) and DATABASE_URL (default
  * postgres://postgres@127.0.0.1:5432/test) select the servers. BENCH_SIDES=baseline,jetworker
- * (keys: baseline, baseline-batched, jetworker, jetworker-statement, jetworker-batched) runs only those sides, and then leaves the
+ * (keys: baseline, baseline-batched, jetworker, jetworker-pgclient, jetworker-statement, jetworker-batched) runs only those sides, and then leaves the
  * results file alone. BENCH_CPU_PROFILE=dir writes a CPU profile of each side's rounds (the
  * consumer's run only, not the stream's fill) to `dir/<side>-<round>.cpuprofile`.
  */
 import { PgClient } from "@effect/sql-pg"
 import { Consumer, Envelope, IdempotencyStore, type Outcome } from "@jetworker/core"
 import { DeadLetter, JetStreamSource, NatsConnection, Topology } from "@jetworker/nats"
-import { Migrations, PgAttemptStore, PgIdempotencyStore } from "@jetworker/sql-pg"
+import { Migrations, PgAttemptStore, PgIdempotencyStore, PgPipelinedClient } from "@jetworker/sql-pg"
 import { jetstream, jetstreamManager, type JsMsg } from "@nats-io/jetstream"
 import { connect, type NatsConnection as NatsClient } from "@nats-io/transport-node"
 import { Deferred, Duration, Effect, Layer, Logger, Redacted, References, Schema } from "effect"
@@ -405,7 +408,7 @@ const jetworkerSide = <E extends { readonly _tag: string }>(
     SqlClient.SqlClient | IdempotencyStore.IdempotencyStore | NatsConnection.NatsConnection
   >,
   connections: number,
-  pool: { readonly multiplex?: boolean; readonly multiplexConcurrency?: number } = {}
+  pool: { readonly multiplex?: boolean; readonly multiplexConcurrency?: number; readonly pipelined?: boolean } = {}
 ) => (round: Round): Promise<Run> => {
   const program = Effect.gen(function*() {
     const sql = yield* SqlClient.SqlClient
@@ -438,13 +441,16 @@ const jetworkerSide = <E extends { readonly _tag: string }>(
     }
     return watch.result()
   })
-  const DatabaseLive = PgClient.layer({
+  const { pipelined, ...multiplex } = pool
+  const clientConfig = {
     url: Redacted.make(databaseUrl),
     maxConnections: connections,
-    ...pool,
     applicationName: "jetworker-bench",
     startupParameters: { search_path: round.schema }
-  })
+  }
+  const DatabaseLive = pipelined === true
+    ? PgPipelinedClient.layer(clientConfig)
+    : PgClient.layer({ ...clientConfig, ...multiplex })
   const Live = Layer.mergeAll(
     NatsConnection.layer({ servers, name: "jetworker-bench" }),
     Layer.merge(PgIdempotencyStore.layer(), PgAttemptStore.layer()).pipe(Layer.provideMerge(DatabaseLive))
@@ -469,7 +475,8 @@ interface Side {
 const allSides: ReadonlyArray<Side> = [
   { key: "baseline", label: "baseline per message (nats.js + pg)", run: baselinePerMessage, messages: total },
   { key: "baseline-batched", label: "baseline batched (nats.js + pg)", run: baselineBatched, messages: batchedTotal },
-  { key: "jetworker", label: "jetworker per message", run: jetworkerSide("jetworker per message", perMessageConsumer, concurrency), messages: total },
+  { key: "jetworker", label: "jetworker per message", run: jetworkerSide("jetworker per message", perMessageConsumer, concurrency, { pipelined: true }), messages: total },
+  { key: "jetworker-pgclient", label: "jetworker per message, on PgClient", run: jetworkerSide("jetworker per message, on PgClient", perMessageConsumer, concurrency), messages: total },
   { key: "jetworker-statement", label: "jetworker per message, one statement", run: jetworkerSide("jetworker per message, one statement", oneStatementConsumer, statementConnections, { multiplex: true, multiplexConcurrency: Math.ceil(concurrency / statementConnections) }), messages: total },
   { key: "jetworker-batched", label: "jetworker batch mode", run: jetworkerSide("jetworker batch mode", batchedConsumer, batchWorkers), messages: batchedTotal }
 ]
@@ -621,6 +628,8 @@ const perRound = (key: string, over: string) => {
 }
 const ratios = [
   { label: "jetworker per message / baseline per message", key: "jetworker", over: "baseline" },
+  { label: "jetworker per message on PgClient / baseline per message", key: "jetworker-pgclient", over: "baseline" },
+  { label: "jetworker per message / the same on PgClient", key: "jetworker", over: "jetworker-pgclient" },
   { label: "jetworker one statement / baseline per message", key: "jetworker-statement", over: "baseline" },
   { label: "baseline batched / baseline per message", key: "baseline-batched", over: "baseline" },
   { label: "baseline batched / jetworker per message", key: "baseline-batched", over: "jetworker" },

@@ -7,10 +7,9 @@
  * {@link Settings}); the streams, consumer and tables are declared on start (this service owns
  * them).
  */
-import { PgClient } from "@effect/sql-pg"
 import { Consumer, Envelope, IdempotencyStore, Lifecycle, type Outcome, Outbox, Retry } from "@jetworker/core"
 import { Contract, JetStreamSource, NatsConnection, Publisher, Topology } from "@jetworker/nats"
-import { Migrations, PgAttemptStore, PgIdempotencyStore, PgOutbox, PgTransaction } from "@jetworker/sql-pg"
+import { Migrations, PgAttemptStore, PgIdempotencyStore, PgOutbox, PgPipelinedClient, PgTransaction } from "@jetworker/sql-pg"
 import { Config, ConfigProvider, Duration, Effect, Layer, Redacted } from "effect"
 import { SqlClient } from "effect/sql"
 import { applyTransfer, lockAccounts } from "./Ledger.ts"
@@ -338,7 +337,8 @@ export const DatabaseLive = Layer.unwrap(Effect.gen(function*() {
     })
   )
   const schema = yield* Config.String("DATABASE_SCHEMA").pipe(Config.option)
-  return PgClient.layer({
+  // Its transactions send their BEGIN with the commit's dedup row: one round trip less per message.
+  return PgPipelinedClient.layer({
     url,
     maxConnections: 10,
     applicationName: "ledger-applier",

@@ -12,6 +12,8 @@ export * as Migrations from "./Migrations.ts"
 export * as PgAttemptStore from "./PgAttemptStore.ts"
 /** The PostgreSQL idempotency store and its bounded clean-up. */
 export * as PgIdempotencyStore from "./PgIdempotencyStore.ts"
+/** A PostgreSQL client whose transactions send BEGIN with the store's dedup row: one round trip less per commit. */
+export * as PgPipelinedClient from "./PgPipelinedClient.ts"
 /** A transaction around a handler's own statements and commits, typed to the end when the connection is lost. */
 export * as PgTransaction from "./PgTransaction.ts"
 /** The transactional outbox: events recorded in a transaction, published afterwards by its relay. */

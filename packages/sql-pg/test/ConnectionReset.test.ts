@@ -20,37 +20,39 @@ import * as TestDatabase from "../../testing/src/TestDatabase.ts"
 import * as PgAttemptStore from "../src/PgAttemptStore.ts"
 import * as PgIdempotencyStore from "../src/PgIdempotencyStore.ts"
 import * as PgOutbox from "../src/PgOutbox.ts"
+import * as PgPipelinedClient from "../src/PgPipelinedClient.ts"
 import * as PgTransaction from "../src/PgTransaction.ts"
-import { database, dedupRows, ledgerRows, record } from "./support.ts"
+import { type ClientKind, clientKinds, database, dedupRows, ledgerRows, record } from "./support.ts"
 
 class Boom extends Data.TaggedError("Boom")<{ readonly message: string }> {}
 
 const freshKey = (): Key => ({ scope: "ledger-applier", id: randomUUID() })
 
 /** A one-connection client on the test schema whose connections go through `proxy`. */
-const clientVia = (proxy: FaultProxy.FaultProxy, schema: TestDatabase.TestSchema["Service"]) => {
+const clientVia = (client: ClientKind, proxy: FaultProxy.FaultProxy, schema: TestDatabase.TestSchema["Service"]) => {
   const url = new URL(Redacted.value(schema.url))
   url.hostname = proxy.address.host
   url.port = String(proxy.address.port)
-  return PgClient.layer({
+  const settings = {
     url: Redacted.make(url.toString()),
     startupParameters: { search_path: schema.name },
     applicationName: "jetworker-test-via-proxy",
     connectTimeout: "2 seconds",
     maxConnections: 1
-  })
+  } as const
+  return client === "PgClient" ? PgClient.layer(settings) : PgPipelinedClient.layer(settings)
 }
 
 /**
  * Runs `body` with a `SqlClient` whose link to PostgreSQL goes through a fresh `FaultProxy`
  * (restored afterwards); the `Observer` of the tests stays on a direct link.
  */
-const viaProxy = <A, E, R>(body: (proxy: FaultProxy.FaultProxy) => Effect.Effect<A, E, R>) =>
+const viaProxyOn = (client: ClientKind) => <A, E, R>(body: (proxy: FaultProxy.FaultProxy) => Effect.Effect<A, E, R>) =>
   Effect.gen(function*() {
     const schema = yield* TestDatabase.TestSchema
     const url = new URL(Redacted.value(schema.url))
     const proxy = yield* FaultProxy.make({ target: { host: url.hostname, port: Number(url.port || 5432) } })
-    return yield* body(proxy).pipe(Effect.provide(clientVia(proxy, schema)), Effect.ensuring(proxy.restore))
+    return yield* body(proxy).pipe(Effect.provide(clientVia(client, proxy, schema)), Effect.ensuring(proxy.restore))
   })
 
 /** The exit of `effect`, failing the test when it takes longer than 10 seconds. */
@@ -77,7 +79,9 @@ const assertConnectionLost = (error: unknown): IdempotencyError => {
   return failure
 }
 
-layer(database(), { excludeTestServices: true })("PgIdempotencyStore when the link to PostgreSQL is reset", (it) => {
+for (const client of clientKinds) {
+layer(database(), { excludeTestServices: true })(`PgIdempotencyStore on ${client} when the link to PostgreSQL is reset`, (it) => {
+  const viaProxy = viaProxyOn(client)
   it.effect("BE-JOB-002: commit whose effect ran and whose link is reset before COMMIT is answered fails with IdempotencyError Unavailable, not a defect", () =>
     Effect.gen(function*() {
       const key = freshKey()
@@ -311,3 +315,4 @@ layer(database(), { excludeTestServices: true })("PgIdempotencyStore when the li
       assert.match(failure.message, /(the connection to PostgreSQL was lost|could not connect to PostgreSQL) \(E[A-Z]+/)
     }))
 })
+}

@@ -15,6 +15,7 @@ import {
   awaitLockWaiters,
   awaitNoLockWaiters,
   backendPid,
+  clientKinds,
   database,
   dedupRows,
   ledgerRows,
@@ -54,10 +55,11 @@ const holdKey = Effect.fnUntraced(function*(key: Key, note: string, outcome: Eff
 
 // `excludeTestServices`: these tests do real I/O, so they run on the live clock (bounded waits
 // with Effect.timeout need it), like `it.live`.
+for (const client of clientKinds) {
 layer(
-  Layer.provideMerge(PgIdempotencyStore.layer(), database()),
+  Layer.provideMerge(PgIdempotencyStore.layer(), database(client)),
   { excludeTestServices: true }
-)("PgIdempotencyStore", (it) => {
+)(`PgIdempotencyStore on ${client}`, (it) => {
   it.effect("BE-JOB-002: atomicity of deduplication: a commit records the dedup row and the effect in one transaction", () =>
     Effect.gen(function*() {
       const store = yield* IdempotencyStore
@@ -599,6 +601,7 @@ layer(
       assert.isTrue(Exit.isFailure(none))
     }))
 })
+}
 
 describe("PgIdempotencyStore without a reachable database", () => {
   it.live("an unreachable database is an IdempotencyError Unavailable", () =>

@@ -10,7 +10,7 @@ import { Cause, Data, Deferred, Effect, Exit, Fiber, Layer, Option, Result } fro
 import { SqlClient } from "effect/sql"
 import { randomUUID } from "node:crypto"
 import * as PgIdempotencyStore from "../src/PgIdempotencyStore.ts"
-import { backendPid, database, dedupRows, ledgerRows, Observer, record } from "./support.ts"
+import { backendPid, clientKinds, database, dedupRows, ledgerRows, Observer, record } from "./support.ts"
 
 class Boom extends Data.TaggedError("Boom")<{ readonly message: string }> {}
 
@@ -35,10 +35,11 @@ const exitWithin = <A, E, R>(effect: Effect.Effect<A, E, R>) =>
 const defects = (exit: Exit.Exit<unknown, unknown>): ReadonlyArray<unknown> =>
   Exit.isSuccess(exit) ? [] : exit.cause.reasons.filter(Cause.isDieReason).map((reason) => reason.defect)
 
+for (const client of clientKinds) {
 layer(
-  Layer.provideMerge(PgIdempotencyStore.layer(), database()),
+  Layer.provideMerge(PgIdempotencyStore.layer(), database(client)),
   { excludeTestServices: true }
-)("PgIdempotencyStore when the connection dies mid-transaction", (it) => {
+)(`PgIdempotencyStore on ${client} when the connection dies mid-transaction`, (it) => {
   it.effect("BE-JOB-002: commit whose effect fails after its connection died ends with the effect's own error, not a defect, and records nothing", () =>
     Effect.gen(function*() {
       const store = yield* IdempotencyStore
@@ -155,4 +156,4 @@ layer(
       for (const key of keys) assert.strictEqual(yield* ledgerRows(key.id), 1)
     }))
 })
-
+}

@@ -9,6 +9,7 @@ import type { SqlError } from "effect/sql/SqlError"
 import * as Eventually from "../../testing/src/Eventually.ts"
 import * as TestDatabase from "../../testing/src/TestDatabase.ts"
 import * as Migrations from "../src/Migrations.ts"
+import * as PgPipelinedClient from "../src/PgPipelinedClient.ts"
 
 /** A second client on the test schema: sees only committed data, never joins a transaction of the first. */
 export class Observer extends Context.Service<Observer, SqlClient.SqlClient>()("test/sql-pg/Observer") {}
@@ -23,13 +24,35 @@ const ledgerLayer = Layer.effectDiscard(
   SqlClient.SqlClient.use((sql) => sql`CREATE TABLE ledger (id serial PRIMARY KEY, note text NOT NULL)`)
 )
 
-/** A migrated throw-away schema with a `ledger` table, its client, and an {@link Observer}. */
-export const database = (): Layer.Layer<
+/** The clients the store's tests run on: `@effect/sql-pg`'s and the pipelined one. */
+export type ClientKind = "PgClient" | "PgPipelinedClient"
+
+export const clientKinds: ReadonlyArray<ClientKind> = ["PgClient", "PgPipelinedClient"]
+
+/** A {@link PgPipelinedClient} on the current test schema. */
+export const pipelinedClient = (
+  options?: PgPipelinedClient.Options
+): Layer.Layer<SqlClient.SqlClient, SqlError, TestDatabase.TestSchema> =>
+  Layer.unwrap(TestDatabase.TestSchema.useSync((test) =>
+    PgPipelinedClient.layer({
+      applicationName: "jetworker-test",
+      ...options,
+      url: test.url,
+      startupParameters: { ...options?.startupParameters, search_path: test.name }
+    })
+  ))
+
+/** A migrated throw-away schema with a `ledger` table, its client (of `kind`), and an {@link Observer}. */
+export const database = (kind: ClientKind = "PgClient"): Layer.Layer<
   SqlClient.SqlClient | TestDatabase.TestSchema | Observer,
   SqlError | Migrator.MigrationError
 > =>
   Layer.mergeAll(Migrations.layer, ledgerLayer, observerLayer).pipe(
-    Layer.provideMerge(TestDatabase.layer({ maxConnections: 6 }))
+    Layer.provideMerge(
+      kind === "PgClient"
+        ? TestDatabase.layer({ maxConnections: 6 })
+        : pipelinedClient({ maxConnections: 6 }).pipe(Layer.provideMerge(TestDatabase.schema()))
+    )
   )
 
 /** The business effect of the tests: one ledger row, written through the current transaction. */

@@ -1,0 +1,134 @@
+/**
+ * A PostgreSQL client (`PgClient` and `SqlClient`, as `@effect/sql-pg`'s `PgClient.layer` provides)
+ * whose transactions can send their `BEGIN` together with their first statement, so that
+ * `PgIdempotencyStore.commit` pays three round trips to PostgreSQL instead of four: `BEGIN`, the
+ * dedup row and a marker in one write, then the handler's statements, then `COMMIT`.
+ *
+ * Use it in place of `PgClient.layer` where handlers commit through the idempotency store, one
+ * transaction per message. Everything else behaves as on `@effect/sql-pg`'s client:
+ *
+ * - Sessions are exclusive: one statement, transaction, stream or listener at a time, from a pool
+ *   of `maxConnections` (default 10). `multiplex` is not offered: `commitStatement` and other
+ *   statements that can share a session belong on a client of their own.
+ * - A transaction's `BEGIN` is held back until its first statement. Only a statement written for
+ *   it, the store's dedup row, leaves with it; any other first statement waits for its `BEGIN`
+ *   first, as on `@effect/sql-pg`'s client, and a transaction that sends nothing sends no `BEGIN`
+ *   and no `COMMIT`. Savepoints, `afterCommit`, `sql.reserve`, streams, `listen` and `notify` work
+ *   as there.
+ * - The pipelined `BEGIN` cannot let the dedup row commit alone: each pipelined statement is an
+ *   extended-query cycle of its own, so the row's statement checks a `SET LOCAL` that holds only
+ *   inside the transaction block, and fails otherwise (`BEGIN did not open a transaction block`).
+ * - A transaction's session is not pinned (the driver pipelines only unpinned sessions), and the
+ *   driver cannot cancel an unpinned statement. So a statement of a transaction interrupted while
+ *   on the wire (a handler timeout, a shutdown's deadline) does not wait for its answer: the
+ *   session is taken out of the pool and its backend terminated, from a connection of its own
+ *   (bounded by 5 s), which rolls the transaction back; the pool opens another session when it
+ *   needs one. `@effect/sql-pg`'s client cancels the statement and keeps the session instead. A
+ *   stream inside a transaction pins its session, and the statements after it are cancelled as
+ *   there. Statements outside transactions run on pinned sessions, as there.
+ * - Ending a backend needs the right to: the same role, or `pg_signal_backend`.
+ *
+ * @since 0.1.0
+ */
+import { PgClient, PgConnection, PgPool } from "@effect/sql-pg"
+import { Config, Duration, Effect, Layer, Scope } from "effect"
+import type * as Reactivity from "effect/reactivity/Reactivity"
+import { SqlClient } from "effect/sql"
+import type { Connection } from "effect/sql/SqlConnection"
+import type { SqlError } from "effect/sql/SqlError"
+import * as Statement from "effect/sql/Statement"
+import { beginMarker, SessionConnection, TransactionConnection } from "./internal/pipelinedSession.ts"
+
+/**
+ * The client's settings: `@effect/sql-pg`'s pool settings (`url` or host and port, `database`,
+ * `username`, `password`, `maxConnections`, `startupParameters`, `prepare`, ...), without
+ * `multiplex` and `multiplexConcurrency`, which the client sets itself.
+ *
+ * @since 0.1.0
+ */
+export type Options = Omit<PgClient.PgPoolConfig, "multiplex" | "multiplexConcurrency">
+
+/** Bound on ending the backend of a transaction interrupted in its first round (connecting included). */
+const terminateTimeout = Duration.seconds(5)
+
+const commitOn = (conn: Connection): Effect.Effect<void, SqlError> =>
+  conn instanceof SessionConnection ? conn.commit() : Effect.asVoid(conn.executeRaw("COMMIT", []))
+
+/**
+ * Builds the client on a pool of its own, closed with the scope.
+ *
+ * @since 0.1.0
+ */
+export const make = (config: Options): Effect.Effect<PgClient.PgClient, SqlError, Scope.Scope | Reactivity.Reactivity> =>
+  Effect.gen(function*() {
+    // Exclusive sessions (one borrower each) that still pipeline what is sent without waiting.
+    const pool = yield* PgPool.make({ ...config, multiplex: true, multiplexConcurrency: 1 })
+    const pinned = Effect.map(pool.reserve, (session) => new SessionConnection(session))
+    // Ends a session's backend from a connection of its own (the pool's may all be taken), bounded.
+    const terminate = (session: PgConnection.PgConnection) =>
+      Effect.scoped(Effect.flatMap(
+        PgConnection.make(config),
+        (side) => side.query("SELECT pg_terminate_backend($1)", [session.processId], false)
+      )).pipe(
+        Effect.timeout(terminateTimeout),
+        Effect.catchCause((cause) =>
+          Effect.logWarning(
+            `PgPipelinedClient: could not end backend ${session.processId} of an interrupted transaction; ` +
+              "its statement runs on, and its session is not reused",
+            cause
+          )
+        )
+      )
+    const abandon = (session: PgConnection.PgConnection) => Effect.andThen(pool.invalidate(session), terminate(session))
+    const client = yield* SqlClient.make({
+      acquirer: pinned,
+      transactionAcquirer: Effect.flatMap(Effect.scope, (scope) =>
+        Effect.map(pool.get, (session) => new TransactionConnection(session, scope, abandon(session)))),
+      compiler: PgClient.makeCompiler(config.transformQueryNames, config.transformJson),
+      driver: "pg",
+      prepareTransactionControls: true,
+      beginTransaction: beginMarker,
+      commit: commitOn,
+      // A transaction that sent nothing has nothing to roll back.
+      isTransaction: (conn) => !(conn instanceof TransactionConnection) || conn.started,
+      releaseSavepoint: (name) => `RELEASE SAVEPOINT ${name}`,
+      spanAttributes: [
+        ...(config.spanAttributes ? Object.entries(config.spanAttributes) : []),
+        ["db.system.name", "postgresql"],
+        ["db.namespace", config.database ?? config.username ?? "postgres"],
+        ["server.address", config.host ?? "localhost"],
+        ["server.port", config.port ?? 5432]
+      ],
+      transformRows: config.transformResultNames
+        ? Statement.defaultTransforms(config.transformResultNames, config.transformJson).array
+        : undefined
+    })
+    const pgClient: PgClient.PgClient = Object.assign(client, {
+      [PgClient.TypeId]: PgClient.TypeId,
+      config,
+      json: (value: unknown) => Statement.fragment([Statement.custom<PgClient.PgCustom>("PgJson")(value, undefined, undefined)]),
+      listen: (channel: string) => Effect.flatMap(pool.reserve, (session) => session.listen(channel)),
+      notify: (channel: string, payload: string) =>
+        Effect.asVoid(Effect.scoped(Effect.flatMap(pinned, (conn) => conn.executeRaw(`SELECT pg_notify($1, $2)`, [channel, payload]))))
+    })
+    return pgClient
+  })
+
+/**
+ * The client as a layer providing `PgClient` and `SqlClient`.
+ *
+ * @since 0.1.0
+ */
+export const layer = (config: Options): Layer.Layer<PgClient.PgClient | SqlClient.SqlClient, SqlError> =>
+  PgClient.layerFrom(make(config))
+
+/**
+ * {@link layer} with its settings read from `Config` (for example `url:
+ * Config.Redacted("DATABASE_URL")`).
+ *
+ * @since 0.1.0
+ */
+export const layerConfig = (
+  config: Config.Wrap<Options>
+): Layer.Layer<PgClient.PgClient | SqlClient.SqlClient, Config.ConfigError | SqlError> =>
+  PgClient.layerFrom(Effect.flatMap(Config.unwrap(config), make))

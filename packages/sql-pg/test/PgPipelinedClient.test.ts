@@ -1,0 +1,229 @@
+/**
+ * `PgPipelinedClient`: a commit's BEGIN leaves with its dedup row (one round trip less), the row
+ * never commits on its own when that BEGIN fails, an interrupted statement ends its session instead
+ * of being waited for, and the rest behaves as `@effect/sql-pg`'s client. The store's own tests
+ * (`PgIdempotencyStore.test.ts`) run on both clients; each session here counts its writes, and can
+ * spoil the text of its first `BEGIN`, through the client's `stream` option.
+ */
+import { assert, layer } from "@effect/vitest"
+import { PgClient } from "@effect/sql-pg"
+import { IdempotencyStore, type Key } from "@jetworker/core/IdempotencyStore"
+import { Context, Effect, Exit, Fiber, Layer, Option, Redacted, Stream } from "effect"
+import { SqlClient } from "effect/sql"
+import { randomUUID } from "node:crypto"
+import net from "node:net"
+import * as TestDatabase from "../../testing/src/TestDatabase.ts"
+import { TransactionConnection } from "../src/internal/pipelinedSession.ts"
+import * as PgIdempotencyStore from "../src/PgIdempotencyStore.ts"
+import * as PgPipelinedClient from "../src/PgPipelinedClient.ts"
+import { database, dedupRows, ledgerRows, Observer, pollUntil, record } from "./support.ts"
+
+/** Writes to PostgreSQL through the sessions of one client, and whether to spoil the next `BEGIN`'s text. */
+interface Wire {
+  writes: number
+  spoilBegin: boolean
+}
+
+const beginText = Buffer.from("BEGIN\0")
+const spoiledText = Buffer.from("BEGXN\0")
+
+/** A `stream` for a client's settings: a socket to the test database that counts (and may spoil) writes. */
+const wiredStream = (url: Redacted.Redacted, wire: Wire) => () => {
+  const { hostname, port } = new URL(Redacted.value(url))
+  const socket = net.connect({ host: hostname, port: port === "" ? 5432 : Number(port), noDelay: true })
+  const write = socket.write.bind(socket) as (chunk: Uint8Array) => boolean
+  socket.write = ((chunk: Uint8Array) => {
+    wire.writes++
+    const bytes = Buffer.from(chunk)
+    const at = wire.spoilBegin ? bytes.indexOf(beginText) : -1
+    if (at >= 0) {
+      wire.spoilBegin = false
+      spoiledText.copy(bytes, at)
+      return write(bytes)
+    }
+    return write(chunk)
+  }) as typeof socket.write
+  return socket
+}
+
+type Client = "PgPipelinedClient" | "PgClient"
+
+/** The store on a client of its own over the test schema, its sessions wired to `wire`. */
+const storeOn = (client: Client, wire: Wire, maxConnections = 4) =>
+  TestDatabase.TestSchema.use((test) => {
+    const settings = {
+      url: test.url,
+      maxConnections,
+      applicationName: "jetworker-test-pipelined",
+      startupParameters: { search_path: test.name },
+      stream: wiredStream(test.url, wire)
+    }
+    const sql = client === "PgClient" ? PgClient.layer(settings) : PgPipelinedClient.layer(settings)
+    return Layer.build(PgIdempotencyStore.layer().pipe(Layer.provideMerge(sql)))
+  })
+
+const freshKey = (): Key => ({ scope: "ledger-applier", id: randomUUID() })
+
+const commitRecord = (key: Key) => IdempotencyStore.use((store) => store.commit(key, record(key.id)))
+
+/** Writes while `effect` runs, after one commit to warm the session (connection, prepared statements). */
+const writesOf = <A, E, R>(wire: Wire, effect: Effect.Effect<A, E, R>) =>
+  Effect.gen(function*() {
+    const before = wire.writes
+    yield* effect
+    return wire.writes - before
+  })
+
+layer(database(), { excludeTestServices: true })("PgPipelinedClient", (it) => {
+  it.effect("a commit sends its BEGIN with the dedup row: three writes to PostgreSQL where PgClient needs four", () =>
+    Effect.gen(function*() {
+      for (const [client, expected] of [["PgPipelinedClient", 3], ["PgClient", 4]] as const) {
+        const wire: Wire = { writes: 0, spoilBegin: false }
+        const context = yield* storeOn(client, wire, 1)
+        yield* Effect.provideContext(commitRecord(freshKey()), context)
+        const key = freshKey()
+        const writes = yield* Effect.provideContext(writesOf(wire, commitRecord(key)), context)
+        assert.strictEqual(writes, expected, client)
+        assert.strictEqual(yield* dedupRows(key), 1)
+        assert.strictEqual(yield* ledgerRows(key.id), 1)
+        // A duplicate: the dedup row finds its key, nothing else is sent but COMMIT.
+        const duplicate = yield* Effect.provideContext(writesOf(wire, commitRecord(key)), context)
+        assert.strictEqual(duplicate, expected - 1, `${client}, duplicate`)
+        assert.strictEqual(yield* ledgerRows(key.id), 1)
+      }
+    }))
+
+  it.effect("a transaction that sends no statement sends no BEGIN and no COMMIT", () =>
+    Effect.gen(function*() {
+      const wire: Wire = { writes: 0, spoilBegin: false }
+      const context = yield* storeOn("PgPipelinedClient", wire, 1)
+      const sql = Context.get(context, SqlClient.SqlClient)
+      yield* sql`SELECT 1`
+      assert.strictEqual(yield* writesOf(wire, sql.withTransaction(Effect.succeed(1))), 0)
+      // One statement: its BEGIN is waited for first (no guard), then COMMIT.
+      assert.strictEqual(yield* writesOf(wire, sql.withTransaction(sql`SELECT 1`)), 3)
+    }))
+
+  it.effect("a BEGIN that fails in the pipelined round commits nothing: the dedup row's guard fails its statement (without the guard the row would commit alone)", () =>
+    Effect.gen(function*() {
+      // Spoiled on a fresh session, whose first BEGIN is sent with its text.
+      const wire: Wire = { writes: 0, spoilBegin: true }
+      const context = yield* storeOn("PgPipelinedClient", wire, 1)
+      const key = freshKey()
+      const exit = yield* Effect.exit(Effect.provideContext(commitRecord(key), context))
+      assert.isTrue(Exit.isFailure(exit))
+      assert.include(String(Exit.isFailure(exit) ? exit.cause : ""), "BEGXN")
+      assert.strictEqual(yield* dedupRows(key), 0)
+      assert.strictEqual(yield* ledgerRows(key.id), 0)
+      // The session goes on: the next commit applies.
+      const next = freshKey()
+      yield* Effect.provideContext(commitRecord(next), context)
+      assert.strictEqual(yield* dedupRows(next), 1)
+
+      // The same round with an unguarded row, on another fresh session: the row commits on its own.
+      const unguarded: Wire = { writes: 0, spoilBegin: true }
+      const bare = yield* storeOn("PgPipelinedClient", unguarded, 1)
+      const sql = Context.get(bare, SqlClient.SqlClient)
+      const lost = freshKey()
+      const bareExit = yield* Effect.exit(sql.withTransaction(Effect.withFiber((fiber) => {
+        const connection = Context.getUnsafe(fiber.context, sql.transactionService)[0]
+        assert.instanceOf(connection, TransactionConnection)
+        return (connection as TransactionConnection).executeFirst(
+          `INSERT INTO jetworker_dedup (scope, id) VALUES ($1, $2)`,
+          [lost.scope, lost.id]
+        )
+      })))
+      assert.isTrue(Exit.isFailure(bareExit))
+      assert.strictEqual(yield* dedupRows(lost), 1)
+    }))
+
+  it.effect("an interrupted statement ends its session at once: nothing is committed, and the pool opens another", () =>
+    Effect.gen(function*() {
+      const wire: Wire = { writes: 0, spoilBegin: false }
+      const context = yield* storeOn("PgPipelinedClient", wire, 1)
+      const key = freshKey()
+      const sleeping = `/* ${key.id} */ SELECT pg_sleep(60)`
+      const fiber = yield* Effect.forkChild(Effect.provideContext(
+        IdempotencyStore.use((store) =>
+          store.commit(key, Effect.andThen(record(key.id), SqlClient.SqlClient.use((sql) => sql.unsafe(sleeping))))),
+        context
+      ))
+      const pid = yield* pollUntil(
+        "the commit's sleep running",
+        Observer.use((sql) =>
+          Effect.map(
+            sql<{ readonly pid: number }>`SELECT pid FROM pg_stat_activity WHERE query = ${sleeping} AND state = 'active'`,
+            (rows) => Option.fromNullishOr(rows[0]?.pid)
+          )
+        )
+      )
+      yield* Effect.timeout(Fiber.interrupt(fiber), "5 seconds")
+      yield* pollUntil(
+        "the backend ended",
+        Observer.use((sql) =>
+          Effect.map(sql<{ readonly n: number }>`SELECT count(*)::int AS n FROM pg_stat_activity WHERE pid = ${pid}`, (rows) =>
+            rows[0]?.n === 0 ? Option.some(true) : Option.none())
+        )
+      )
+      assert.strictEqual(yield* dedupRows(key), 0)
+      assert.strictEqual(yield* ledgerRows(key.id), 0)
+      const next = freshKey()
+      yield* Effect.provideContext(commitRecord(next), context)
+      assert.strictEqual(yield* dedupRows(next), 1)
+    }))
+
+  it.effect("the rest is as on PgClient: savepoints, afterCommit, a stream inside a transaction, statements of several fibers, reserve, listen and notify", () =>
+    Effect.gen(function*() {
+      const wire: Wire = { writes: 0, spoilBegin: false }
+      const context = yield* storeOn("PgPipelinedClient", wire, 3)
+      const sql = Context.get(context, SqlClient.SqlClient)
+      const pg = Context.get(context, PgClient.PgClient)
+      const note = randomUUID()
+      let afterCommit = 0
+      const inner = yield* sql.withTransaction(Effect.gen(function*() {
+        yield* sql`INSERT INTO ledger (note) VALUES (${note})`
+        yield* sql.afterCommit(Effect.sync(() => afterCommit++))
+        // A savepoint that fails takes its own row only.
+        const failed = yield* Effect.exit(sql.withTransaction(
+          Effect.andThen(sql`INSERT INTO ledger (note) VALUES (${note})`, Effect.fail("inner"))
+        ))
+        assert.isTrue(Exit.isFailure(failed))
+        assert.strictEqual(afterCommit, 0)
+        // The transaction's own row, through a stream on its session.
+        return yield* Stream.runCollect(sql`SELECT note FROM ledger WHERE note = ${note}`.stream)
+      }))
+      assert.strictEqual(inner.length, 1)
+      assert.strictEqual(afterCommit, 1)
+      assert.strictEqual(yield* ledgerRows(note), 1)
+
+      // Statements racing for the held BEGIN: all of them in the transaction, rolled back together.
+      const raced = randomUUID()
+      const racedExit = yield* Effect.exit(sql.withTransaction(Effect.andThen(
+        Effect.all(Array.from({ length: 3 }, () => sql`INSERT INTO ledger (note) VALUES (${raced})`), { concurrency: "unbounded" }),
+        Effect.fail("then the transaction fails")
+      )))
+      assert.isTrue(Exit.isFailure(racedExit))
+      assert.strictEqual(yield* ledgerRows(raced), 0)
+      // And a commit whose effect writes from several fibers at once.
+      const key = freshKey()
+      yield* Effect.provideContext(
+        IdempotencyStore.use((store) =>
+          store.commit(key, Effect.all(Array.from({ length: 3 }, () => record(key.id)), { concurrency: "unbounded" }))),
+        context
+      )
+      assert.strictEqual(yield* ledgerRows(key.id), 3)
+
+      const reserved = yield* Effect.scoped(Effect.flatMap(sql.reserve, (connection) => connection.executeRaw("SELECT 41 + 1 AS n", [])))
+      assert.strictEqual((reserved as { readonly rows: ReadonlyArray<{ readonly n: number }> }).rows[0]?.n, 42)
+
+      const channel = `jw_${randomUUID().replaceAll("-", "")}`
+      const heard = yield* Effect.scoped(Effect.gen(function*() {
+        const queue = yield* pg.listen(channel)
+        yield* pg.notify(channel, "hello")
+        return yield* Effect.timeout(Stream.runHead(Stream.fromQueue(queue)), "5 seconds")
+      }))
+      assert.strictEqual(Option.getOrUndefined(heard)?.payload, "hello")
+      const [json] = yield* sql<{ readonly value: { readonly a: number } }>`SELECT ${pg.json({ a: 1 })}::jsonb AS value`
+      assert.deepStrictEqual(json?.value, { a: 1 })
+    }))
+})
