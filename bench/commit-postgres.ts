@@ -24,7 +24,9 @@
  *   node bench/commit-postgres.ts [messages=10000] [concurrency=16] [rounds=5]
  *
  * DATABASE_URL (default postgres://postgres@127.0.0.1:5432/test) selects the database; the run
- * works in a schema of its own, dropped at the end.
+ * works in a schema of its own, dropped at the end. BENCH_PG_DELAY_MS=n puts every side's
+ * connections behind a loopback proxy that holds each chunk n ms each way (`delayProxy.ts`): a
+ * database across a network, where the round trips a commit pays set its rate.
  */
 import { PgClient } from "@effect/sql-pg"
 import { IdempotencyStore } from "@jetworker/core"
@@ -35,6 +37,7 @@ import { randomBytes } from "node:crypto"
 import pg from "pg"
 import { fibersLoop, throughEngine } from "./commitSides.ts"
 import { commitByHand, effectDdl } from "./pgBaseline.ts"
+import * as DelayProxy from "./delayProxy.ts"
 import * as SocketWrites from "./socketWrites.ts"
 import * as Stopwatch from "./stopwatch.ts"
 
@@ -45,6 +48,20 @@ for (const value of [total, concurrency, rounds]) {
   if (!Number.isSafeInteger(value) || value < 1) throw new Error(`expected positive integers, got ${process.argv.slice(2).join(" ")}`)
 }
 const databaseUrl = process.env.DATABASE_URL ?? "postgres://postgres@127.0.0.1:5432/test"
+const delayMillis = Number(process.env.BENCH_PG_DELAY_MS ?? 0)
+if (!Number.isFinite(delayMillis) || delayMillis < 0) throw new Error(`BENCH_PG_DELAY_MS: expected a delay in ms, got ${process.env.BENCH_PG_DELAY_MS}`)
+const target = new URL(databaseUrl)
+const proxy = delayMillis > 0
+  ? await DelayProxy.start({ host: target.hostname, port: Number(target.port || 5432) }, delayMillis)
+  : undefined
+/** Where the sides connect: the database, or the delaying proxy in front of it. */
+const sidesUrl = (() => {
+  if (proxy === undefined) return databaseUrl
+  const url = new URL(databaseUrl)
+  url.hostname = "127.0.0.1"
+  url.port = String(proxy.port)
+  return url.toString()
+})()
 const schema = `jw_bench_commit_${randomBytes(4).toString("hex")}`
 const SCOPE = "bench"
 
@@ -52,7 +69,7 @@ const SCOPE = "bench"
 let runs = 0
 const nextPrefix = (side: string) => `${side}${runs++}-`
 
-const baselinePool = new pg.Pool({ connectionString: databaseUrl, max: concurrency, options: `-c search_path=${schema}` })
+const baselinePool = new pg.Pool({ connectionString: sidesUrl, max: concurrency, options: `-c search_path=${schema}` })
 
 /** The hand-written loop: `concurrency` async workers, each committing one message after the other. */
 const pgLoop = async (prefix: string) => {
@@ -114,7 +131,7 @@ const measured = (run: (prefix: string) => Effect.Effect<void, unknown, Services
   })
 
 const clientConfig = {
-  url: Redacted.make(databaseUrl),
+  url: Redacted.make(sidesUrl),
   maxConnections: concurrency,
   applicationName: "jetworker-bench",
   startupParameters: { search_path: schema }
@@ -156,7 +173,7 @@ const program = (admin: pg.Client) =>
     Effect.provideService(References.MinimumLogLevel, "Error")
   )
 
-const countsWrites = SocketWrites.install(databaseUrl, process.env.NATS_URL ?? "nats://127.0.0.1:4222")
+const countsWrites = SocketWrites.install(sidesUrl, process.env.NATS_URL ?? "nats://127.0.0.1:4222")
 const admin = new pg.Client({ connectionString: databaseUrl, application_name: "jetworker-bench-admin" })
 await admin.connect()
 await admin.query(`CREATE SCHEMA "${schema}"`)
@@ -169,7 +186,10 @@ try {
   const median = (values: ReadonlyArray<number>) => [...values].sort((a, b) => a - b)[Math.floor(values.length / 2)]!
   const range = (values: ReadonlyArray<number>) =>
     `${median(values).toFixed(0).padStart(6)} ${Math.min(...values).toFixed(0).padStart(6)} ${Math.max(...values).toFixed(0).padStart(6)}`
-  console.log(`messages ${total} a round, concurrency ${concurrency}, ${rounds} rounds, PostgreSQL without NATS`)
+  console.log(
+    `messages ${total} a round, concurrency ${concurrency}, ${rounds} rounds, PostgreSQL without NATS` +
+      (proxy === undefined ? "" : `, through a proxy delaying each chunk ${delayMillis} ms each way`)
+  )
   console.log(
     `${"side".padEnd(42)} msg/s: median    min    max  CPU µs/msg: median    min    max` +
       (countsWrites ? "  writes/msg  in writes µs/msg: median" : "") + "  allocated KB/msg  promoted KB/msg  tenured KB/msg  GC µs/msg"
@@ -197,6 +217,7 @@ try {
   )
 } finally {
   await baselinePool.end()
+  await proxy?.close()
   await admin.query(`DROP SCHEMA IF EXISTS "${schema}" CASCADE`)
   await admin.end()
 }

@@ -183,7 +183,7 @@ export const make: (options?: Options) => Effect.Effect<
       }
       const connection = transaction[0]
       if (transaction[1] === 0 && connection instanceof TransactionConnection && connection.canPipelineFirst) {
-        return connection.executeFirst(insertFirstText, [key.scope, key.id]) as Effect.Effect<
+        return connection.executeFirst(insertFirstText, insertText, [key.scope, key.id]) as Effect.Effect<
           ReadonlyArray<{ readonly inserted: boolean }>,
           SqlError.SqlError
         >

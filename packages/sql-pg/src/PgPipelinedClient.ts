@@ -2,7 +2,7 @@
  * A PostgreSQL client (`PgClient` and `SqlClient`, as `@effect/sql-pg`'s `PgClient.layer` provides)
  * whose transactions can send their `BEGIN` together with their first statement, so that
  * `PgIdempotencyStore.commit` pays three round trips to PostgreSQL instead of four: `BEGIN`, the
- * dedup row and a marker in one write, then the handler's statements, then `COMMIT`.
+ * dedup row in one write, then the handler's statements, then `COMMIT`.
  *
  * Use it in place of `PgClient.layer` where handlers commit through the idempotency store, one
  * transaction per message. Everything else behaves as on `@effect/sql-pg`'s client:
@@ -16,8 +16,12 @@
  *   and no `COMMIT`. Savepoints, `afterCommit`, `sql.reserve`, streams, `listen` and `notify` work
  *   as there.
  * - The pipelined `BEGIN` cannot let the dedup row commit alone: each pipelined statement is an
- *   extended-query cycle of its own, so the row's statement checks a `SET LOCAL` that holds only
- *   inside the transaction block, and fails otherwise (`BEGIN did not open a transaction block`).
+ *   extended-query cycle of its own, so that `BEGIN` is `BEGIN DEFERRABLE` (which changes nothing
+ *   for a transaction that writes) and the row's statement fails unless its transaction is
+ *   deferrable while the session's default is not (`BEGIN did not open a transaction block`): true
+ *   only inside the block that `BEGIN` opened. On a session whose `default_transaction_deferrable`
+ *   is on, the guard fails inside the block too: that commit starts its transaction again without
+ *   it, and the client stops pipelining (four round trips a commit, as on `@effect/sql-pg`).
  * - A transaction's session is not pinned (the driver pipelines only unpinned sessions), and the
  *   driver cannot cancel an unpinned statement. So a statement of a transaction interrupted while
  *   on the wire (a handler timeout, a shutdown's deadline) does not wait for its answer: the
@@ -37,7 +41,7 @@ import { SqlClient } from "effect/sql"
 import type { Connection } from "effect/sql/SqlConnection"
 import type { SqlError } from "effect/sql/SqlError"
 import * as Statement from "effect/sql/Statement"
-import { beginMarker, SessionConnection, TransactionConnection } from "./internal/pipelinedSession.ts"
+import { beginMarker, type Pipelining, SessionConnection, TransactionConnection } from "./internal/pipelinedSession.ts"
 
 /**
  * The client's settings: `@effect/sql-pg`'s pool settings (`url` or host and port, `database`,
@@ -80,10 +84,11 @@ export const make = (config: Options): Effect.Effect<PgClient.PgClient, SqlError
         )
       )
     const abandon = (session: PgConnection.PgConnection) => Effect.andThen(pool.invalidate(session), terminate(session))
+    const pipelining: Pipelining = { enabled: true }
     const client = yield* SqlClient.make({
       acquirer: pinned,
       transactionAcquirer: Effect.flatMap(Effect.scope, (scope) =>
-        Effect.map(pool.get, (session) => new TransactionConnection(session, scope, abandon(session)))),
+        Effect.map(pool.get, (session) => new TransactionConnection(session, scope, abandon(session), pipelining))),
       compiler: PgClient.makeCompiler(config.transformQueryNames, config.transformJson),
       driver: "pg",
       prepareTransactionControls: true,

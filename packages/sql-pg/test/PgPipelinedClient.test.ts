@@ -24,8 +24,8 @@ interface Wire {
   spoilBegin: boolean
 }
 
-const beginText = Buffer.from("BEGIN\0")
-const spoiledText = Buffer.from("BEGXN\0")
+const beginText = Buffer.from("BEGIN DEFERRABLE\0")
+const spoiledText = Buffer.from("BEGXN DEFERRABLE\0")
 
 /** A `stream` for a client's settings: a socket to the test database that counts (and may spoil) writes. */
 const wiredStream = (url: Redacted.Redacted, wire: Wire) => () => {
@@ -49,13 +49,13 @@ const wiredStream = (url: Redacted.Redacted, wire: Wire) => () => {
 type Client = "PgPipelinedClient" | "PgClient"
 
 /** The store on a client of its own over the test schema, its sessions wired to `wire`. */
-const storeOn = (client: Client, wire: Wire, maxConnections = 4) =>
+const storeOn = (client: Client, wire: Wire, maxConnections = 4, startupParameters: Record<string, string> = {}) =>
   TestDatabase.TestSchema.use((test) => {
     const settings = {
       url: test.url,
       maxConnections,
       applicationName: "jetworker-test-pipelined",
-      startupParameters: { search_path: test.name },
+      startupParameters: { ...startupParameters, search_path: test.name },
       stream: wiredStream(test.url, wire)
     }
     const sql = client === "PgClient" ? PgClient.layer(settings) : PgPipelinedClient.layer(settings)
@@ -128,13 +128,25 @@ layer(database(), { excludeTestServices: true })("PgPipelinedClient", (it) => {
       const bareExit = yield* Effect.exit(sql.withTransaction(Effect.withFiber((fiber) => {
         const connection = Context.getUnsafe(fiber.context, sql.transactionService)[0]
         assert.instanceOf(connection, TransactionConnection)
-        return (connection as TransactionConnection).executeFirst(
-          `INSERT INTO jetworker_dedup (scope, id) VALUES ($1, $2)`,
-          [lost.scope, lost.id]
-        )
+        const unguarded = `INSERT INTO jetworker_dedup (scope, id) VALUES ($1, $2)`
+        return (connection as TransactionConnection).executeFirst(unguarded, unguarded, [lost.scope, lost.id])
       })))
       assert.isTrue(Exit.isFailure(bareExit))
       assert.strictEqual(yield* dedupRows(lost), 1)
+    }))
+
+  it.effect("on a session whose default_transaction_deferrable is on (the guard fails everywhere) a commit starts its transaction again without pipelining, commits once, and the client stops pipelining", () =>
+    Effect.gen(function*() {
+      const wire: Wire = { writes: 0, spoilBegin: false }
+      const context = yield* storeOn("PgPipelinedClient", wire, 1, { default_transaction_deferrable: "on" })
+      const first = freshKey()
+      yield* Effect.provideContext(commitRecord(first), context)
+      assert.strictEqual(yield* dedupRows(first), 1)
+      assert.strictEqual(yield* ledgerRows(first.id), 1)
+      const key = freshKey()
+      assert.strictEqual(yield* Effect.provideContext(writesOf(wire, commitRecord(key)), context), 4)
+      assert.strictEqual(yield* dedupRows(key), 1)
+      assert.strictEqual(yield* ledgerRows(key.id), 1)
     }))
 
   it.effect("an interrupted statement ends its session at once: nothing is committed, and the pool opens another", () =>

@@ -4,16 +4,17 @@
  * A transaction's session comes from a pool whose sessions are exclusive (one borrower each) but
  * multiplexed, so that statements sent without waiting leave in one write. `BEGIN` is held back
  * until the transaction's first statement: when that is a statement written with
- * {@link transactionGuard} (the idempotency store's dedup row), `BEGIN`, a `SET LOCAL` marking the
- * transaction and the statement leave together, one round trip for three; any other first
- * statement waits for its `BEGIN` as usual.
+ * {@link transactionGuard} (the idempotency store's dedup row), `BEGIN DEFERRABLE` and the
+ * statement leave together, one round trip for two; any other first statement waits for its
+ * `BEGIN` as usual.
  *
  * Why the guard: each pipelined statement is its own extended-query cycle, so a `BEGIN` that failed
  * would leave the next statement to commit on its own. The guard makes that statement fail instead
- * unless the `SET LOCAL` sent after `BEGIN` holds, which it does only inside the transaction block.
+ * unless its transaction is `DEFERRABLE` while the session's default is not, which holds only
+ * inside the transaction block that `BEGIN DEFERRABLE` opened.
  */
 import type { PgConnection } from "@effect/sql-pg"
-import { type Array as Arr, Effect, Exit, Fiber, Scope, Semaphore, Stream } from "effect"
+import { type Array as Arr, Cause, Effect, Exit, Fiber, Option, Scope, Semaphore, Stream } from "effect"
 import type { Connection } from "effect/sql/SqlConnection"
 import type { SqlError } from "effect/sql/SqlError"
 import { SqlError as SqlErrorClass, UnknownError } from "effect/sql/SqlError"
@@ -25,18 +26,38 @@ import { SqlError as SqlErrorClass, UnknownError } from "effect/sql/SqlError"
  */
 export const beginMarker = "BEGIN /* @jetworker/sql-pg: held back until the first statement */"
 
-/** The setting the `SET LOCAL` after a held-back `BEGIN` sets; it lives as long as the transaction. */
-const markerSetting = "jetworker.transaction"
+/**
+ * The `BEGIN` sent with a guarded first statement. `DEFERRABLE` is what the guard reads: it changes
+ * nothing for a transaction that is not `SERIALIZABLE` and `READ ONLY`, which one that writes a
+ * row cannot be.
+ */
+const beginMarked = "BEGIN DEFERRABLE"
 
-const setLocal = `SET LOCAL ${markerSetting} = 'open'`
+/** The text the guard's failure carries (see {@link transactionGuard}). */
+const guardFailure = "jetworker: BEGIN did not open a transaction block"
 
 /**
- * A condition for a statement's `WHERE` that is true inside a transaction this module opened, and
- * otherwise fails the statement (an `integer` that does not parse, naming the cause), so that the
- * statement never commits on its own.
+ * A condition for a statement's `WHERE` that is true inside a transaction opened by
+ * {@link beginMarked}, and otherwise fails the statement (an `integer` that does not parse, naming
+ * the cause), so that it never commits on its own. Outside a transaction block
+ * `transaction_deferrable` is the session's default, so a session whose default is on fails it
+ * everywhere: safe, and then {@link TransactionConnection} stops pipelining on that client.
  */
-export const transactionGuard = `CAST(CASE WHEN current_setting('${markerSetting}', true) = 'open' THEN '1' ` +
-  `ELSE 'jetworker: BEGIN did not open a transaction block' END AS integer) = 1`
+export const transactionGuard = "CAST(CASE WHEN current_setting('transaction_deferrable') = 'on' " +
+  "AND current_setting('default_transaction_deferrable') = 'off' " +
+  `THEN '1' ELSE '${guardFailure}' END AS integer) = 1`
+
+/** Whether `error` is the guard's failure: `BEGIN` ran, but the session's defaults defeat the guard. */
+const isGuardFailure = (error: SqlError): boolean => {
+  const cause = error.reason.cause
+  const message = cause instanceof Error ? cause.message : typeof cause === "string" ? cause : ""
+  return message.includes(guardFailure) || error.message.includes(guardFailure)
+}
+
+/** Shared by a client's transactions: whether a guarded first statement may leave with its `BEGIN`. */
+export interface Pipelining {
+  enabled: boolean
+}
 
 type Rows = ReadonlyArray<PgConnection.Row>
 type TransformRows = (<A extends object>(row: ReadonlyArray<A>) => ReadonlyArray<A>) | undefined
@@ -142,15 +163,17 @@ export class TransactionConnection extends SessionConnection {
   private readonly base: PgConnection.PgConnection
   private readonly scope: Scope.Scope
   private readonly abandon: Effect.Effect<void>
+  private readonly pipelining: Pipelining
   /** Held while `BEGIN` is on the wire, and while pinning: statements of other fibers wait. */
   private readonly lock = Semaphore.makeUnsafe(1)
 
   /** `abandon` takes the session out of use for good and ends its backend, bounded. */
-  constructor(base: PgConnection.PgConnection, scope: Scope.Scope, abandon: Effect.Effect<void>) {
+  constructor(base: PgConnection.PgConnection, scope: Scope.Scope, abandon: Effect.Effect<void>, pipelining: Pipelining) {
     super(base)
     this.base = base
     this.scope = scope
     this.abandon = abandon
+    this.pipelining = pipelining
   }
 
   /** Whether a transaction is open on the server, to roll back. */
@@ -160,7 +183,7 @@ export class TransactionConnection extends SessionConnection {
 
   /** Whether the next statement can be sent together with the held `BEGIN` (see {@link executeFirst}). */
   get canPipelineFirst(): boolean {
-    return this.state === "held"
+    return this.state === "held" && this.pipelining.enabled
   }
 
   /** A statement on the unpinned session; interrupted on the wire, the session is abandoned. */
@@ -233,39 +256,49 @@ export class TransactionConnection extends SessionConnection {
   }
 
   /**
-   * Runs `sql`, which must hold {@link transactionGuard} in its `WHERE`, as the transaction's first
-   * statement: with the held `BEGIN` and the `SET LOCAL`, in one write. Anywhere else (no `BEGIN`
-   * held) it runs as any statement.
+   * Runs `guarded` (a statement holding {@link transactionGuard} in its `WHERE`) as the
+   * transaction's first statement, with the held `BEGIN`, in one write. Anywhere else (no `BEGIN`
+   * held, or pipelining off on this client) it runs `plain`, the same statement without the guard,
+   * as any statement.
    */
-  executeFirst(sql: string, params: ReadonlyArray<unknown>): Effect.Effect<Rows, SqlError> {
+  executeFirst(guarded: string, plain: string, params: ReadonlyArray<unknown>): Effect.Effect<Rows, SqlError> {
     return Effect.suspend(() =>
-      this.state !== "held"
-        ? this.execute(sql, params, undefined)
+      !this.canPipelineFirst
+        ? this.execute(plain, params, undefined)
         // Under the lock, statements of other fibers wait for the round. No state seen under it
         // takes the lock again: `held` is handled here, and `opening` exists only under it.
         : this.lock.withPermit(Effect.suspend(() => {
-          if (this.state !== "held") return this.execute(sql, params, undefined)
+          if (!this.canPipelineFirst) return this.execute(plain, params, undefined)
           this.state = "opening"
-          return this.onBase(this.firstRound(sql, params))
+          return this.onBase(this.firstRound(guarded, plain, params))
         }))
     )
   }
 
   /**
-   * `BEGIN` and the `SET LOCAL` submitted by fibers started at once, then the statement by this
-   * one: in this order, from one synchronous stretch, so that they share the session's next write.
-   * The statement succeeds only if both did (its guard); what `BEGIN` answered sets the state.
+   * `BEGIN` submitted by a fiber started at once, then the statement by this one: in this order,
+   * from one synchronous stretch, so that they share the session's next write. The statement
+   * succeeds only inside the transaction (its guard); what `BEGIN` answered sets the state. A guard
+   * that failed although `BEGIN` succeeded means the session's defaults defeat it: the transaction
+   * starts again without it (`ROLLBACK`, `BEGIN`, the plain statement), and the client stops
+   * pipelining.
    */
-  private firstRound(sql: string, params: ReadonlyArray<unknown>): Effect.Effect<Rows, SqlError> {
-    return Effect.flatMap(Effect.forkChild(this.base.query("BEGIN"), startAtOnce), (begin) =>
-      Effect.flatMap(Effect.forkChild(Effect.ignore(this.base.query(setLocal)), startAtOnce), () =>
-        Effect.flatMap(Effect.exit(this.base.query(sql, params)), (statement) =>
-          Effect.flatMap(Fiber.await(begin), (began): Effect.Effect<Rows, SqlError> => {
-            if (this.state === "opening") this.state = Exit.isSuccess(began) ? "open" : "failed"
-            // A failed BEGIN is the cause worth reporting (the statement then failed its guard).
-            if (Exit.isFailure(began)) return Effect.failCause(began.cause)
-            return Exit.isSuccess(statement) ? Effect.succeed(statement.value.rows) : Effect.failCause(statement.cause)
-          }))))
+  private firstRound(guarded: string, plain: string, params: ReadonlyArray<unknown>): Effect.Effect<Rows, SqlError> {
+    return Effect.flatMap(Effect.forkChild(this.base.query(beginMarked), startAtOnce), (begin) =>
+      Effect.flatMap(Effect.exit(this.base.query(guarded, params)), (statement) =>
+        Effect.flatMap(Fiber.await(begin), (began): Effect.Effect<Rows, SqlError> => {
+          if (this.state === "opening") this.state = Exit.isSuccess(began) ? "open" : "failed"
+          // A failed BEGIN is the cause worth reporting (the statement then failed its guard).
+          if (Exit.isFailure(began)) return Effect.failCause(began.cause)
+          if (Exit.isSuccess(statement)) return Effect.succeed(statement.value.rows)
+          const error = Cause.findErrorOption(statement.cause)
+          if (Option.isNone(error) || !isGuardFailure(error.value)) return Effect.failCause(statement.cause)
+          this.pipelining.enabled = false
+          return Effect.andThen(
+            Effect.andThen(this.base.query("ROLLBACK"), this.base.query("BEGIN")),
+            Effect.map(this.base.query(plain, params), (result) => result.rows)
+          )
+        })))
   }
 
   /** `COMMIT`; nothing when nothing was sent. */
