@@ -128,12 +128,14 @@ export const layer = (config: Options): Layer.Layer<PgClient.PgClient | SqlClien
   PgClient.layerFrom(make(config))
 
 /**
- * {@link layer} with its settings read from `Config` (for example `url:
- * Config.Redacted("DATABASE_URL")`).
+ * {@link layer} with its settings read from a `Config`, for example
+ * `Config.all({ url: Config.Redacted("DATABASE_URL") })`.
  *
  * @since 0.1.0
  */
 export const layerConfig = (
-  config: Config.Wrap<Options>
+  config: Config.Config<Options>
 ): Layer.Layer<PgClient.PgClient | SqlClient.SqlClient, Config.ConfigError | SqlError> =>
-  PgClient.layerFrom(Effect.flatMap(Config.unwrap(config), make))
+  PgClient.layerFrom(Effect.gen(function*() {
+    return yield* make(yield* config)
+  }))

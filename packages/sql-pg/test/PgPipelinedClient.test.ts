@@ -8,7 +8,7 @@
 import { assert, layer } from "@effect/vitest"
 import { PgClient } from "@effect/sql-pg"
 import { IdempotencyStore, type Key } from "@jetworker/core/IdempotencyStore"
-import { Context, Effect, Exit, Fiber, Layer, Option, Redacted, Stream } from "effect"
+import { Config, Context, Effect, Exit, Fiber, Layer, Option, Redacted, Stream } from "effect"
 import { SqlClient } from "effect/sql"
 import { randomUUID } from "node:crypto"
 import net from "node:net"
@@ -182,6 +182,23 @@ layer(database(), { excludeTestServices: true })("PgPipelinedClient", (it) => {
       const next = freshKey()
       yield* Effect.provideContext(commitRecord(next), context)
       assert.strictEqual(yield* dedupRows(next), 1)
+    }))
+
+  it.effect("layerConfig reads its settings from a Config, and fails with the ConfigError when one is missing", () =>
+    Effect.gen(function*() {
+      const test = yield* TestDatabase.TestSchema
+      const context = yield* Layer.build(PgPipelinedClient.layerConfig(Config.all({
+        url: Config.succeed(test.url),
+        maxConnections: Config.succeed(1),
+        startupParameters: Config.succeed({ search_path: test.name })
+      })))
+      const sql = Context.get(context, SqlClient.SqlClient)
+      const [row] = yield* sql<{ readonly schema: string }>`SELECT current_schema() AS schema`
+      assert.strictEqual(row?.schema, test.name)
+      const missing = yield* Effect.flip(Layer.build(PgPipelinedClient.layerConfig(Config.all({
+        url: Config.Redacted("JETWORKER_TEST_UNSET_DATABASE_URL")
+      }))))
+      assert.include(String(missing), "JETWORKER_TEST_UNSET_DATABASE_URL")
     }))
 
   it.effect("the rest is as on PgClient: savepoints, afterCommit, a stream inside a transaction, statements of several fibers, reserve, listen and notify", () =>
