@@ -22,12 +22,12 @@
  *   only inside the block that `BEGIN` opened. On a session whose `default_transaction_deferrable`
  *   is on, the guard fails inside the block too: that commit starts its transaction again without
  *   it, and the client stops pipelining (four round trips a commit, as on `@effect/sql-pg`).
- * - A transaction's session is not pinned (the driver pipelines only unpinned sessions), and the
- *   driver cannot cancel an unpinned statement. So a statement of a transaction interrupted while
- *   on the wire (a handler timeout, a shutdown's deadline) does not wait for its answer: the
- *   session is taken out of the pool and its backend terminated, from a connection of its own
- *   (bounded by 5 s), which rolls the transaction back; the pool opens another session when it
- *   needs one. `@effect/sql-pg`'s client cancels the statement and keeps the session instead. A
+ * - A transaction's session (and one from `sql.reserve`) is not pinned (the driver pipelines only
+ *   unpinned sessions), and the driver cannot cancel an unpinned statement. So a statement of a
+ *   transaction (or of a reserved session) interrupted while on the wire (a handler timeout, a
+ *   shutdown's deadline) does not wait for its answer: the session is taken out of the pool and
+ *   its backend terminated, from a connection of its own (bounded by 5 s), which rolls the
+ *   transaction back; the pool opens another session when it needs one. `@effect/sql-pg`'s client cancels the statement and keeps the session instead. A
  *   stream inside a transaction pins its session, and the statements after it are cancelled as
  *   there. Statements outside transactions run on pinned sessions, as there.
  * - Ending a backend needs the right to: the same role, or `pg_signal_backend`.
