@@ -94,7 +94,7 @@ export const make = (config: Options): Effect.Effect<PgClient.PgClient, SqlError
       prepareTransactionControls: true,
       beginTransaction: beginMarker,
       commit: commitOn,
-      // A transaction that sent nothing has nothing to roll back.
+      // A transaction that sent nothing, or whose BEGIN failed, has nothing to roll back.
       isTransaction: (conn) => !(conn instanceof TransactionConnection) || conn.started,
       releaseSavepoint: (name) => `RELEASE SAVEPOINT ${name}`,
       spanAttributes: [

@@ -184,6 +184,25 @@ layer(database(), { excludeTestServices: true })("PgPipelinedClient", (it) => {
       assert.strictEqual(yield* dedupRows(next), 1)
     }))
 
+  it.effect("a transaction begun with a BeginTransaction of its own is rolled back on failure, and its session returns clean", () =>
+    Effect.gen(function*() {
+      const wire: Wire = { writes: 0, spoilBegin: false }
+      const context = yield* storeOn("PgPipelinedClient", wire, 1)
+      const sql = Context.get(context, SqlClient.SqlClient)
+      const failed = randomUUID()
+      const exit = yield* Effect.exit(
+        sql.withTransaction(Effect.andThen(sql`INSERT INTO ledger (note) VALUES (${failed})`, Effect.fail("rejected"))).pipe(
+          Effect.provideService(SqlClient.BeginTransaction, "BEGIN ISOLATION LEVEL SERIALIZABLE")
+        )
+      )
+      assert.isTrue(Exit.isFailure(exit))
+      // The one session again, outside any transaction: what it writes is committed at once.
+      const after = randomUUID()
+      yield* sql`INSERT INTO ledger (note) VALUES (${after})`
+      assert.strictEqual(yield* ledgerRows(after), 1)
+      assert.strictEqual(yield* ledgerRows(failed), 0)
+    }))
+
   it.effect("layerConfig reads its settings from a Config, and fails with the ConfigError when one is missing", () =>
     Effect.gen(function*() {
       const test = yield* TestDatabase.TestSchema

@@ -176,9 +176,13 @@ export class TransactionConnection extends SessionConnection {
     this.pipelining = pipelining
   }
 
-  /** Whether a transaction is open on the server, to roll back. */
+  /**
+   * Whether a transaction may be open on the server, to roll back: after its `BEGIN` answered, and
+   * on a session that sent its own (a `BeginTransaction` statement runs as any statement, leaving
+   * the state `idle`); not when nothing was sent, `BEGIN` failed, or the session was ended.
+   */
   get started(): boolean {
-    return this.state === "open"
+    return this.state === "open" || this.state === "idle"
   }
 
   /** Whether the next statement can be sent together with the held `BEGIN` (see {@link executeFirst}). */
