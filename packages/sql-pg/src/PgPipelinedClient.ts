@@ -88,7 +88,7 @@ export const make = (config: Options): Effect.Effect<PgClient.PgClient, SqlError
     const client = yield* SqlClient.make({
       acquirer: pinned,
       transactionAcquirer: Effect.flatMap(Effect.scope, (scope) =>
-        Effect.map(pool.get, (session) => new TransactionConnection(session, scope, abandon(session), pipelining))),
+        Effect.map(pool.get, (session) => new TransactionConnection(session, scope, abandon, pipelining))),
       compiler: PgClient.makeCompiler(config.transformQueryNames, config.transformJson),
       driver: "pg",
       prepareTransactionControls: true,

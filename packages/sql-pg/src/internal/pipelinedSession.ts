@@ -162,13 +162,21 @@ export class TransactionConnection extends SessionConnection {
   private pinned: PgConnection.PgConnection | undefined
   private readonly base: PgConnection.PgConnection
   private readonly scope: Scope.Scope
-  private readonly abandon: Effect.Effect<void>
+  private readonly abandon: (session: PgConnection.PgConnection) => Effect.Effect<void>
   private readonly pipelining: Pipelining
   /** Held while `BEGIN` is on the wire, and while pinning: statements of other fibers wait. */
   private readonly lock = Semaphore.makeUnsafe(1)
 
-  /** `abandon` takes the session out of use for good and ends its backend, bounded. */
-  constructor(base: PgConnection.PgConnection, scope: Scope.Scope, abandon: Effect.Effect<void>, pipelining: Pipelining) {
+  /**
+   * `abandon` takes a session out of use for good and ends its backend, bounded; it is built only
+   * when a statement is interrupted, not for every transaction.
+   */
+  constructor(
+    base: PgConnection.PgConnection,
+    scope: Scope.Scope,
+    abandon: (session: PgConnection.PgConnection) => Effect.Effect<void>,
+    pipelining: Pipelining
+  ) {
     super(base)
     this.base = base
     this.scope = scope
@@ -195,7 +203,7 @@ export class TransactionConnection extends SessionConnection {
     return Effect.onInterrupt(run, () =>
       Effect.suspend(() => {
         this.state = "abandoned"
-        return this.abandon
+        return this.abandon(this.base)
       }))
   }
 
@@ -203,8 +211,8 @@ export class TransactionConnection extends SessionConnection {
   private readonly begin: Effect.Effect<void, SqlError> = this.lock.withPermit(Effect.suspend(() => {
     if (this.state !== "held") return Effect.void
     this.state = "opening"
-    const sent = this.pinned === undefined ? this.onBase(this.base.query("BEGIN")) : this.pinned.query("BEGIN")
-    return Effect.matchEffect(sent, {
+    // Never pinned yet: a stream sends the held BEGIN before it pins.
+    return Effect.matchEffect(this.onBase(this.base.query("BEGIN")), {
       onFailure: (error) => {
         if (this.state === "opening") this.state = "failed"
         return Effect.fail(error)
