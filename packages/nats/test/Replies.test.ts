@@ -145,9 +145,11 @@ describe("Replies (confirmed requests)", () => {
           answers.push(result instanceof Error ? `error ${result.message}` : decoder.decode((result as { readonly data: Uint8Array }).data))
           if (answers.length === 3) Deferred.doneUnsafe(answered, Effect.succeed(answers))
         }
-        // Timers created in one tick share their start time, so they fire in one timers phase,
-        // each its own macrotask (nats.js alone would write after each).
-        for (const text of ["a", "b", "c"]) setTimeout(() => replies.send("echo", echo, encoder.encode(text), 5000, done), 5)
+        // Immediates queued in one tick run in one check phase, each its own macrotask (nats.js alone
+        // would write after each), and one queued while they run waits for the next turn. Timers
+        // were not deterministic: under load the loop that made them crossed a millisecond, and the
+        // later one fired a turn after the first had been written.
+        for (const text of ["a", "b", "c"]) setImmediate(() => replies.send("echo", echo, encoder.encode(text), 5000, done))
         const received = yield* Deferred.await(answered).pipe(Effect.timeout("5 seconds"))
         assert.deepStrictEqual(received, ["a", "b", "c"])
         assert.strictEqual(writes, 1)
