@@ -31,6 +31,9 @@
  *   stream inside a transaction pins its session, and the statements after it are cancelled as
  *   there. Statements outside transactions run on pinned sessions, as there.
  * - Ending a backend needs the right to: the same role, or `pg_signal_backend`.
+ * - Its `withTransaction` and `afterCommit` are its own, with `effect/sql`'s behaviour in fewer
+ *   steps of the runtime: the `sql.transaction` span is recorded only when a tracing backend is
+ *   installed, and a statement inside a transaction takes no scope of its own.
  *
  * @since 0.1.0
  */
@@ -42,6 +45,7 @@ import type { Connection } from "effect/sql/SqlConnection"
 import type { SqlError } from "effect/sql/SqlError"
 import * as Statement from "effect/sql/Statement"
 import { beginMarker, type Pipelining, SessionConnection, TransactionConnection } from "./internal/pipelinedSession.ts"
+import * as Transactions from "./internal/transactions.ts"
 
 /**
  * The client's settings: `@effect/sql-pg`'s pool settings (`url` or host and port, `database`,
@@ -57,6 +61,16 @@ const terminateTimeout = Duration.seconds(5)
 
 const commitOn = (conn: Connection): Effect.Effect<void, SqlError> =>
   conn instanceof SessionConnection ? conn.commit() : Effect.asVoid(conn.executeRaw("COMMIT", []))
+
+/** A transaction control statement (prepared: it never changes). */
+const control = (conn: Connection, sql: string): Effect.Effect<void, SqlError> => Effect.asVoid(conn.execute(sql, [], undefined))
+
+/** A transaction that sent nothing, or whose BEGIN failed, has nothing to roll back. */
+const isTransaction = (conn: Connection): boolean => !(conn instanceof TransactionConnection) || conn.started
+
+/** A statement ending (part of) a transaction, sent only when one may be open. */
+const cleanup = (conn: Connection, sql: string): Effect.Effect<void, SqlError> =>
+  isTransaction(conn) ? control(conn, sql) : Effect.void
 
 /**
  * Builds the client on a pool of its own, closed with the scope.
@@ -85,30 +99,43 @@ export const make = (config: Options): Effect.Effect<PgClient.PgClient, SqlError
       )
     const abandon = (session: PgConnection.PgConnection) => Effect.andThen(pool.invalidate(session), terminate(session))
     const pipelining: Pipelining = { enabled: true }
+    const spanAttributes: ReadonlyArray<readonly [string, unknown]> = [
+      ...(config.spanAttributes ? Object.entries(config.spanAttributes) : []),
+      ["db.system.name", "postgresql"],
+      ["db.namespace", config.database ?? config.username ?? "postgres"],
+      ["server.address", config.host ?? "localhost"],
+      ["server.port", config.port ?? 5432]
+    ]
+    const transactionAcquirer = Effect.flatMap(Effect.scope, (scope) =>
+      Effect.map(pool.get, (session) => new TransactionConnection(session, scope, abandon, pipelining)))
     const client = yield* SqlClient.make({
       acquirer: pinned,
-      transactionAcquirer: Effect.flatMap(Effect.scope, (scope) =>
-        Effect.map(pool.get, (session) => new TransactionConnection(session, scope, abandon, pipelining))),
+      // A statement in a transaction runs on its connection without a scope of its own.
+      borrower: (f) => Effect.scoped(Effect.flatMap(pinned, f)),
+      transactionAcquirer,
       compiler: PgClient.makeCompiler(config.transformQueryNames, config.transformJson),
       driver: "pg",
-      prepareTransactionControls: true,
-      beginTransaction: beginMarker,
-      commit: commitOn,
-      // A transaction that sent nothing, or whose BEGIN failed, has nothing to roll back.
-      isTransaction: (conn) => !(conn instanceof TransactionConnection) || conn.started,
-      releaseSavepoint: (name) => `RELEASE SAVEPOINT ${name}`,
-      spanAttributes: [
-        ...(config.spanAttributes ? Object.entries(config.spanAttributes) : []),
-        ["db.system.name", "postgresql"],
-        ["db.namespace", config.database ?? config.username ?? "postgres"],
-        ["server.address", config.host ?? "localhost"],
-        ["server.port", config.port ?? 5432]
-      ],
+      // Its transactions are the ones below, so no transaction statements are configured here.
+      spanAttributes,
       transformRows: config.transformResultNames
         ? Statement.defaultTransforms(config.transformResultNames, config.transformJson).array
         : undefined
     })
-    const pgClient: PgClient.PgClient = Object.assign(client, {
+    // Its own `withTransaction` and `afterCommit`: `effect/sql`'s behaviour in fewer steps of the
+    // runtime (`internal/transactions.ts`). Control statements are prepared: they never change.
+    const transactions = Transactions.make({
+      transactionService: client.transactionService,
+      spanAttributes,
+      acquire: transactionAcquirer,
+      begin: (conn, statement) =>
+        statement === undefined ? control(conn, beginMarker) : Effect.asVoid(conn.executeUnprepared(statement, [], undefined)),
+      commit: commitOn,
+      rollback: (conn) => cleanup(conn, "ROLLBACK"),
+      savepoint: (conn, id) => control(conn, `SAVEPOINT effect_sql_${id}`),
+      releaseSavepoint: (conn, id) => cleanup(conn, `RELEASE SAVEPOINT effect_sql_${id}`),
+      rollbackSavepoint: (conn, id) => cleanup(conn, `ROLLBACK TO SAVEPOINT effect_sql_${id}`)
+    })
+    const pgClient: PgClient.PgClient = Object.assign(client, transactions, {
       [PgClient.TypeId]: PgClient.TypeId,
       config,
       json: (value: unknown) => Statement.fragment([Statement.custom<PgClient.PgCustom>("PgJson")(value, undefined, undefined)]),
