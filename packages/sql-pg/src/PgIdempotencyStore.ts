@@ -172,21 +172,24 @@ export const make: (options?: Options) => Effect.Effect<
    * `Statement` would build a span, its attributes and a scope that nothing reads (4 of the 30 µs
    * a commit costs over a connection that answers at once). With a tracer installed it stays a
    * statement, with its span. Either way its rows are read as they come (no row transform). As
-   * the first statement of a `PgPipelinedClient` transaction (no tracer) it leaves with the
-   * transaction's BEGIN, in one round trip.
+   * the first statement of a `PgPipelinedClient` transaction it leaves with the transaction's
+   * BEGIN, in one round trip, traced or not (the connection records the same span).
    */
   const insertRow = (key: Key): Effect.Effect<ReadonlyArray<{ readonly inserted: boolean }>, SqlError.SqlError> =>
     Effect.withFiber((fiber) => {
       const transaction = Context.getOrUndefined(fiber.context, sql.transactionService)
-      if (transaction === undefined || Context.get(fiber.context, Tracer.Tracer) !== Tracer.nativeTracer) {
-        return sql.unsafe<{ readonly inserted: boolean }>(insertText, [key.scope, key.id])
-      }
+      if (transaction === undefined) return sql.unsafe<{ readonly inserted: boolean }>(insertText, [key.scope, key.id])
       const connection = transaction[0]
+      const traced = Context.get(fiber.context, Tracer.Tracer) !== Tracer.nativeTracer
+      // Traced or not: it records the statement's span itself.
       if (transaction[1] === 0 && connection instanceof TransactionConnection && connection.canPipelineFirst) {
-        return connection.executeFirst(insertFirstText, insertText, [key.scope, key.id]) as Effect.Effect<
+        return connection.executeFirst(insertFirstText, insertText, [key.scope, key.id], traced) as Effect.Effect<
           ReadonlyArray<{ readonly inserted: boolean }>,
           SqlError.SqlError
         >
+      }
+      if (traced) {
+        return sql.unsafe<{ readonly inserted: boolean }>(insertText, [key.scope, key.id])
       }
       return connection.execute(insertText, [key.scope, key.id], undefined) as Effect.Effect<
         ReadonlyArray<{ readonly inserted: boolean }>,

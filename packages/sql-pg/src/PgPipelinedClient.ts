@@ -33,7 +33,8 @@
  * - Ending a backend needs the right to: the same role, or `pg_signal_backend`.
  * - Its `withTransaction` and `afterCommit` are its own, with `effect/sql`'s behaviour in fewer
  *   steps of the runtime: the `sql.transaction` span is recorded only when a tracing backend is
- *   installed, and a statement inside a transaction takes no scope of its own.
+ *   installed, and a statement inside a transaction takes no scope of its own. With a tracing
+ *   backend the dedup row still leaves with its `BEGIN`, in a span like its other statements'.
  *
  * @since 0.1.0
  */
@@ -107,7 +108,7 @@ export const make = (config: Options): Effect.Effect<PgClient.PgClient, SqlError
       ["server.port", config.port ?? 5432]
     ]
     const transactionAcquirer = Effect.flatMap(Effect.scope, (scope) =>
-      Effect.map(pool.get, (session) => new TransactionConnection(session, scope, abandon, pipelining)))
+      Effect.map(pool.get, (session) => new TransactionConnection(session, scope, abandon, pipelining, spanAttributes)))
     const client = yield* SqlClient.make({
       acquirer: pinned,
       // A statement in a transaction runs on its connection without a scope of its own.

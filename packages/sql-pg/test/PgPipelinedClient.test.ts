@@ -12,6 +12,7 @@ import { Config, Context, Effect, Exit, Fiber, Layer, Option, Redacted, Stream }
 import { SqlClient } from "effect/sql"
 import { randomUUID } from "node:crypto"
 import net from "node:net"
+import * as SpanLog from "../../testing/src/SpanLog.ts"
 import * as TestDatabase from "../../testing/src/TestDatabase.ts"
 import { TransactionConnection } from "../src/internal/pipelinedSession.ts"
 import * as PgIdempotencyStore from "../src/PgIdempotencyStore.ts"
@@ -93,6 +94,33 @@ layer(database(), { excludeTestServices: true })("PgPipelinedClient", (it) => {
       }
     }))
 
+  it.effect("with a tracing backend a commit still sends its BEGIN with the dedup row, and the row has its span in the transaction's", () =>
+    Effect.gen(function*() {
+      const wire: Wire = { writes: 0, spoilBegin: false }
+      const context = yield* storeOn("PgPipelinedClient", wire, 1)
+      yield* Effect.provideContext(commitRecord(freshKey()), context)
+      const log = yield* SpanLog.make
+      const key = freshKey()
+      const writes = yield* Effect.provideContext(writesOf(wire, commitRecord(key)), context).pipe(Effect.withTracer(log.tracer))
+      assert.strictEqual(writes, 3)
+      assert.strictEqual(yield* dedupRows(key), 1)
+      assert.strictEqual(yield* ledgerRows(key.id), 1)
+      const [transaction] = yield* log.named("sql.transaction")
+      const spans = yield* log.all
+      const row = spans.find((span) => String(span.attributes.get("db.query.text")).includes("ON CONFLICT (scope, id) DO NOTHING"))
+      // The handler's statement, a Statement of the client: the row's span is named and marked as it is.
+      const effect = spans.find((span) => String(span.attributes.get("db.query.text")).includes("INSERT INTO ledger"))
+      assert.isDefined(transaction)
+      assert.isDefined(row)
+      assert.isDefined(effect)
+      assert.strictEqual(row!.name, effect!.name)
+      assert.strictEqual(row!.kind, effect!.kind)
+      assert.strictEqual(row!.attributes.get("db.system.name"), "postgresql")
+      assert.strictEqual(row!.attributes.get("db.namespace"), effect!.attributes.get("db.namespace"))
+      assert.strictEqual(Option.getOrUndefined(row!.parent)?.spanId, transaction!.spanId)
+      assert.strictEqual(row!.status._tag, "Ended")
+    }))
+
   it.effect("a transaction that sends no statement sends no BEGIN and no COMMIT", () =>
     Effect.gen(function*() {
       const wire: Wire = { writes: 0, spoilBegin: false }
@@ -129,7 +157,7 @@ layer(database(), { excludeTestServices: true })("PgPipelinedClient", (it) => {
         const connection = Context.getUnsafe(fiber.context, sql.transactionService)[0]
         assert.instanceOf(connection, TransactionConnection)
         const unguarded = `INSERT INTO jetworker_dedup (scope, id) VALUES ($1, $2)`
-        return (connection as TransactionConnection).executeFirst(unguarded, unguarded, [lost.scope, lost.id])
+        return (connection as TransactionConnection).executeFirst(unguarded, unguarded, [lost.scope, lost.id], false)
       })))
       assert.isTrue(Exit.isFailure(bareExit))
       assert.strictEqual(yield* dedupRows(lost), 1)

@@ -18,6 +18,7 @@ import { type Array as Arr, Cause, Effect, Exit, Fiber, Option, Scope, Semaphore
 import type { Connection } from "effect/sql/SqlConnection"
 import type { SqlError } from "effect/sql/SqlError"
 import { SqlError as SqlErrorClass, UnknownError } from "effect/sql/SqlError"
+import { spanName } from "effect/sql/Statement"
 
 /**
  * What `PgPipelinedClient` passes to `effect/sql` as its `BEGIN`: a transaction's connection holds
@@ -164,24 +165,28 @@ export class TransactionConnection extends SessionConnection {
   private readonly scope: Scope.Scope
   private readonly abandon: (session: PgConnection.PgConnection) => Effect.Effect<void>
   private readonly pipelining: Pipelining
+  private readonly spanAttributes: ReadonlyArray<readonly [string, unknown]>
   /** Held while `BEGIN` is on the wire, and while pinning: statements of other fibers wait. */
   private readonly lock = Semaphore.makeUnsafe(1)
 
   /**
    * `abandon` takes a session out of use for good and ends its backend, bounded; it is built only
-   * when a statement is interrupted, not for every transaction.
+   * when a statement is interrupted, not for every transaction. `spanAttributes` are the
+   * client's, for the span of {@link executeFirst}'s statement when a tracing backend is installed.
    */
   constructor(
     base: PgConnection.PgConnection,
     scope: Scope.Scope,
     abandon: (session: PgConnection.PgConnection) => Effect.Effect<void>,
-    pipelining: Pipelining
+    pipelining: Pipelining,
+    spanAttributes: ReadonlyArray<readonly [string, unknown]>
   ) {
     super(base)
     this.base = base
     this.scope = scope
     this.abandon = abandon
     this.pipelining = pipelining
+    this.spanAttributes = spanAttributes
   }
 
   /**
@@ -271,9 +276,21 @@ export class TransactionConnection extends SessionConnection {
    * Runs `guarded` (a statement holding {@link transactionGuard} in its `WHERE`) as the
    * transaction's first statement, with the held `BEGIN`, in one write. Anywhere else (no `BEGIN`
    * held, or pipelining off on this client) it runs `plain`, the same statement without the guard,
-   * as any statement.
+   * as any statement. `traced` (a tracing backend is installed, which the caller's fiber knows)
+   * gives it the span a statement of the client would have (its name and attributes,
+   * `db.query.text` the text sent), so that tracing does not cost the round trip.
    */
-  executeFirst(guarded: string, plain: string, params: ReadonlyArray<unknown>): Effect.Effect<Rows, SqlError> {
+  executeFirst(guarded: string, plain: string, params: ReadonlyArray<unknown>, traced: boolean): Effect.Effect<Rows, SqlError> {
+    if (!traced) return this.first(guarded, plain, params)
+    return Effect.useSpan(spanName(this.spanAttributes), { kind: "client" }, (span) => {
+      for (const [key, value] of this.spanAttributes) span.attribute(key, value)
+      span.attribute("effect.sql.method", "execute")
+      span.attribute("db.query.text", this.canPipelineFirst ? guarded : plain)
+      return this.first(guarded, plain, params)
+    })
+  }
+
+  private first(guarded: string, plain: string, params: ReadonlyArray<unknown>): Effect.Effect<Rows, SqlError> {
     return Effect.suspend(() =>
       !this.canPipelineFirst
         ? this.execute(plain, params, undefined)
