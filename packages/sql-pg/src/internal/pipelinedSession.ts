@@ -290,6 +290,7 @@ export class TransactionConnection extends SessionConnection {
     })
   }
 
+  /** {@link executeFirst} without its span. */
   private first(guarded: string, plain: string, params: ReadonlyArray<unknown>): Effect.Effect<Rows, SqlError> {
     return Effect.suspend(() =>
       !this.canPipelineFirst

@@ -54,9 +54,6 @@ const levelIn = (services: Context.Context<never>, key: Context.Key<TransactionC
 const runAfterCommit = (effect: Effect.Effect<void>): Effect.Effect<void> =>
   Effect.ignoreCause(effect, { log: "Unhandled", message: "Unhandled error in SqlClient.afterCommit callback" })
 
-/** A failure of the statements ending a level is a defect, as `effect/sql` makes it. */
-const orDie = <A>(effect: Effect.Effect<A, SqlError>): Effect.Effect<A> => Effect.orDie(effect)
-
 /** A transaction's span, when a tracing backend is installed, and the clock of its events. */
 interface Traced {
   readonly span: Tracer.Span
@@ -115,9 +112,10 @@ export const make = (options: Options) => {
       effect = id === 0 ? options.commit(conn) : Effect.void
     } else {
       traced?.span.event("effect.sql.transaction.rollback", traced.clock.currentTimeNanosUnsafe())
-      effect = orDie(id === 0 ? options.rollback(conn) : options.rollbackSavepoint(conn, id))
+      // A rollback that fails is a defect, as `effect/sql` makes it; so is a failed release.
+      effect = Effect.orDie(id === 0 ? options.rollback(conn) : options.rollbackSavepoint(conn, id))
     }
-    return id === 0 ? effect : Effect.andThen(effect, orDie(options.releaseSavepoint(conn, id)))
+    return id === 0 ? effect : Effect.andThen(effect, Effect.orDie(options.releaseSavepoint(conn, id)))
   }
 
   const transaction = <A, E, R>(
