@@ -42,10 +42,9 @@ import { PgClient, PgConnection, PgPool } from "@effect/sql-pg"
 import { Config, Duration, Effect, Layer, Scope } from "effect"
 import type * as Reactivity from "effect/reactivity/Reactivity"
 import { SqlClient } from "effect/sql"
-import type { Connection } from "effect/sql/SqlConnection"
 import type { SqlError } from "effect/sql/SqlError"
 import * as Statement from "effect/sql/Statement"
-import { beginMarker, type Pipelining, SessionConnection, TransactionConnection } from "./internal/pipelinedSession.ts"
+import { type Pipelining, SessionConnection, TransactionConnection } from "./internal/pipelinedSession.ts"
 import * as Transactions from "./internal/transactions.ts"
 
 /**
@@ -60,18 +59,16 @@ export type Options = Omit<PgClient.PgPoolConfig, "multiplex" | "multiplexConcur
 /** Bound on ending the backend of a transaction interrupted in its first round (connecting included). */
 const terminateTimeout = Duration.seconds(5)
 
-const commitOn = (conn: Connection): Effect.Effect<void, SqlError> =>
-  conn instanceof SessionConnection ? conn.commit() : Effect.asVoid(conn.executeRaw("COMMIT", []))
-
 /** A transaction control statement (prepared: it never changes). */
-const control = (conn: Connection, sql: string): Effect.Effect<void, SqlError> => Effect.asVoid(conn.execute(sql, [], undefined))
+const control = (conn: TransactionConnection, sql: string): Effect.Effect<void, SqlError> =>
+  Effect.asVoid(conn.execute(sql, [], undefined))
 
-/** A transaction that sent nothing, or whose BEGIN failed, has nothing to roll back. */
-const isTransaction = (conn: Connection): boolean => !(conn instanceof TransactionConnection) || conn.started
-
-/** A statement ending (part of) a transaction, sent only when one may be open. */
-const cleanup = (conn: Connection, sql: string): Effect.Effect<void, SqlError> =>
-  isTransaction(conn) ? control(conn, sql) : Effect.void
+/**
+ * A statement ending (part of) a transaction, sent only when one may be open: one that sent
+ * nothing, or whose BEGIN failed, has nothing to roll back.
+ */
+const cleanup = (conn: TransactionConnection, sql: string): Effect.Effect<void, SqlError> =>
+  conn.started ? control(conn, sql) : Effect.void
 
 /**
  * Builds the client on a pool of its own, closed with the scope.
@@ -129,8 +126,8 @@ export const make = (config: Options): Effect.Effect<PgClient.PgClient, SqlError
       spanAttributes,
       acquire: transactionAcquirer,
       begin: (conn, statement) =>
-        statement === undefined ? control(conn, beginMarker) : Effect.asVoid(conn.executeUnprepared(statement, [], undefined)),
-      commit: commitOn,
+        statement === undefined ? conn.hold : Effect.asVoid(conn.executeUnprepared(statement, [], undefined)),
+      commit: (conn) => conn.commit(),
       rollback: (conn) => cleanup(conn, "ROLLBACK"),
       savepoint: (conn, id) => control(conn, `SAVEPOINT effect_sql_${id}`),
       releaseSavepoint: (conn, id) => cleanup(conn, `RELEASE SAVEPOINT effect_sql_${id}`),

@@ -21,13 +21,6 @@ import { SqlError as SqlErrorClass, UnknownError } from "effect/sql/SqlError"
 import { spanName } from "effect/sql/Statement"
 
 /**
- * What `PgPipelinedClient` passes to `effect/sql` as its `BEGIN`: a transaction's connection holds
- * it back instead of sending it (and sends a plain `BEGIN` later). Were it ever sent, it would open
- * a transaction all the same.
- */
-export const beginMarker = "BEGIN /* @jetworker/sql-pg: held back until the first statement */"
-
-/**
  * The `BEGIN` sent with a guarded first statement. `DEFERRABLE` is what the guard reads: it changes
  * nothing for a transaction that is not `SERIALIZABLE` and `READ ONLY`, which one that writes a
  * row cannot be.
@@ -62,8 +55,6 @@ export interface Pipelining {
 
 type Rows = ReadonlyArray<PgConnection.Row>
 type TransformRows = (<A extends object>(row: ReadonlyArray<A>) => ReadonlyArray<A>) | undefined
-
-const emptyRows: Rows = []
 
 const startAtOnce = { startImmediately: true } as const
 
@@ -245,14 +236,13 @@ export class TransactionConnection extends SessionConnection {
     })
   }
 
-  override execute(sql: string, params: ReadonlyArray<unknown>, transformRows: TransformRows): Effect.Effect<Rows, SqlError> {
-    if (sql !== beginMarker) return super.execute(sql, params, transformRows)
-    return Effect.suspend(() => {
-      if (this.state !== "idle") return super.execute(sql, params, transformRows)
-      this.state = "held"
-      return Effect.succeed(emptyRows)
-    })
-  }
+  /**
+   * Begins the transaction of a session just acquired (`idle`): its `BEGIN` is held back until the
+   * first statement (see {@link executeFirst}), and never sent if none comes.
+   */
+  readonly hold: Effect.Effect<void> = Effect.sync(() => {
+    if (this.state === "idle") this.state = "held"
+  })
 
   override executeStream(
     sql: string,

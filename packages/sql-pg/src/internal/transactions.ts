@@ -39,17 +39,20 @@ interface AfterCommitBuffer {
 }
 
 /** The transaction service's value for a level begun here: `[conn, depth]`, and what goes with it. */
-type Level = TransactionConnection.Service & {
+type Level<C extends Connection> = readonly [conn: C, depth: number] & {
   readonly buffer: AfterCommitBuffer
   /** Savepoints of this level take turns (made with the first). */
   savepoints: Semaphore.Semaphore | undefined
 }
 
-const makeLevel = (conn: Connection, depth: number, buffer: AfterCommitBuffer): Level =>
+const makeLevel = <C extends Connection>(conn: C, depth: number, buffer: AfterCommitBuffer): Level<C> =>
   Object.assign([conn, depth] as const, { buffer, savepoints: undefined })
 
-const levelIn = (services: Context.Context<never>, key: Context.Key<TransactionConnection, TransactionConnection.Service>) =>
-  Context.getOrUndefined(services, key) as Level | undefined
+/** The innermost level in `services`: begun here, so its connection is the client's kind. */
+const levelIn = <C extends Connection>(
+  services: Context.Context<never>,
+  key: Context.Key<TransactionConnection, TransactionConnection.Service>
+) => Context.getOrUndefined(services, key) as Level<C> | undefined
 
 const runAfterCommit = (effect: Effect.Effect<void>): Effect.Effect<void> =>
   Effect.ignoreCause(effect, { log: "Unhandled", message: "Unhandled error in SqlClient.afterCommit callback" })
@@ -60,23 +63,23 @@ interface Traced {
   readonly clock: Clock.Clock
 }
 
-/** What a client's transactions run on, and the statements that begin and end them. */
-export interface Options {
+/** What a client's transactions run on (connections of kind `C`), and the statements that begin and end them. */
+export interface Options<C extends Connection> {
   readonly transactionService: Context.Service<TransactionConnection, TransactionConnection.Service>
   readonly spanAttributes: ReadonlyArray<readonly [string, unknown]>
   /** A top-level transaction's connection, released when the scope closes. */
-  readonly acquire: Effect.Effect<Connection, SqlError, Scope.Scope>
+  readonly acquire: Effect.Effect<C, SqlError, Scope.Scope>
   /** `statement` is the `BeginTransaction` in effect, if any. */
-  readonly begin: (conn: Connection, statement: string | undefined) => Effect.Effect<void, SqlError>
-  readonly commit: (conn: Connection) => Effect.Effect<void, SqlError>
-  readonly rollback: (conn: Connection) => Effect.Effect<void, SqlError>
-  readonly savepoint: (conn: Connection, id: number) => Effect.Effect<void, SqlError>
-  readonly releaseSavepoint: (conn: Connection, id: number) => Effect.Effect<void, SqlError>
-  readonly rollbackSavepoint: (conn: Connection, id: number) => Effect.Effect<void, SqlError>
+  readonly begin: (conn: C, statement: string | undefined) => Effect.Effect<void, SqlError>
+  readonly commit: (conn: C) => Effect.Effect<void, SqlError>
+  readonly rollback: (conn: C) => Effect.Effect<void, SqlError>
+  readonly savepoint: (conn: C, id: number) => Effect.Effect<void, SqlError>
+  readonly releaseSavepoint: (conn: C, id: number) => Effect.Effect<void, SqlError>
+  readonly rollbackSavepoint: (conn: C, id: number) => Effect.Effect<void, SqlError>
 }
 
 /** A client's `withTransaction` and `afterCommit`. */
-export const make = (options: Options) => {
+export const make = <C extends Connection>(options: Options<C>) => {
   const { transactionService } = options
 
   const afterCommit = <R>(effect: Effect.Effect<void, never, R>): Effect.Effect<void, never, R> =>
@@ -105,7 +108,7 @@ export const make = (options: Options) => {
   }
 
   /** Ends a level: commit (top) or nothing (savepoint) on success, roll back otherwise. */
-  const end = (conn: Connection, id: number, exit: Exit.Exit<unknown, unknown>, traced: Traced | undefined) => {
+  const end = (conn: C, id: number, exit: Exit.Exit<unknown, unknown>, traced: Traced | undefined) => {
     let effect: Effect.Effect<void, SqlError>
     if (Exit.isSuccess(exit)) {
       traced?.span.event(id === 0 ? "effect.sql.transaction.commit" : "effect.sql.transaction.savepoint", traced.clock.currentTimeNanosUnsafe())
@@ -125,11 +128,11 @@ export const make = (options: Options) => {
   ): Effect.Effect<A, E | SqlError, R> =>
     Effect.withFiber((fiber) => {
       const services = fiber.context
-      const outer = levelIn(services, transactionService)
+      const outer = levelIn<C>(services, transactionService)
       const id = outer === undefined ? 0 : outer[1] + 1
       const buffer: AfterCommitBuffer = { callbacks: [], parent: outer?.buffer, open: true }
       let committed = false
-      const run = (conn: Connection): Effect.Effect<A, E | SqlError, R> =>
+      const run = (conn: C): Effect.Effect<A, E | SqlError, R> =>
         Effect.flatMap(
           id === 0 ? options.begin(conn, fiber.getRef(BeginTransaction)) : options.savepoint(conn, id),
           () => {
