@@ -5,6 +5,7 @@
  * currency mismatch or insufficient funds is a permanent business error: no effect.
  */
 import { Data, Effect } from "effect"
+import { PgPipelinedClient } from "@jetworker/sql-pg"
 import { SqlClient } from "effect/sql"
 import type { TransferEvent } from "./TransferEvent.ts"
 
@@ -67,12 +68,14 @@ export const applyTransfer = Effect.fnUntraced(function*(event: TransferEvent) {
       message: `account ${event.from} has ${payer.balance}, needs ${event.amount}`
     })
   }
-  yield* sql`UPDATE accounts SET balance = balance - ${event.amount} WHERE id = ${event.from}`
-  yield* sql`UPDATE accounts SET balance = balance + ${event.amount} WHERE id = ${event.to}`
-  yield* sql`
+  // The writes' results are not read: on PgPipelinedClient they leave with the COMMIT, in one
+  // round trip (a failure among them fails the transaction, with its own error).
+  yield* PgPipelinedClient.send(sql`UPDATE accounts SET balance = balance - ${event.amount} WHERE id = ${event.from}`)
+  yield* PgPipelinedClient.send(sql`UPDATE accounts SET balance = balance + ${event.amount} WHERE id = ${event.to}`)
+  yield* PgPipelinedClient.send(sql`
     INSERT INTO transfers (id, from_account, to_account, amount, currency, created_at)
     VALUES (${event.id}, ${event.from}, ${event.to}, ${event.amount}, ${event.currency},
-            ${new Date(event.createdAt.epochMilliseconds)})`
+            ${new Date(event.createdAt.epochMilliseconds)})`)
 })
 
 /**

@@ -31,6 +31,10 @@
  *   stream inside a transaction pins its session, and the statements after it are cancelled as
  *   there. Statements outside transactions run on pinned sessions, as there.
  * - Ending a backend needs the right to: the same role, or `pg_signal_backend`.
+ * - {@link send} runs a statement of a transaction without waiting for its answer, so that it
+ *   leaves with what is sent next: an effect whose writes are sent pays one round trip for all of
+ *   them and the `COMMIT`, two per commit in all. A sent statement that fails fails the
+ *   transaction with its own error.
  * - Its `withTransaction` and `afterCommit` are its own, with `effect/sql`'s behaviour in fewer
  *   steps of the runtime: the `sql.transaction` span is recorded only when a tracing backend is
  *   installed, and a statement inside a transaction takes no scope of its own. With a tracing
@@ -39,10 +43,11 @@
  * @since 0.1.0
  */
 import { PgClient, PgConnection, PgPool } from "@effect/sql-pg"
-import { Config, Duration, Effect, Layer, Scope } from "effect"
+import { Config, Context, Duration, Effect, Exit, Layer, Scope } from "effect"
 import type * as Reactivity from "effect/reactivity/Reactivity"
 import { SqlClient } from "effect/sql"
 import type { SqlError } from "effect/sql/SqlError"
+import { SqlError as SqlErrorClass, UnknownError } from "effect/sql/SqlError"
 import * as Statement from "effect/sql/Statement"
 import { type Pipelining, SessionConnection, TransactionConnection } from "./internal/pipelinedSession.ts"
 import * as Transactions from "./internal/transactions.ts"
@@ -50,11 +55,18 @@ import * as Transactions from "./internal/transactions.ts"
 /**
  * The client's settings: `@effect/sql-pg`'s pool settings (`url` or host and port, `database`,
  * `username`, `password`, `maxConnections`, `startupParameters`, `prepare`, ...), without
- * `multiplex` and `multiplexConcurrency`, which the client sets itself.
+ * `multiplex` and `multiplexConcurrency`, which the client sets itself; and `sendWindow`, how many
+ * statements a transaction may have sent with {@link send} without waiting for their answers
+ * (default 256): the next one waits for them first, one round trip, which bounds what a
+ * transaction that sends many holds. A positive integer.
  *
  * @since 0.1.0
  */
-export type Options = Omit<PgClient.PgPoolConfig, "multiplex" | "multiplexConcurrency">
+export type Options = Omit<PgClient.PgPoolConfig, "multiplex" | "multiplexConcurrency"> & {
+  readonly sendWindow?: number | undefined
+}
+
+const defaultSendWindow = 256
 
 /** Bound on ending the backend of a transaction interrupted in its first round (connecting included). */
 const terminateTimeout = Duration.seconds(5)
@@ -77,13 +89,22 @@ const cleanup = (conn: TransactionConnection, sql: string): Effect.Effect<void, 
  */
 export const make = (config: Options): Effect.Effect<PgClient.PgClient, SqlError, Scope.Scope | Reactivity.Reactivity> =>
   Effect.gen(function*() {
+    const { sendWindow = defaultSendWindow, ...poolConfig } = config
+    if (!Number.isSafeInteger(sendWindow) || sendWindow < 1) {
+      return yield* new SqlErrorClass({
+        reason: new UnknownError({
+          cause: new Error(`sendWindow ${String(sendWindow)}`),
+          message: `PgPipelinedClient: sendWindow must be a positive integer, got ${String(sendWindow)}`
+        })
+      })
+    }
     // Exclusive sessions (one borrower each) that still pipeline what is sent without waiting.
-    const pool = yield* PgPool.make({ ...config, multiplex: true, multiplexConcurrency: 1 })
+    const pool = yield* PgPool.make({ ...poolConfig, multiplex: true, multiplexConcurrency: 1 })
     const pinned = Effect.map(pool.reserve, (session) => new SessionConnection(session))
     // Ends a session's backend from a connection of its own (the pool's may all be taken), bounded.
     const terminate = (session: PgConnection.PgConnection) =>
       Effect.scoped(Effect.flatMap(
-        PgConnection.make(config),
+        PgConnection.make(poolConfig),
         (side) => side.query("SELECT pg_terminate_backend($1)", [session.processId], false)
       )).pipe(
         Effect.timeout(terminateTimeout),
@@ -105,7 +126,7 @@ export const make = (config: Options): Effect.Effect<PgClient.PgClient, SqlError
       ["server.port", config.port ?? 5432]
     ]
     const transactionAcquirer = Effect.flatMap(Effect.scope, (scope) =>
-      Effect.map(pool.get, (session) => new TransactionConnection(session, scope, abandon, pipelining, spanAttributes)))
+      Effect.map(pool.get, (session) => new TransactionConnection(session, scope, abandon, pipelining, spanAttributes, sendWindow)))
     const client = yield* SqlClient.make({
       acquirer: pinned,
       // A statement in a transaction runs on its connection without a scope of its own.
@@ -128,20 +149,67 @@ export const make = (config: Options): Effect.Effect<PgClient.PgClient, SqlError
       begin: (conn, statement) =>
         statement === undefined ? conn.hold : Effect.asVoid(conn.executeUnprepared(statement, [], undefined)),
       commit: (conn) => conn.commit(),
-      rollback: (conn) => cleanup(conn, "ROLLBACK"),
+      rollback: (conn, exit) =>
+        Effect.flatMap(conn.rollbackNeeded(Exit.hasInterrupts(exit)), (needed) => needed ? control(conn, "ROLLBACK") : Effect.void),
       savepoint: (conn, id) => control(conn, `SAVEPOINT effect_sql_${id}`),
       releaseSavepoint: (conn, id) => cleanup(conn, `RELEASE SAVEPOINT effect_sql_${id}`),
       rollbackSavepoint: (conn, id) => cleanup(conn, `ROLLBACK TO SAVEPOINT effect_sql_${id}`)
     })
     const pgClient: PgClient.PgClient = Object.assign(client, transactions, {
       [PgClient.TypeId]: PgClient.TypeId,
-      config,
+      config: poolConfig,
       json: (value: unknown) => Statement.fragment([Statement.custom<PgClient.PgCustom>("PgJson")(value, undefined, undefined)]),
       listen: (channel: string) => Effect.flatMap(pool.reserve, (session) => session.listen(channel)),
       notify: (channel: string, payload: string) =>
         Effect.asVoid(Effect.scoped(Effect.flatMap(pinned, (conn) => conn.executeRaw(`SELECT pg_notify($1, $2)`, [channel, payload]))))
     })
     return pgClient
+  })
+
+/**
+ * Runs `statement` in the current transaction without waiting for its answer, where that saves a
+ * round trip: in a transaction of this client (not a savepoint) whose first statement has
+ * answered, the statement is queued on the transaction's session and leaves with what is sent
+ * next, the next statement or the `COMMIT`. A handler of `IdempotencyStore.commit` whose effect is
+ * writes it does not read the results of then costs two round trips per message, however many
+ * writes it makes: `BEGIN` with the dedup row, then the writes with `COMMIT`.
+ *
+ * ```ts
+ * import { IdempotencyStore } from "@jetworker/core"
+ * import { PgPipelinedClient } from "@jetworker/sql-pg"
+ * import { Effect } from "effect"
+ * import { SqlClient } from "effect/sql"
+ *
+ * const transfer = (id: string, from: string, to: string, amount: number) =>
+ *   IdempotencyStore.commit(id, Effect.gen(function*() {
+ *     const sql = yield* SqlClient.SqlClient
+ *     yield* PgPipelinedClient.send(sql`UPDATE accounts SET balance = balance - ${amount} WHERE id = ${from}`)
+ *     yield* PgPipelinedClient.send(sql`UPDATE accounts SET balance = balance + ${amount} WHERE id = ${to}`)
+ *   }))
+ * ```
+ *
+ * Its failure fails the transaction, atomically: PostgreSQL rolls back at `COMMIT` a transaction in
+ * which a statement failed, and the transaction ends with that statement's `SqlError` (the first
+ * one's, when several failed); a statement waited for after it fails with it too. The code after
+ * `send` does not see it: it runs as if the statement had succeeded, so send only statements
+ * that nothing outside the transaction depends on. Statements run in the order they were sent and
+ * run, so a later one reads what an earlier one wrote. When the transaction is interrupted, a
+ * sent statement still on the wire ends its session, as one waited for does.
+ *
+ * Anywhere else (outside a transaction, in a savepoint, on another client, before the
+ * transaction's first statement has answered, after a stream pinned its session) it runs the
+ * statement and waits for it, as `yield* statement` does.
+ *
+ * @since 0.1.0
+ */
+export const send = (statement: Statement.Statement<unknown>): Effect.Effect<void, SqlError, SqlClient.SqlClient> =>
+  Effect.withFiber((fiber) => {
+    const sql = Context.getUnsafe(fiber.context, SqlClient.SqlClient)
+    const transaction = Context.getOrUndefined(fiber.context, sql.transactionService)
+    const connection = transaction?.[0]
+    return transaction?.[1] === 0 && connection instanceof TransactionConnection && connection.canSend
+      ? connection.send(statement)
+      : Effect.asVoid(statement)
   })
 
 /**

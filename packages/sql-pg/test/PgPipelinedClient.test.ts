@@ -8,16 +8,18 @@
 import { assert, layer } from "@effect/vitest"
 import { PgClient } from "@effect/sql-pg"
 import { IdempotencyStore, type Key } from "@jetworker/core/IdempotencyStore"
-import { Config, Context, Effect, Exit, Fiber, Layer, Option, Redacted, Stream } from "effect"
+import { Cause, Config, Context, Effect, Exit, Fiber, Layer, Option, Redacted, Stream } from "effect"
 import { SqlClient } from "effect/sql"
+import { isSqlError, type SqlError } from "effect/sql/SqlError"
 import { randomUUID } from "node:crypto"
 import net from "node:net"
 import * as SpanLog from "../../testing/src/SpanLog.ts"
 import * as TestDatabase from "../../testing/src/TestDatabase.ts"
+import { sqlState } from "../src/internal/errors.ts"
 import { TransactionConnection } from "../src/internal/pipelinedSession.ts"
 import * as PgIdempotencyStore from "../src/PgIdempotencyStore.ts"
 import * as PgPipelinedClient from "../src/PgPipelinedClient.ts"
-import { database, dedupRows, ledgerRows, Observer, pollUntil, record } from "./support.ts"
+import { backendPid, database, dedupRows, ledgerRows, Observer, pollUntil, record } from "./support.ts"
 
 /** Writes to PostgreSQL through the sessions of one client, and whether to spoil the next `BEGIN`'s text. */
 interface Wire {
@@ -50,7 +52,7 @@ const wiredStream = (url: Redacted.Redacted, wire: Wire) => () => {
 type Client = "PgPipelinedClient" | "PgClient"
 
 /** The store on a client of its own over the test schema, its sessions wired to `wire`. */
-const storeOn = (client: Client, wire: Wire, maxConnections = 4, startupParameters: Record<string, string> = {}) =>
+const storeOn = (client: Client, wire: Wire, maxConnections = 4, startupParameters: Record<string, string> = {}, sendWindow?: number) =>
   TestDatabase.TestSchema.use((test) => {
     const settings = {
       url: test.url,
@@ -59,7 +61,7 @@ const storeOn = (client: Client, wire: Wire, maxConnections = 4, startupParamete
       startupParameters: { ...startupParameters, search_path: test.name },
       stream: wiredStream(test.url, wire)
     }
-    const sql = client === "PgClient" ? PgClient.layer(settings) : PgPipelinedClient.layer(settings)
+    const sql = client === "PgClient" ? PgClient.layer(settings) : PgPipelinedClient.layer({ ...settings, sendWindow })
     return Layer.build(PgIdempotencyStore.layer().pipe(Layer.provideMerge(sql)))
   })
 
@@ -73,6 +75,43 @@ const writesOf = <A, E, R>(wire: Wire, effect: Effect.Effect<A, E, R>) =>
     const before = wire.writes
     yield* effect
     return wire.writes - before
+  })
+
+/**
+ * Commits `key` on the store of `context` with the effect `effectOf(sleeping)`, which runs
+ * `sleeping` (a 60 s sleep), and interrupts the commit while the sleep runs: the interruption
+ * returns at once, the sleep's backend is ended, nothing is committed, and the pool serves the next
+ * commit.
+ */
+const interruptedWhileSleeping = (
+  context: Context.Context<IdempotencyStore | SqlClient.SqlClient>,
+  key: Key,
+  effectOf: (sleeping: string) => Effect.Effect<unknown, SqlError, SqlClient.SqlClient>
+) =>
+  Effect.gen(function*() {
+    const sleeping = `/* ${key.id} */ SELECT pg_sleep(60)`
+    const fiber = yield* Effect.forkChild(Effect.provideContext(IdempotencyStore.use((store) => store.commit(key, effectOf(sleeping))), context))
+    const pid = yield* pollUntil(
+      "the commit's sleep running",
+      Observer.use((sql) =>
+        Effect.map(
+          sql<{ readonly pid: number }>`SELECT pid FROM pg_stat_activity WHERE query = ${sleeping} AND state = 'active'`,
+          (rows) => Option.fromNullishOr(rows[0]?.pid)
+        )
+      )
+    )
+    yield* Effect.timeout(Fiber.interrupt(fiber), "5 seconds")
+    yield* pollUntil(
+      "the backend ended",
+      Observer.use((sql) =>
+        Effect.map(sql<{ readonly n: number }>`SELECT count(*)::int AS n FROM pg_stat_activity WHERE pid = ${pid}`, (rows) =>
+          rows[0]?.n === 0 ? Option.some(true) : Option.none())
+      )
+    )
+    assert.strictEqual(yield* dedupRows(key), 0)
+    const next = freshKey()
+    yield* Effect.provideContext(commitRecord(next), context)
+    assert.strictEqual(yield* dedupRows(next), 1)
   })
 
 layer(database(), { excludeTestServices: true })("PgPipelinedClient", (it) => {
@@ -182,34 +221,9 @@ layer(database(), { excludeTestServices: true })("PgPipelinedClient", (it) => {
       const wire: Wire = { writes: 0, spoilBegin: false }
       const context = yield* storeOn("PgPipelinedClient", wire, 1)
       const key = freshKey()
-      const sleeping = `/* ${key.id} */ SELECT pg_sleep(60)`
-      const fiber = yield* Effect.forkChild(Effect.provideContext(
-        IdempotencyStore.use((store) =>
-          store.commit(key, Effect.andThen(record(key.id), SqlClient.SqlClient.use((sql) => sql.unsafe(sleeping))))),
-        context
-      ))
-      const pid = yield* pollUntil(
-        "the commit's sleep running",
-        Observer.use((sql) =>
-          Effect.map(
-            sql<{ readonly pid: number }>`SELECT pid FROM pg_stat_activity WHERE query = ${sleeping} AND state = 'active'`,
-            (rows) => Option.fromNullishOr(rows[0]?.pid)
-          )
-        )
-      )
-      yield* Effect.timeout(Fiber.interrupt(fiber), "5 seconds")
-      yield* pollUntil(
-        "the backend ended",
-        Observer.use((sql) =>
-          Effect.map(sql<{ readonly n: number }>`SELECT count(*)::int AS n FROM pg_stat_activity WHERE pid = ${pid}`, (rows) =>
-            rows[0]?.n === 0 ? Option.some(true) : Option.none())
-        )
-      )
-      assert.strictEqual(yield* dedupRows(key), 0)
+      yield* interruptedWhileSleeping(context, key, (sleeping) =>
+        Effect.andThen(record(key.id), SqlClient.SqlClient.use((sql) => sql.unsafe(sleeping))))
       assert.strictEqual(yield* ledgerRows(key.id), 0)
-      const next = freshKey()
-      yield* Effect.provideContext(commitRecord(next), context)
-      assert.strictEqual(yield* dedupRows(next), 1)
     }))
 
   it.effect("a transaction begun with a BeginTransaction of its own is rolled back on failure, and its session returns clean", () =>
@@ -301,5 +315,158 @@ layer(database(), { excludeTestServices: true })("PgPipelinedClient", (it) => {
       assert.strictEqual(Option.getOrUndefined(heard)?.payload, "hello")
       const [json] = yield* sql<{ readonly value: { readonly a: number } }>`SELECT ${pg.json({ a: 1 })}::jsonb AS value`
       assert.deepStrictEqual(json?.value, { a: 1 })
+    }))
+})
+
+/** A statement that fails with 23502 (not_null_violation), the `ledger` table's `note` being NOT NULL. */
+const badRecord = SqlClient.SqlClient.use((sql) => PgPipelinedClient.send(sql`INSERT INTO ledger (note) VALUES (NULL)`))
+const sendRecord = (note: string) => SqlClient.SqlClient.use((sql) => PgPipelinedClient.send(sql`INSERT INTO ledger (note) VALUES (${note})`))
+
+/** The SQLSTATE of a commit's failure, or what it failed with when not a `SqlError`. */
+const failureOf = <A, E>(exit: Exit.Exit<A, E>): string => {
+  if (Exit.isSuccess(exit)) return "succeeded"
+  const error = Option.getOrUndefined(Cause.findErrorOption(exit.cause))
+  return isSqlError(error) ? `SqlError ${sqlState(error)}` : String(error)
+}
+
+layer(database(), { excludeTestServices: true })("PgPipelinedClient.send", (it) => {
+  it.effect("a commit whose effect sends its writes costs two writes to PostgreSQL however many it sends: BEGIN with the dedup row, then the writes with COMMIT (on PgClient send waits for each)", () =>
+    Effect.gen(function*() {
+      for (const [client, expected] of [["PgPipelinedClient", 2], ["PgClient", 6]] as const) {
+        const wire: Wire = { writes: 0, spoilBegin: false }
+        const context = yield* storeOn(client, wire, 1)
+        const sends = (key: Key) =>
+          IdempotencyStore.use((store) => store.commit(key, Effect.all([1, 2, 3].map((n) => sendRecord(`${key.id}-${n}`)))))
+        yield* Effect.provideContext(sends(freshKey()), context)
+        const key = freshKey()
+        assert.strictEqual(yield* Effect.provideContext(writesOf(wire, sends(key)), context), expected, client)
+        assert.strictEqual(yield* dedupRows(key), 1)
+        for (const n of [1, 2, 3]) assert.strictEqual(yield* ledgerRows(`${key.id}-${n}`), 1, `${client}: row ${n}`)
+        // With a tracing backend too: each sent statement has its span.
+        const log = yield* SpanLog.make
+        const traced = freshKey()
+        const tracedWrites = yield* Effect.provideContext(writesOf(wire, sends(traced)), context).pipe(Effect.withTracer(log.tracer))
+        assert.strictEqual(tracedWrites, expected, `${client}, traced`)
+        const spans = yield* log.all
+        assert.lengthOf(spans.filter((span) => String(span.attributes.get("db.query.text")).includes("INSERT INTO ledger")), 3)
+      }
+    }))
+
+  it.effect("a sent statement that fails fails the commit with its own SqlError, as the effect's error (as on PgClient, where send waits), and nothing commits: not the dedup row, not the writes sent before or after it", () =>
+    Effect.gen(function*() {
+      for (const client of ["PgPipelinedClient", "PgClient"] as const) {
+        const context = yield* storeOn(client, { writes: 0, spoilBegin: false }, 1)
+        const key = freshKey()
+        const exit = yield* Effect.exit(Effect.provideContext(
+          IdempotencyStore.use((store) =>
+            store.commit(key, Effect.all([sendRecord(`${key.id}-before`), badRecord, sendRecord(`${key.id}-after`)]))),
+          context
+        ))
+        // Not the store's IdempotencyError: the effect's own failure, for the consumer's classify.
+        assert.strictEqual(failureOf(exit), "SqlError 23502", client)
+        assert.strictEqual(yield* dedupRows(key), 0, client)
+        assert.strictEqual(yield* ledgerRows(`${key.id}-before`), 0, client)
+        assert.strictEqual(yield* ledgerRows(`${key.id}-after`), 0, client)
+        // The session is clean: the next commit commits.
+        const next = freshKey()
+        yield* Effect.provideContext(commitRecord(next), context)
+        assert.strictEqual(yield* ledgerRows(next.id), 1, client)
+      }
+    }))
+
+  it.effect("a statement waited for after a sent one that failed fails with the sent one's error, not with 25P02 (the transaction is aborted)", () =>
+    Effect.gen(function*() {
+      for (const client of ["PgPipelinedClient", "PgClient"] as const) {
+        const context = yield* storeOn(client, { writes: 0, spoilBegin: false }, 1)
+        const key = freshKey()
+        let after = "not reached"
+        const exit = yield* Effect.exit(Effect.provideContext(
+          IdempotencyStore.use((store) =>
+            store.commit(
+              key,
+              Effect.andThen(badRecord, Effect.tapError(record(`${key.id}-after`), (error) => Effect.sync(() => (after = `SqlError ${sqlState(error)}`))))
+            )),
+          context
+        ))
+        assert.strictEqual(failureOf(exit), "SqlError 23502", client)
+        // On PgClient send waits, so the statement after it never runs.
+        assert.strictEqual(after, client === "PgClient" ? "not reached" : "SqlError 23502", client)
+        assert.strictEqual(yield* dedupRows(key), 0, client)
+      }
+    }))
+
+  it.effect("a handler that fails after sending rolls back what it sent and keeps its session; one interrupted with a sent statement on the wire ends its session at once", () =>
+    Effect.gen(function*() {
+      const context = yield* storeOn("PgPipelinedClient", { writes: 0, spoilBegin: false }, 1)
+      const pidBefore = yield* Effect.provideContext(backendPid, context)
+      const failed = freshKey()
+      const exit = yield* Effect.exit(Effect.provideContext(
+        IdempotencyStore.use((store) => store.commit(failed, Effect.andThen(sendRecord(failed.id), Effect.fail("business rule")))),
+        context
+      ))
+      assert.strictEqual(failureOf(exit), "business rule")
+      assert.strictEqual(yield* ledgerRows(failed.id), 0)
+      assert.strictEqual(yield* dedupRows(failed), 0)
+      assert.strictEqual(yield* Effect.provideContext(backendPid, context), pidBefore, "the session was kept")
+
+      // Interrupted while its handler waits elsewhere, the statement it sent still running: without
+      // ending the session, its ROLLBACK would wait for the sleep.
+      yield* interruptedWhileSleeping(context, freshKey(), (sleeping) =>
+        Effect.andThen(SqlClient.SqlClient.use((sql) => PgPipelinedClient.send(sql.unsafe(sleeping))), Effect.never))
+    }))
+
+  it.effect("with sendWindow statements unanswered, the next send waits for them first (a round trip), and fails there when one of them failed; a sendWindow that is not a positive integer is refused", () =>
+    Effect.gen(function*() {
+      const wire: Wire = { writes: 0, spoilBegin: false }
+      const context = yield* storeOn("PgPipelinedClient", wire, 1, {}, 2)
+      const sends = (key: Key) =>
+        IdempotencyStore.use((store) => store.commit(key, Effect.all([1, 2, 3, 4, 5].map((n) => sendRecord(`${key.id}-${n}`)))))
+      yield* Effect.provideContext(sends(freshKey()), context)
+      const key = freshKey()
+      // BEGIN with the row; sends 1 and 2; 3 and 4; 5 with COMMIT.
+      assert.strictEqual(yield* Effect.provideContext(writesOf(wire, sends(key)), context), 4)
+      for (const n of [1, 2, 3, 4, 5]) assert.strictEqual(yield* ledgerRows(`${key.id}-${n}`), 1, `row ${n}`)
+
+      const failed = freshKey()
+      let reached = false
+      const exit = yield* Effect.exit(Effect.provideContext(
+        IdempotencyStore.use((store) =>
+          store.commit(
+            failed,
+            Effect.all([badRecord, sendRecord(`${failed.id}-1`), sendRecord(`${failed.id}-2`), Effect.sync(() => (reached = true))])
+          )),
+        context
+      ))
+      assert.strictEqual(failureOf(exit), "SqlError 23502")
+      assert.isFalse(reached, "the third send waited, and failed with the first")
+      assert.strictEqual(yield* dedupRows(failed), 0)
+
+      for (const sendWindow of [0, 1.5, Number.NaN]) {
+        const refused = yield* Effect.flip(storeOn("PgPipelinedClient", wire, 1, {}, sendWindow))
+        assert.include(String(refused), `sendWindow must be a positive integer, got ${sendWindow}`)
+      }
+    }))
+
+  it.effect("send waits where it cannot save a round trip: outside a transaction it commits at once, and in a savepoint its failure fails the savepoint only", () =>
+    Effect.gen(function*() {
+      const context = yield* storeOn("PgPipelinedClient", { writes: 0, spoilBegin: false }, 1)
+      const sql = Context.get(context, SqlClient.SqlClient)
+      const alone = randomUUID()
+      yield* Effect.provideContext(sendRecord(alone), context)
+      assert.strictEqual(yield* ledgerRows(alone), 1)
+
+      const [a, b] = [randomUUID(), randomUUID()]
+      const inner = yield* Effect.provideContext(
+        sql.withTransaction(Effect.gen(function*() {
+          yield* record(a)
+          const savepoint = yield* Effect.exit(sql.withTransaction(badRecord))
+          yield* record(b)
+          return savepoint
+        })),
+        context
+      )
+      assert.strictEqual(failureOf(inner), "SqlError 23502")
+      assert.strictEqual(yield* ledgerRows(a), 1)
+      assert.strictEqual(yield* ledgerRows(b), 1)
     }))
 })

@@ -6,6 +6,7 @@
 import { IdempotencyError } from "@jetworker/core/IdempotencyStore"
 import { Cause, Predicate } from "effect"
 import { isSqlError, type SqlError, type SqlErrorReason } from "effect/sql/SqlError"
+import { isSentFailure } from "./pipelinedSession.ts"
 
 /** Carries an error of the user's effect through the transaction, apart from the store's own. */
 export class UserFailure<E> {
@@ -18,9 +19,20 @@ export class UserFailure<E> {
 /** Boxes a user error (the `mapError` callback of the protected effect). */
 export const box = <E>(error: E): UserFailure<E> => new UserFailure(error)
 
-/** Unboxes a user error, or classifies a store error (the `mapError` callback of a commit). */
+/**
+ * Unboxes a user error, or classifies a store error (the `mapError` callback of a commit). A
+ * statement the effect sent without waiting (`PgPipelinedClient.send`) that failed is reported by
+ * the `COMMIT`, but it is the effect's failure (its `SqlError` is in the effect's error type), as
+ * it would have been had the effect waited for it.
+ */
 export const unbox = (table: string) => <E>(error: UserFailure<E> | SqlError | IdempotencyError): E | IdempotencyError =>
-  error instanceof UserFailure ? error.error : error instanceof IdempotencyError ? error : classify(error, table)
+  error instanceof UserFailure
+    ? error.error
+    : error instanceof IdempotencyError
+    ? error
+    : isSentFailure(error)
+    ? error as E
+    : classify(error, table)
 
 /**
  * A transaction whose cleanup failed. `@effect/sql` runs `ROLLBACK`, `ROLLBACK TO SAVEPOINT` and

@@ -122,6 +122,38 @@ const committedOrFailure = (result: PgConnection.Result): Effect.Effect<void, Sq
     )
     : Effect.void
 
+/** The errors of statements sent without waiting, as reported (see {@link isSentFailure}). */
+const sentFailures = new WeakSet<object>()
+
+/**
+ * Whether `error` is the failure of a statement sent without waiting (`PgPipelinedClient.send`),
+ * reported by a later statement or the `COMMIT`: the failure of the effect that sent it, not of
+ * the transaction's own statements.
+ */
+export const isSentFailure = (error: unknown): boolean => typeof error === "object" && error !== null && sentFailures.has(error)
+
+/** The cause of the first failed statement among `exits`, its error marked as sent; `undefined` when none failed. */
+const firstFailure = (exits: ReadonlyArray<Exit.Exit<unknown, SqlError>>): Cause.Cause<SqlError> | undefined => {
+  for (const exit of exits) {
+    if (Exit.isSuccess(exit)) continue
+    const error = Cause.findErrorOption(exit.cause)
+    if (Option.isSome(error)) sentFailures.add(error.value)
+    return exit.cause
+  }
+  return undefined
+}
+
+/**
+ * The first failure of `sent` (statements sent without waiting), or `otherwise`. They are on the
+ * session ahead of the statement that failed with `otherwise`, so they have answered (or they are
+ * failing with the session) by the time it has.
+ */
+const firstSentFailure = (
+  sent: ReadonlyArray<Fiber.Fiber<unknown, SqlError>>,
+  otherwise: SqlError
+): Effect.Effect<never, SqlError> =>
+  Effect.flatMap(Fiber.awaitAll(sent), (exits) => Effect.failCause(firstFailure(exits) ?? Cause.fail(otherwise)))
+
 /**
  * Where a {@link TransactionConnection} is: `idle` (no transaction asked for: a reservation),
  * `held` (`BEGIN` asked for, nothing sent), `opening` (`BEGIN` on the wire), `open`, `failed`
@@ -157,20 +189,26 @@ export class TransactionConnection extends SessionConnection {
   private readonly abandon: (session: PgConnection.PgConnection) => Effect.Effect<void>
   private readonly pipelining: Pipelining
   private readonly spanAttributes: ReadonlyArray<readonly [string, unknown]>
+  private readonly sendWindow: number
   /** Held while `BEGIN` is on the wire, and while pinning: statements of other fibers wait. */
   private readonly lock = Semaphore.makeUnsafe(1)
+  /** Statements sent without waiting ({@link send}), until the transaction ends. */
+  private sent: Array<Fiber.Fiber<unknown, SqlError>> | undefined
 
   /**
    * `abandon` takes a session out of use for good and ends its backend, bounded; it is built only
    * when a statement is interrupted, not for every transaction. `spanAttributes` are the
    * client's, for the span of {@link executeFirst}'s statement when a tracing backend is installed.
+   * `sendWindow` bounds the statements sent without waiting that are not known to have answered
+   * (see {@link send}).
    */
   constructor(
     base: PgConnection.PgConnection,
     scope: Scope.Scope,
     abandon: (session: PgConnection.PgConnection) => Effect.Effect<void>,
     pipelining: Pipelining,
-    spanAttributes: ReadonlyArray<readonly [string, unknown]>
+    spanAttributes: ReadonlyArray<readonly [string, unknown]>,
+    sendWindow: number
   ) {
     super(base)
     this.base = base
@@ -178,6 +216,7 @@ export class TransactionConnection extends SessionConnection {
     this.abandon = abandon
     this.pipelining = pipelining
     this.spanAttributes = spanAttributes
+    this.sendWindow = sendWindow
   }
 
   /**
@@ -224,8 +263,15 @@ export class TransactionConnection extends SessionConnection {
     return Effect.suspend(() => {
       switch (this.state) {
         case "idle":
-        case "open":
-          return this.pinned === undefined ? this.onBase(f(this.base)) : f(this.pinned)
+        case "open": {
+          const run = this.pinned === undefined ? this.onBase(f(this.base)) : f(this.pinned)
+          if (this.sent === undefined || this.sent.length === 0) return run
+          // After a sent statement failed, the next ones fail as the transaction is aborted
+          // (25P02): what failed first is the cause worth reporting. Only those sent before this
+          // one (a statement being sent is not among them yet, and must not wait for itself).
+          const earlier = this.sent.slice()
+          return Effect.catch(run, (error) => firstSentFailure(earlier, error))
+        }
         case "held":
         case "opening":
           return Effect.andThen(this.begin, this.withSession(f))
@@ -321,12 +367,71 @@ export class TransactionConnection extends SessionConnection {
         })))
   }
 
-  /** `COMMIT`; nothing when nothing was sent. */
+  /**
+   * Whether a statement can be sent without waiting for its answer: the transaction is open (its
+   * `BEGIN` answered, so what is sent keeps the order it is sent in) and its session unpinned.
+   */
+  get canSend(): boolean {
+    return this.state === "open" && this.pinned === undefined
+  }
+
+  /**
+   * Sends `statement` (an effect running one statement on this connection) without waiting for
+   * its answer: a fiber of the transaction's scope runs it, started at once, so that it is queued
+   * on the session before this returns and leaves with what is sent next. Only where
+   * {@link canSend}. Its failure fails the transaction: a later statement and the `COMMIT` report
+   * it. With `sendWindow` statements sent since the last wait, it
+   * first waits for them (one round trip), so that a transaction sending many holds a bounded
+   * number of fibers; one of them that failed then fails this call.
+   */
+  send(statement: Effect.Effect<unknown, SqlError>): Effect.Effect<void, SqlError> {
+    const sent = (this.sent ??= [])
+    const fork = Effect.map(Effect.forkIn(statement, this.scope, startAtOnce), (fiber) => {
+      sent.push(fiber)
+    })
+    if (sent.length < this.sendWindow) return fork
+    return Effect.flatMap(Fiber.awaitAll(sent), (exits) => {
+      const failure = firstFailure(exits)
+      if (failure !== undefined) return Effect.failCause(failure)
+      sent.length = 0
+      return fork
+    })
+  }
+
+  /**
+   * `COMMIT`; nothing when nothing was sent. After statements sent without waiting it leaves with
+   * them, and one of them that failed fails the commit (the `COMMIT` of an aborted transaction
+   * rolls it back).
+   */
   override commit(): Effect.Effect<void, SqlError> {
     return Effect.suspend(() => {
-      if (this.state !== "held") return super.commit()
-      this.state = "idle"
-      return Effect.void
+      if (this.state === "held") {
+        this.state = "idle"
+        return Effect.void
+      }
+      if (this.sent === undefined) return super.commit()
+      const sent = this.sent
+      this.sent = undefined
+      return Effect.flatMap(Effect.exit(super.commit()), (committed) =>
+        Effect.flatMap(Fiber.awaitAll(sent), (exits) => {
+          const failure = firstFailure(exits)
+          return failure === undefined ? committed : Effect.failCause(failure)
+        }))
+    })
+  }
+
+  /**
+   * Whether `ROLLBACK` is to be sent, after a failure: not when nothing may be open (see
+   * {@link started}). When the transaction was interrupted, statements sent without waiting that
+   * are still on the wire are interrupted first (which ends the session, as for any statement
+   * interrupted on the wire), rather than waited for.
+   */
+  rollbackNeeded(interrupted: boolean): Effect.Effect<boolean> {
+    return Effect.suspend(() => {
+      const sent = this.sent
+      this.sent = undefined
+      if (sent === undefined || !interrupted) return Effect.succeed(this.started)
+      return Effect.map(Fiber.interruptAll(sent), () => this.started)
     })
   }
 }

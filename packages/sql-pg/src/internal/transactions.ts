@@ -72,7 +72,8 @@ export interface Options<C extends Connection> {
   /** `statement` is the `BeginTransaction` in effect, if any. */
   readonly begin: (conn: C, statement: string | undefined) => Effect.Effect<void, SqlError>
   readonly commit: (conn: C) => Effect.Effect<void, SqlError>
-  readonly rollback: (conn: C) => Effect.Effect<void, SqlError>
+  /** `exit` is the transaction's effect's failure (or interruption). */
+  readonly rollback: (conn: C, exit: Exit.Exit<unknown, unknown>) => Effect.Effect<void, SqlError>
   readonly savepoint: (conn: C, id: number) => Effect.Effect<void, SqlError>
   readonly releaseSavepoint: (conn: C, id: number) => Effect.Effect<void, SqlError>
   readonly rollbackSavepoint: (conn: C, id: number) => Effect.Effect<void, SqlError>
@@ -116,7 +117,7 @@ export const make = <C extends Connection>(options: Options<C>) => {
     } else {
       traced?.span.event("effect.sql.transaction.rollback", traced.clock.currentTimeNanosUnsafe())
       // A rollback that fails is a defect, as `effect/sql` makes it; so is a failed release.
-      effect = Effect.orDie(id === 0 ? options.rollback(conn) : options.rollbackSavepoint(conn, id))
+      effect = Effect.orDie(id === 0 ? options.rollback(conn, exit) : options.rollbackSavepoint(conn, id))
     }
     return id === 0 ? effect : Effect.andThen(effect, Effect.orDie(options.releaseSavepoint(conn, id)))
   }
