@@ -11,7 +11,9 @@
  * - the engine: `Consumer.run` over an in-memory source (no broker), the handler
  *   `IdempotencyStore.commit` with the same effect, `concurrency` handlers (what the engine adds);
  * - the store alone and the engine again, on `PgPipelinedClient` instead of `@effect/sql-pg`'s
- *   `PgClient` (a transaction's BEGIN sent with its dedup row: three round trips a commit).
+ *   `PgClient` (a transaction's BEGIN sent with its dedup row: three round trips a commit);
+ * - the store alone and the engine on `PgPipelinedClient` with the effect insert sent without
+ *   waiting (`PgPipelinedClient.send`), so that it leaves with the COMMIT: two round trips a commit.
  *
  * Prints each side's rate and this process's CPU per message (medians of the rounds, min and max),
  * its writes to PostgreSQL per message and the time spent inside them (`socketWrites.ts`), the bytes
@@ -33,6 +35,7 @@ import { IdempotencyStore } from "@jetworker/core"
 import { Migrations, PgIdempotencyStore, PgPipelinedClient } from "@jetworker/sql-pg"
 import { Context, Effect, Layer, Logger, Redacted, References } from "effect"
 import { SqlClient } from "effect/sql"
+import type { SqlError } from "effect/sql/SqlError"
 import { randomBytes } from "node:crypto"
 import pg from "pg"
 import { fibersLoop, throughEngine } from "./commitSides.ts"
@@ -86,10 +89,17 @@ const pgLoop = async (prefix: string) => {
 /** The effect each commit protects: one statement. */
 const effectOf = (id: string, n: number) => SqlClient.SqlClient.use((sql) => sql`INSERT INTO bench_effects (event_id, n) VALUES (${id}, ${n})`)
 
-const storeAlone = (prefix: string) =>
-  fibersLoop(total, concurrency, (n) => IdempotencyStore.commit(`${prefix}${n}`, effectOf(`${prefix}${n}`, n), { scope: SCOPE }))
+/** The same statement sent without waiting, to leave with the COMMIT. */
+const sentEffectOf = (id: string, n: number) =>
+  SqlClient.SqlClient.use((sql) => PgPipelinedClient.send(sql`INSERT INTO bench_effects (event_id, n) VALUES (${id}, ${n})`))
 
-const engine = (prefix: string) =>
+type EffectOf = (id: string, n: number) => Effect.Effect<unknown, SqlError, SqlClient.SqlClient>
+
+const storeAloneWith = (effect: EffectOf) => (prefix: string) =>
+  fibersLoop(total, concurrency, (n) => IdempotencyStore.commit(`${prefix}${n}`, effect(`${prefix}${n}`, n), { scope: SCOPE }))
+const storeAlone = storeAloneWith(effectOf)
+
+const engineWith = (effect: EffectOf) => (prefix: string) =>
   Effect.suspend(() => {
     let started = 0
     return throughEngine({
@@ -99,10 +109,11 @@ const engine = (prefix: string) =>
       // The payloads (and so their event ids) repeat: each run of the handler commits a key of its own.
       handle: (event) => {
         const id = `${prefix}${started++}`
-        return IdempotencyStore.commit(id, effectOf(id, event.data.n), { scope: SCOPE })
+        return IdempotencyStore.commit(id, effect(id, event.data.n), { scope: SCOPE })
       }
     })
   })
+const engine = engineWith(effectOf)
 
 type Figure = Stopwatch.PerMessage
 
@@ -147,7 +158,9 @@ const sides: ReadonlyArray<{ readonly label: string; readonly key: string; reado
   { label: "store alone (loop of fibers)", key: "s", run: storeAlone },
   { label: "engine, handler IdempotencyStore.commit", key: "e", run: engine },
   { label: "store alone, PgPipelinedClient", key: "sp", run: onPipelined(storeAlone) },
-  { label: "engine, PgPipelinedClient", key: "ep", run: onPipelined(engine) }
+  { label: "engine, PgPipelinedClient", key: "ep", run: onPipelined(engine) },
+  { label: "store alone, PgPipelinedClient, sent", key: "ss", run: onPipelined(storeAloneWith(sentEffectOf)) },
+  { label: "engine, PgPipelinedClient, sent", key: "es", run: onPipelined(engineWith(sentEffectOf)) }
 ]
 
 const program = (admin: pg.Client) =>
@@ -214,6 +227,10 @@ try {
   console.log(
     `on PgPipelinedClient: store alone / pg loop ${(rate(3) / rate(0)).toFixed(2)}, engine / pg loop ${(rate(4) / rate(0)).toFixed(2)}, ` +
       `store alone / store alone on PgClient ${(rate(3) / rate(1)).toFixed(2)}, engine / engine on PgClient ${(rate(4) / rate(2)).toFixed(2)}`
+  )
+  console.log(
+    `the effect sent with the COMMIT: store alone / pg loop ${(rate(5) / rate(0)).toFixed(2)}, engine / pg loop ${(rate(6) / rate(0)).toFixed(2)}, ` +
+      `store alone / store alone waiting for it ${(rate(5) / rate(3)).toFixed(2)}, engine / engine waiting for it ${(rate(6) / rate(4)).toFixed(2)}`
   )
 } finally {
   await baselinePool.end()

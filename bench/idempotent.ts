@@ -26,6 +26,9 @@
  *   Schema, which the baselines skip.
  * - jetworker per message, on PgClient: the same on `@effect/sql-pg`'s `PgClient` (four round trips
  *   a message, as the baseline).
+ * - jetworker per message, effect sent: the same on `PgPipelinedClient`, the effect insert sent
+ *   without waiting (`PgPipelinedClient.send`), so that it leaves with the COMMIT: two round trips
+ *   a message.
  * - jetworker per message, one statement: the same, but the handler is
  *   `PgIdempotencyStore.commitStatement`, which sends the dedup row and the effect insert as one
  *   statement (`WITH ... INSERT ... ON CONFLICT DO NOTHING RETURNING 1 ... INSERT ... WHERE EXISTS`):
@@ -48,7 +51,7 @@
  *
  * NATS_URL (default nats://127.0.0.1:4222) and DATABASE_URL (default
  * postgres://postgres@127.0.0.1:5432/test) select the servers. BENCH_SIDES=baseline,jetworker
- * (keys: baseline, baseline-batched, jetworker, jetworker-pgclient, jetworker-statement, jetworker-batched) runs only those sides, and then leaves the
+ * (keys: baseline, baseline-batched, jetworker, jetworker-pgclient, jetworker-sent, jetworker-statement, jetworker-batched) runs only those sides, and then leaves the
  * results file alone. BENCH_CPU_PROFILE=dir writes a CPU profile of each side's rounds (the
  * consumer's run only, not the stream's fill) to `dir/<side>-<round>.cpuprofile`.
  */
@@ -331,8 +334,12 @@ const baselineBatched = async (round: Round): Promise<Run> => {
 
 type BenchConsumer = Consumer.Consumer<typeof Event.Type, SqlError | IdempotencyStore.IdempotencyError, SqlClient.SqlClient | IdempotencyStore.IdempotencyStore | NatsConnection.NatsConnection>
 
-/** jetworker per message: `Consumer.run` with `IdempotencyStore.commit` around the effect insert. */
-const perMessageConsumer = (round: Round, onOutcome: (outcome: Outcome.Outcome) => Effect.Effect<void>): BenchConsumer =>
+/**
+ * jetworker per message: `Consumer.run` with `IdempotencyStore.commit` around the effect insert,
+ * waited for or (`sent`) sent with the COMMIT (`PgPipelinedClient.send`).
+ */
+const perMessageConsumerWith = (sent: boolean) =>
+(round: Round, onOutcome: (outcome: Outcome.Outcome) => Effect.Effect<void>): BenchConsumer =>
   Consumer.make({
     name: CONSUMER,
     source: JetStreamSource.make({ stream: round.stream, consumer: CONSUMER }),
@@ -340,13 +347,18 @@ const perMessageConsumer = (round: Round, onOutcome: (outcome: Outcome.Outcome) 
     handle: (event) =>
       IdempotencyStore.commit(
         event.id,
-        SqlClient.SqlClient.use((sql) => sql`INSERT INTO bench_effects (event_id, n) VALUES (${event.id}, ${event.data.n})`)
+        SqlClient.SqlClient.use((sql) => {
+          const insert = sql`INSERT INTO bench_effects (event_id, n) VALUES (${event.id}, ${event.data.n})`
+          return sent ? PgPipelinedClient.send(insert) : insert
+        })
       ),
     classify: { SqlError: "isRetryable", IdempotencyError: "isRetryable" },
     concurrency,
     prefetch,
     onOutcome
   })
+const perMessageConsumer = perMessageConsumerWith(false)
+const sentEffectConsumer = perMessageConsumerWith(true)
 
 /**
  * jetworker per message in one statement: `PgIdempotencyStore.commitStatement` sends the dedup
@@ -477,6 +489,7 @@ const allSides: ReadonlyArray<Side> = [
   { key: "baseline-batched", label: "baseline batched (nats.js + pg)", run: baselineBatched, messages: batchedTotal },
   { key: "jetworker", label: "jetworker per message", run: jetworkerSide("jetworker per message", perMessageConsumer, concurrency, { pipelined: true }), messages: total },
   { key: "jetworker-pgclient", label: "jetworker per message, on PgClient", run: jetworkerSide("jetworker per message, on PgClient", perMessageConsumer, concurrency), messages: total },
+  { key: "jetworker-sent", label: "jetworker per message, effect sent", run: jetworkerSide("jetworker per message, effect sent", sentEffectConsumer, concurrency, { pipelined: true }), messages: total },
   { key: "jetworker-statement", label: "jetworker per message, one statement", run: jetworkerSide("jetworker per message, one statement", oneStatementConsumer, statementConnections, { multiplex: true, multiplexConcurrency: Math.ceil(concurrency / statementConnections) }), messages: total },
   { key: "jetworker-batched", label: "jetworker batch mode", run: jetworkerSide("jetworker batch mode", batchedConsumer, batchWorkers), messages: batchedTotal }
 ]
@@ -630,6 +643,7 @@ const ratios = [
   { label: "jetworker per message / baseline per message", key: "jetworker", over: "baseline" },
   { label: "jetworker per message on PgClient / baseline per message", key: "jetworker-pgclient", over: "baseline" },
   { label: "jetworker per message / the same on PgClient", key: "jetworker", over: "jetworker-pgclient" },
+  { label: "jetworker per message, effect sent / baseline per message", key: "jetworker-sent", over: "baseline" },
   { label: "jetworker one statement / baseline per message", key: "jetworker-statement", over: "baseline" },
   { label: "baseline batched / baseline per message", key: "baseline-batched", over: "baseline" },
   { label: "baseline batched / jetworker per message", key: "baseline-batched", over: "jetworker" },

@@ -6,8 +6,12 @@
  *   of its own (`process.resourceUsage().maxRSS` at the end), with the rate it reached; each side
  *   under each of `heapSettings` (V8's defaults, and the heap bounded two ways);
  * - latency from publish to confirmed ack (p50, p90, p99, max) at a paced load of half the raw
- *   loop's capacity (measured above on the first backlog), the same offered load for both sides,
- *   in 3 alternating rounds per side (1 with BENCH_SMOKE), each percentile the median of the rounds;
+ *   loop's capacity while this process publishes at full speed (its rate on the first backlog's
+ *   count, published as it consumes: what the machine sustains with the publisher on it too; its
+ *   rate on a backlog can be twice that), the same offered load for both sides, in 3 alternating
+ *   rounds per side (1 with BENCH_SMOKE), each percentile the median of the rounds; each round
+ *   also says how long its publishing took and how long after the last publish the last ack came,
+ *   so that a round that queued (did not keep up with the offered load) shows as one;
  * - time from SIGTERM to exit for a jetworker worker under `Worker.runMain` with `concurrency`
  *   handlers in flight and 1 s of work left in each (the raw loop has no drain to measure); the
  *   run checks that every one of those messages was acked before the exit.
@@ -58,12 +62,14 @@ interface Latencies {
   readonly p90: number
   readonly p99: number
   readonly max: number
+  /** When the last message was acked (`epochMillis`). */
+  readonly lastAckAt: number
 }
 
-const percentiles = (values: Array<number>): Latencies => {
+const percentiles = (values: Array<number>, lastAckAt: number): Latencies => {
   const sorted = values.sort((a, b) => a - b)
   const at = (q: number) => sorted[Math.min(sorted.length - 1, Math.floor(q * sorted.length))]!
-  return { p50: at(0.5), p90: at(0.9), p99: at(0.99), max: sorted[sorted.length - 1]! }
+  return { p50: at(0.5), p90: at(0.9), p99: at(0.99), max: sorted[sorted.length - 1]!, lastAckAt }
 }
 
 const report = (value: unknown) => process.stdout.write(`RESULT ${JSON.stringify(value)}\n`)
@@ -101,6 +107,7 @@ const rawChild = async (args: ChildArgs, latency: boolean) => {
   const messages = await consumer.consume({ max_messages: args.concurrency })
   const latencies: Array<number> = []
   let started = 0
+  let lastAckAt = 0
   let first = true
   // The clock starts at the first confirmed ack.
   await ackAll(nc, messages, {
@@ -108,6 +115,7 @@ const rawChild = async (args: ChildArgs, latency: boolean) => {
     concurrency: args.concurrency,
     onAcked: (payload) => {
       if (started === 0) started = performance.now()
+      lastAckAt = epochMillis()
       // The first message says the loop runs; the paced load comes after it.
       if (latency && first) report("ready")
       else if (latency) latencies.push(epochMillis() - (payload as { readonly data: { readonly t: number } }).data.t)
@@ -117,7 +125,7 @@ const rawChild = async (args: ChildArgs, latency: boolean) => {
   const seconds = (performance.now() - started) / 1000
   messages.stop()
   await nc.close()
-  report(latency ? percentiles(latencies) : ({ rssMiB: rssMiB(), rate: args.count / seconds, ...peaks() } satisfies Drained))
+  report(latency ? percentiles(latencies, lastAckAt) : ({ rssMiB: rssMiB(), rate: args.count / seconds, ...peaks() } satisfies Drained))
 }
 
 /** jetworker: `Consumer.run` over a `JetStreamSource`, a handler that does nothing. */
@@ -125,6 +133,7 @@ const engineChild = async (args: ChildArgs, latency: boolean) => {
   const peaks = heapPeaks()
   const sentAt = new Map<string, number>()
   const latencies: Array<number> = []
+  let lastAckAt = 0
   const program = Effect.gen(function*() {
     const allDone = yield* Deferred.make<void>()
     let done = 0
@@ -143,6 +152,7 @@ const engineChild = async (args: ChildArgs, latency: boolean) => {
       prefetch: args.concurrency,
       onOutcome: (outcome: Outcome.Outcome) =>
         Effect.suspend(() => {
+          lastAckAt = epochMillis()
           // The first message says the consumer runs; the paced load comes after it.
           if (latency && done === 0) report("ready")
           else if (latency && outcome.message.eventId !== undefined) {
@@ -160,7 +170,7 @@ const engineChild = async (args: ChildArgs, latency: boolean) => {
     Effect.provideService(References.MinimumLogLevel, "Error")
   )
   const rate = await Effect.runPromise(program)
-  report(latency ? percentiles(latencies) : ({ rssMiB: rssMiB(), rate, ...peaks() } satisfies Drained))
+  report(latency ? percentiles(latencies, lastAckAt) : ({ rssMiB: rssMiB(), rate, ...peaks() } satisfies Drained))
 }
 
 /** A worker whose handlers each sleep 1 s; says "ready" once `concurrency` of them run. */
@@ -309,34 +319,69 @@ const parent = async () => {
     }
     await drain(backlogs[0]!)
 
-    // Latency at half the raw loop's capacity, the same offered load for both sides, in
-    // `latencyRounds` alternating rounds: a tail is a handful of pauses of the machine, which one
-    // round of a side may catch and the other not, so each percentile is the median of the rounds.
-    const capacity = memory[0]!.sides[0]!.raw.rate
-    const rate = Math.max(100, Math.floor(capacity / 2))
-    const seconds = 5
-    const latencyRounds = process.env.BENCH_SMOKE === undefined ? 3 : 1
-    const rounds: Record<"raw" | "engine", Array<Latencies>> = { raw: [], engine: [] }
-    const paced = async (side: "raw" | "engine") => {
+    // One round of the latency run: `side` consumes `count` messages published after it runs,
+    // paced at `offered` msg/s (a tick every 10 ms publishes what the rate allows up to then) or,
+    // with "full", as fast as this process publishes (confirmed, 1 000 awaited at a time).
+    interface Round extends Latencies {
+      /** How long the publishing took, in seconds (longer than planned: the publisher fell behind). */
+      readonly publishSeconds: number
+      /**
+       * From the last publish's confirmation to the last ack, in ms: near zero (or below, the ack
+       * coming before the confirmation) when the side kept up, seconds when it queued.
+       */
+      readonly lagMillis: number
+      /** Messages per second from the first publish to the last ack. */
+      readonly rate: number
+    }
+    const latencyRound = async (side: "raw" | "engine", offered: number | "full", count: number): Promise<Round> => {
       const stream = await makeStream([side])
-      const count = rate * seconds
       let started: () => void = () => undefined
       const ready = new Promise<void>((resolve) => (started = resolve))
-      // One message first, whose settlement says the consumer runs; then the paced load.
+      // One message first, whose settlement says the consumer runs; then the load.
       const run = child(`${side}-latency`, { stream, consumer: side, count: count + 1, concurrency }, () => started())
       await publish(stream)
       await ready
-      // Paced: a tick every 10 ms publishes what the rate allows up to now.
-      const begin = performance.now()
-      let sent = 0
-      while (sent < count) {
-        const due = Math.min(count, Math.floor(((performance.now() - begin) / 1000) * rate))
-        const batch: Array<Promise<unknown>> = []
-        for (; sent < due; sent++) batch.push(publish(stream))
-        await Promise.all(batch)
-        await new Promise((resolve) => setTimeout(resolve, 10))
+      const beganAt = epochMillis()
+      if (offered === "full") {
+        await fill(stream, count)
+      } else {
+        const begin = performance.now()
+        let sent = 0
+        for (;;) {
+          const due = Math.min(count, Math.floor(((performance.now() - begin) / 1000) * offered))
+          const batch: Array<Promise<unknown>> = []
+          for (; sent < due; sent++) batch.push(publish(stream))
+          await Promise.all(batch)
+          if (sent === count) break
+          await new Promise((resolve) => setTimeout(resolve, 10))
+        }
       }
+      const publishedAt = epochMillis()
       const result = (await run).result as Latencies
+      return {
+        ...result,
+        publishSeconds: (publishedAt - beganAt) / 1000,
+        lagMillis: result.lastAckAt - publishedAt,
+        rate: count / ((result.lastAckAt - beganAt) / 1000)
+      }
+    }
+
+    // The capacity the paced load is half of: the raw loop's rate while this process publishes
+    // at full speed, as it publishes the paced load. The rate on a backlog is not it: the
+    // publisher shares the machine's cores, and half that rate can be more than the two sustain
+    // together (then both sides queue for the whole run, and the latency measures the queue).
+    const flow = await latencyRound("raw", "full", backlogs[0]!)
+    const capacity = flow.rate
+    console.log(`capacity: the raw loop at ${capacity.toFixed(0)} msg/s with the publisher running (${memory[0]!.sides[0]!.raw.rate.toFixed(0)} on the backlog)`)
+    // Latency at half that capacity, the same offered load for both sides, in `latencyRounds`
+    // alternating rounds: a tail is a handful of pauses of the machine, which one round of a side
+    // may catch and the other not, so each percentile is the median of the rounds.
+    const rate = Math.max(100, Math.floor(capacity / 2))
+    const seconds = 5
+    const latencyRounds = process.env.BENCH_SMOKE === undefined ? 3 : 1
+    const rounds: Record<"raw" | "engine", Array<Round>> = { raw: [], engine: [] }
+    const paced = async (side: "raw" | "engine") => {
+      const result = await latencyRound(side, rate, rate * seconds)
       rounds[side].push(result)
       console.log(`latency ${side} at ${rate} msg/s, round ${rounds[side].length}: ${JSON.stringify(result)}`)
     }
@@ -344,7 +389,7 @@ const parent = async () => {
       for (const side of round % 2 === 0 ? (["raw", "engine"] as const) : (["engine", "raw"] as const)) await paced(side)
     }
     const median = (values: ReadonlyArray<number>) => [...values].sort((a, b) => a - b)[Math.floor(values.length / 2)]!
-    const latency = (side: "raw" | "engine", q: keyof Latencies) => median(rounds[side].map((result) => result[q]))
+    const latency = (side: "raw" | "engine", q: "p50" | "p90" | "p99" | "max") => median(rounds[side].map((result) => result[q]))
     const p99Range = (side: "raw" | "engine") => {
       const p99s = rounds[side].map((result) => result.p99)
       return `${Math.min(...p99s).toFixed(1)}..${Math.max(...p99s).toFixed(1)}`
@@ -394,14 +439,18 @@ const parent = async () => {
         `| ${backlog} | ${sides.flatMap(({ engine, raw }) => [raw, engine]).map((side) => `${fixed(side.youngMiB)} / ${fixed(side.oldMiB)}`).join(" | ")} |`
       ),
       "",
-      `Latency, publish to confirmed ack, at ${rate} msg/s for ${seconds} s (half the raw loop's ${fixed(capacity)} msg/s), in ms; ` +
-        (latencyRounds === 1 ? "one round per side:" : `each percentile the median of ${latencyRounds} alternating rounds per side, with the p99 of each round:`),
+      `Latency, publish to confirmed ack, at ${rate} msg/s for ${seconds} s (half the ${fixed(capacity)} msg/s the raw loop reached ` +
+        `on ${backlogs[0]} messages published as it consumed them; on the backlog it reached ${fixed(memory[0]!.sides[0]!.raw.rate)}), in ms; ` +
+        (latencyRounds === 1 ? "one round per side" : `each percentile the median of ${latencyRounds} alternating rounds per side, with the p99 of each round`) +
+        `; with each round's publishing time (${seconds} s planned) and the time from its last publish's confirmation to its ` +
+        `last ack (near zero, or below when the ack came first: the side kept up; seconds: it was working off a queue when the load stopped):`,
       "",
-      "| side | p50 | p90 | p99 | max | p99 per round |",
-      "|---|---:|---:|---:|---:|---:|",
+      "| side | p50 | p90 | p99 | max | p99 per round | publishing, s, per round | last ack after the last publish, ms, per round |",
+      "|---|---:|---:|---:|---:|---:|---:|---:|",
       ...(["raw", "engine"] as const).map((side) =>
         `| ${side === "raw" ? "raw loop" : "jetworker"} | ${fixed(latency(side, "p50"), 1)} | ${fixed(latency(side, "p90"), 1)} | ` +
-        `${fixed(latency(side, "p99"), 1)} | ${fixed(latency(side, "max"), 1)} | ${p99Range(side)} |`
+        `${fixed(latency(side, "p99"), 1)} | ${fixed(latency(side, "max"), 1)} | ${p99Range(side)} | ` +
+        `${rounds[side].map((round) => fixed(round.publishSeconds, 2)).join(", ")} | ${rounds[side].map((round) => fixed(round.lagMillis, 1)).join(", ")} |`
       ),
       "",
       `SIGTERM to exit with ${concurrency} handlers in flight and 1 s of work left in each: ${fixed(shutdownMillis)} ms ` +
