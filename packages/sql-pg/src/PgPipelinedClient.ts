@@ -77,10 +77,11 @@ const control = (conn: TransactionConnection, sql: string): Effect.Effect<void, 
 
 /**
  * A statement ending (part of) a transaction, sent only when one may be open: one that sent
- * nothing, or whose BEGIN failed, has nothing to roll back.
+ * nothing, or whose BEGIN failed, has nothing to roll back. Decided when it runs: a sent statement
+ * interrupted just before may have ended the session.
  */
 const cleanup = (conn: TransactionConnection, sql: string): Effect.Effect<void, SqlError> =>
-  conn.started ? control(conn, sql) : Effect.void
+  Effect.suspend(() => conn.started ? control(conn, sql) : Effect.void)
 
 /**
  * Builds the client on a pool of its own, closed with the scope.
@@ -149,8 +150,7 @@ export const make = (config: Options): Effect.Effect<PgClient.PgClient, SqlError
       begin: (conn, statement) =>
         statement === undefined ? conn.hold : Effect.asVoid(conn.executeUnprepared(statement, [], undefined)),
       commit: (conn) => conn.commit(),
-      rollback: (conn, exit) =>
-        Effect.flatMap(conn.rollbackNeeded(Exit.hasInterrupts(exit)), (needed) => needed ? control(conn, "ROLLBACK") : Effect.void),
+      rollback: (conn, exit) => conn.rollingBack(Exit.hasInterrupts(exit), cleanup(conn, "ROLLBACK")),
       savepoint: (conn, id) => control(conn, `SAVEPOINT effect_sql_${id}`),
       releaseSavepoint: (conn, id) => cleanup(conn, `RELEASE SAVEPOINT effect_sql_${id}`),
       rollbackSavepoint: (conn, id) => cleanup(conn, `ROLLBACK TO SAVEPOINT effect_sql_${id}`)

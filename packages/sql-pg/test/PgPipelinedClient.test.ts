@@ -401,7 +401,15 @@ layer(database(), { excludeTestServices: true })("PgPipelinedClient.send", (it) 
       const pidBefore = yield* Effect.provideContext(backendPid, context)
       const failed = freshKey()
       const exit = yield* Effect.exit(Effect.provideContext(
-        IdempotencyStore.use((store) => store.commit(failed, Effect.andThen(sendRecord(failed.id), Effect.fail("business rule")))),
+        IdempotencyStore.use((store) =>
+          store.commit(
+            failed,
+            // The failure comes while what was sent still runs: the ROLLBACK waits for it.
+            Effect.andThen(
+              Effect.all([SqlClient.SqlClient.use((sql) => PgPipelinedClient.send(sql`SELECT pg_sleep(0.2)`)), sendRecord(failed.id)]),
+              Effect.fail("business rule")
+            )
+          )),
         context
       ))
       assert.strictEqual(failureOf(exit), "business rule")

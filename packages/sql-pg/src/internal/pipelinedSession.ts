@@ -421,17 +421,18 @@ export class TransactionConnection extends SessionConnection {
   }
 
   /**
-   * Whether `ROLLBACK` is to be sent, after a failure: not when nothing may be open (see
-   * {@link started}). When the transaction was interrupted, statements sent without waiting that
-   * are still on the wire are interrupted first (which ends the session, as for any statement
-   * interrupted on the wire), rather than waited for.
+   * Runs `rollback` after a failure, ending the statements sent without waiting. When the
+   * transaction was interrupted, those still on the wire are interrupted first (which ends the
+   * session, as for any statement interrupted on the wire) rather than waited for; otherwise they
+   * are waited for after `rollback` (which answers after them), so that none is still running,
+   * to be interrupted when the transaction's scope closes.
    */
-  rollbackNeeded(interrupted: boolean): Effect.Effect<boolean> {
+  rollingBack(interrupted: boolean, rollback: Effect.Effect<void, SqlError>): Effect.Effect<void, SqlError> {
     return Effect.suspend(() => {
       const sent = this.sent
       this.sent = undefined
-      if (sent === undefined || !interrupted) return Effect.succeed(this.started)
-      return Effect.map(Fiber.interruptAll(sent), () => this.started)
+      if (sent === undefined) return rollback
+      return interrupted ? Effect.andThen(Fiber.interruptAll(sent), rollback) : Effect.ensuring(rollback, Fiber.awaitAll(sent))
     })
   }
 }
