@@ -198,7 +198,8 @@ export const make = (config: Options): Effect.Effect<PgClient.PgClient, SqlError
  *
  * Anywhere else (outside a transaction, in a savepoint, on another client, before the
  * transaction's first statement has answered, after a stream pinned its session) it runs the
- * statement and waits for it, as `yield* statement` does.
+ * statement and waits for it, as `yield* statement` does. Called from a fiber that outlived its
+ * transaction (after the commit or the rollback), it dies, as `afterCommit` does there.
  *
  * @since 0.1.0
  */
@@ -207,9 +208,13 @@ export const send = (statement: Statement.Statement<unknown>): Effect.Effect<voi
     const sql = Context.getUnsafe(fiber.context, SqlClient.SqlClient)
     const transaction = Context.getOrUndefined(fiber.context, sql.transactionService)
     const connection = transaction?.[0]
-    return transaction?.[1] === 0 && connection instanceof TransactionConnection && connection.canSend
-      ? connection.send(statement)
-      : Effect.asVoid(statement)
+    if (transaction?.[1] === 0 && connection instanceof TransactionConnection) {
+      // As `afterCommit` refuses to: a fiber that outlived its transaction would send into a
+      // scope already closed, and the statement would never run.
+      if (connection.ended) return Effect.die(new Error("PgPipelinedClient.send: the transaction has already ended"))
+      if (connection.canSend) return connection.send(statement)
+    }
+    return Effect.asVoid(statement)
   })
 
 /**

@@ -8,7 +8,7 @@
 import { assert, layer } from "@effect/vitest"
 import { PgClient } from "@effect/sql-pg"
 import { IdempotencyStore, type Key } from "@jetworker/core/IdempotencyStore"
-import { Cause, Config, Context, Effect, Exit, Fiber, Layer, Option, Redacted, Stream } from "effect"
+import { Cause, Config, Context, Deferred, Effect, Exit, Fiber, Layer, Option, Redacted, Stream } from "effect"
 import { SqlClient } from "effect/sql"
 import { isSqlError, type SqlError } from "effect/sql/SqlError"
 import { randomUUID } from "node:crypto"
@@ -455,13 +455,27 @@ layer(database(), { excludeTestServices: true })("PgPipelinedClient.send", (it) 
       }
     }))
 
-  it.effect("send waits where it cannot save a round trip: outside a transaction it commits at once, and in a savepoint its failure fails the savepoint only", () =>
+  it.effect("send waits where it cannot save a round trip: outside a transaction it commits at once, and in a savepoint its failure fails the savepoint only; from a fiber that outlived its transaction it dies", () =>
     Effect.gen(function*() {
       const context = yield* storeOn("PgPipelinedClient", { writes: 0, spoilBegin: false }, 1)
       const sql = Context.get(context, SqlClient.SqlClient)
       const alone = randomUUID()
       yield* Effect.provideContext(sendRecord(alone), context)
       assert.strictEqual(yield* ledgerRows(alone), 1)
+
+      // From a fiber that outlives its transaction: refused, rather than sent into a closed scope
+      // where it would never run.
+      const late = randomUUID()
+      const gate = yield* Deferred.make<void>()
+      const outlived = yield* Effect.provideContext(
+        sql.withTransaction(Effect.andThen(record(randomUUID()), Effect.forkDetach(Effect.andThen(Deferred.await(gate), sendRecord(late))))),
+        context
+      )
+      yield* Deferred.succeed(gate, undefined)
+      const lateExit = yield* Fiber.await(outlived)
+      assert.isTrue(Exit.hasDies(lateExit), "the late send died")
+      assert.include(String(Cause.squash(Exit.isFailure(lateExit) ? lateExit.cause : Cause.empty)), "the transaction has already ended")
+      assert.strictEqual(yield* ledgerRows(late), 0)
 
       const [a, b] = [randomUUID(), randomUUID()]
       const inner = yield* Effect.provideContext(

@@ -194,6 +194,8 @@ export class TransactionConnection extends SessionConnection {
   private readonly lock = Semaphore.makeUnsafe(1)
   /** Statements sent without waiting ({@link send}), until the transaction ends. */
   private sent: Array<Fiber.Fiber<unknown, SqlError>> | undefined
+  /** Whether the transaction has been committed or rolled back (its session may serve another). */
+  ended = false
 
   /**
    * `abandon` takes a session out of use for good and ends its backend, bounded; it is built only
@@ -372,7 +374,7 @@ export class TransactionConnection extends SessionConnection {
    * `BEGIN` answered, so what is sent keeps the order it is sent in) and its session unpinned.
    */
   get canSend(): boolean {
-    return this.state === "open" && this.pinned === undefined
+    return this.state === "open" && this.pinned === undefined && !this.ended
   }
 
   /**
@@ -405,6 +407,7 @@ export class TransactionConnection extends SessionConnection {
    */
   override commit(): Effect.Effect<void, SqlError> {
     return Effect.suspend(() => {
+      this.ended = true
       if (this.state === "held") {
         this.state = "idle"
         return Effect.void
@@ -429,6 +432,7 @@ export class TransactionConnection extends SessionConnection {
    */
   rollingBack(interrupted: boolean, rollback: Effect.Effect<void, SqlError>): Effect.Effect<void, SqlError> {
     return Effect.suspend(() => {
+      this.ended = true
       const sent = this.sent
       this.sent = undefined
       if (sent === undefined) return rollback
