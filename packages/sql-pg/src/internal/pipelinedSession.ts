@@ -143,16 +143,19 @@ const firstFailure = (exits: ReadonlyArray<Exit.Exit<unknown, SqlError>>): Cause
   return undefined
 }
 
+/** Waits for `sent` (statements sent without waiting): the cause of the first that failed, if one did (see {@link firstFailure}). */
+const sentFailure = (sent: ReadonlyArray<Fiber.Fiber<unknown, SqlError>>): Effect.Effect<Cause.Cause<SqlError> | undefined> =>
+  Effect.map(Fiber.awaitAll(sent), firstFailure)
+
 /**
- * The first failure of `sent` (statements sent without waiting), or `otherwise`. They are on the
- * session ahead of the statement that failed with `otherwise`, so they have answered (or they are
- * failing with the session) by the time it has.
+ * The first failure of `sent`, or `otherwise`. They are on the session ahead of the statement that
+ * failed with `otherwise`, so they have answered (or they are failing with the session) by the
+ * time it has.
  */
 const firstSentFailure = (
   sent: ReadonlyArray<Fiber.Fiber<unknown, SqlError>>,
   otherwise: SqlError
-): Effect.Effect<never, SqlError> =>
-  Effect.flatMap(Fiber.awaitAll(sent), (exits) => Effect.failCause(firstFailure(exits) ?? Cause.fail(otherwise)))
+): Effect.Effect<never, SqlError> => Effect.flatMap(sentFailure(sent), (failure) => Effect.failCause(failure ?? Cause.fail(otherwise)))
 
 /**
  * Where a {@link TransactionConnection} is: `idle` (no transaction asked for: a reservation),
@@ -371,10 +374,11 @@ export class TransactionConnection extends SessionConnection {
 
   /**
    * Whether a statement can be sent without waiting for its answer: the transaction is open (its
-   * `BEGIN` answered, so what is sent keeps the order it is sent in) and its session unpinned.
+   * `BEGIN` answered, so what is sent keeps the order it is sent in) and its session unpinned. Not
+   * whether it has {@link ended}, which a sender checks first (a late send is refused, not waited).
    */
   get canSend(): boolean {
-    return this.state === "open" && this.pinned === undefined && !this.ended
+    return this.state === "open" && this.pinned === undefined
   }
 
   /**
@@ -392,8 +396,7 @@ export class TransactionConnection extends SessionConnection {
       sent.push(fiber)
     })
     if (sent.length < this.sendWindow) return fork
-    return Effect.flatMap(Fiber.awaitAll(sent), (exits) => {
-      const failure = firstFailure(exits)
+    return Effect.flatMap(sentFailure(sent), (failure) => {
       if (failure !== undefined) return Effect.failCause(failure)
       sent.length = 0
       return fork
@@ -416,10 +419,7 @@ export class TransactionConnection extends SessionConnection {
       const sent = this.sent
       this.sent = undefined
       return Effect.flatMap(Effect.exit(super.commit()), (committed) =>
-        Effect.flatMap(Fiber.awaitAll(sent), (exits) => {
-          const failure = firstFailure(exits)
-          return failure === undefined ? committed : Effect.failCause(failure)
-        }))
+        Effect.flatMap(sentFailure(sent), (failure) => failure === undefined ? committed : Effect.failCause(failure)))
     })
   }
 
