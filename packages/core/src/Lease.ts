@@ -20,7 +20,8 @@ import { currentEvents } from "./internal/currentEvents.ts"
  * When a keeper of leases acts, as fractions of the lease (the source's ack wait). The engine's
  * keeper (for running handlers) and a source's keeper (for messages in its buffer) follow the same
  * rules, so that one never gives up a lease the other would still extend: a lease held for
- * `extendAfter` of its length gets an extension, waited for at most that long; once `localEnd` of
+ * `extendAfter` of its length gets an extension, waited for at most that long and sent again at
+ * once if it goes unanswered (a request or reply lost across a reconnect); once `localEnd` of
  * it has gone by since it was last known held, it counts as lost. `localEnd` is the local lease
  * deadline ({@link ensure}), short of the broker's so that a settle sent at it still lands in time.
  */

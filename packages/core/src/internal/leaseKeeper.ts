@@ -1,7 +1,8 @@
 /**
  * The lease keeper: one fiber per running consumer (not one per message) that watches every
  * delivery whose handler is running. A delivery held for a third of the lease gets an extension
- * (waited for at most a third of the lease, on top of the delivery's own bound); once no extension
+ * (waited for at most a third of the lease, on top of the delivery's own bound), sent again at once
+ * if it goes unanswered in that time while the lease is short of its end; once no extension
  * has been confirmed for 90% of the lease the lease counts as lost (`Lease.timing`, shared with the
  * sources' keepers of buffered messages): the delivery is marked and its fiber interrupted, so its transaction
  * rolls back and it is never acked. Internal: the engine registers and unregisters deliveries.
@@ -47,6 +48,9 @@ export interface LeaseKeeper {
   readonly unregister: (lease: Lease) => void
 }
 
+/** How an extension was answered: confirmed, not at all in time, or with a failure. */
+type Answer = "confirmed" | "unanswered" | "failed"
+
 /** A keeper that watches nothing, for a source without leases. */
 export const none: LeaseKeeper = {
   register: (delivery, receivedAt, fiber) => ({ delivery, fiber, hold: { since: receivedAt }, extending: false, lost: false, lastFailure: undefined, slot: -1 }),
@@ -60,35 +64,50 @@ export const make = (lease: Duration.Duration): Effect.Effect<LeaseKeeper, never
     if (!(leaseMillis > 0) || !Number.isFinite(leaseMillis)) return none
     const leases = LiveSet.make<Lease>()
     const runFork = Effect.runForkWith(yield* Effect.context<never>())
+    const clock = yield* Clock.Clock
     const extendAfter = leaseMillis * timing.extendAfter
     const extendTimeout = Duration.millis(extendAfter)
 
     const unanswered = `no answer within ${Math.round(extendAfter)} ms`
-    const extend = (lease: Lease, sentAt: number) =>
+    // Whether `lease` is watched and `now` short of its local end: an unanswered extension is sent
+    // again only then.
+    const stillHeld = (lease: Lease, now: number) =>
+      !lease.lost && leases.has(lease.slot, lease) && now - lease.hold.since < leaseMillis * timing.localEnd
+    const extend = (lease: Lease, sentAt: number): Effect.Effect<void> =>
       lease.delivery.extend.pipe(
         Effect.timeoutOption(extendTimeout),
-        Effect.map((answered) => {
-          if (Option.isSome(answered)) return true
+        Effect.map((answered): Answer => {
+          if (Option.isSome(answered)) return "confirmed"
           lease.lastFailure = unanswered
-          return false
+          return "unanswered"
         }),
         Effect.catch((error) =>
-          Effect.sync(() => {
+          Effect.sync((): Answer => {
             lease.lastFailure = error.message
-            return false
+            return error.reason === "Timeout" ? "unanswered" : "failed"
           })
         ),
-        Effect.flatMap((confirmed) =>
-          Effect.sync(() => {
-            if (confirmed && !lease.lost) lease.hold.since = Math.max(lease.hold.since, sentAt)
+        Effect.flatMap((answer) =>
+          Effect.suspend(() => {
+            if (answer === "confirmed" && !lease.lost) lease.hold.since = Math.max(lease.hold.since, sentAt)
+            // An extension that went unanswered (its request or its reply lost, as across a
+            // reconnect) is sent again at once rather than at the next check: waiting for that
+            // could pass 90% of the lease before a second one is sent. A failure the broker or
+            // the connection answered at once waits for the next check instead, as does a
+            // `Timeout` that took no time (a source's bug must not spin the keeper).
+            if (answer === "unanswered") {
+              const now = Monotonic.millis(clock)
+              if (now > sentAt && stillHeld(lease, now)) return extend(lease, now)
+            }
             lease.extending = false
+            return Effect.void
           })
         )
       )
 
-    const tick = Effect.gen(function*() {
+    const tick = Effect.sync(() => {
       // Monotonic, as the broker times its ack wait: a step of the wall clock changes nothing here.
-      const now = Monotonic.millis(yield* Clock.Clock)
+      const now = Monotonic.millis(clock)
       for (const lease of leases.members()) {
         const held = now - lease.hold.since
         if (held >= leaseMillis * timing.localEnd) {
@@ -97,7 +116,7 @@ export const make = (lease: Duration.Duration): Effect.Effect<LeaseKeeper, never
           lease.fiber.interruptUnsafe()
         } else if (held >= extendAfter && !lease.extending) {
           lease.extending = true
-          yield* Effect.forkDetach(extend(lease, now))
+          runFork(extend(lease, now))
         }
       }
     })

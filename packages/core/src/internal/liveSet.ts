@@ -12,6 +12,8 @@ export interface LiveSet<A extends object> {
   readonly add: (member: A) => number
   /** Removes `member` from `slot`; nothing if the slot holds another member (or none) by now. */
   readonly remove: (slot: number, member: A) => void
+  /** Whether `slot` still holds `member`. */
+  readonly has: (slot: number, member: A) => boolean
   /** The members now, in no particular order. */
   readonly members: () => Array<A>
   readonly size: () => number
@@ -34,6 +36,7 @@ export const make = <A extends object>(): LiveSet<A> => {
       free.push(slot)
       size--
     },
+    has: (slot, member) => slots[slot] === member,
     members: () => {
       const members: Array<A> = []
       for (const member of slots) if (member !== undefined) members.push(member)

@@ -5,8 +5,9 @@
  * the message to the broker for redelivery while this intake still holds it, and both deliveries
  * would run. They are kept as the engine's lease keeper keeps a running delivery's: an extension
  * (`+WPI`, confirmed) once a message has waited a third of its lease since it was last known held,
- * and none once 90% of it has passed (`Lease.timing`), since the server confirms an old owner's extension too and
- * a confirmation then proves nothing. When the engine takes again, each message kept so far gets
+ * sent again at once if unanswered in that time, and none once 90% of it has passed
+ * (`Lease.timing`), since the server confirms an old owner's extension too and a confirmation
+ * then proves nothing. When the engine takes again, each message kept so far gets
  * one last extension, so it does not start with part of its lease spent. A confirmed extension
  * moves the message's `receivedAt` to when it was sent: the engine's lease counts from there once
  * it takes the message (and the engine extends at once a lease a third spent when taken).
@@ -54,6 +55,14 @@ export const makeBufferedLeases = (
       extending.delete(pulled)
       if (error === undefined) pulled.receivedAt = Math.max(pulled.receivedAt, sentAt)
       else if (error.reason === "NotAuthorized") refused(pulled, error)
+      else if (error.reason === "Timeout") {
+        // Unanswered (its request or reply lost, as across a reconnect): sent again at once, as
+        // the engine's keeper does, since the next check could come past 90% of the lease.
+        const now = env.receivedNow()
+        if (now > sentAt && !state.closed && now - pulled.receivedAt < leaseMillis * timing.localEnd && state.buffered.includes(pulled)) {
+          extend(pulled, now)
+        }
+      }
     })
     if (!answered) extending.set(pulled, withdraw)
   }
