@@ -7,6 +7,9 @@
  * wait is 4 s: an extension sent during the cut waits a third of it for its answer, so it outlasts
  * the cut and is answered after the reconnect. With 2 s it timed out during the cut, and the next
  * came too late (past 90% of the lease) in most runs, for the held message or the buffered ones.
+ * One lost at the cut's start (its request or reply dropped) is sent again as soon as its wait
+ * ends: when the keepers waited for their next check instead, that came past 90% of the lease in
+ * the worst phase, and a CI run gave up all four buffered messages.
  *
  * Past `dependencies.maxHold` the buffered messages' leases run out and the broker hands them to
  * another instance of the same durable, while the paused instance still holds the stale
