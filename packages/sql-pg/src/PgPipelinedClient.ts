@@ -39,6 +39,11 @@
  *   steps of the runtime: the `sql.transaction` span is recorded only when a tracing backend is
  *   installed, and a statement inside a transaction takes no scope of its own. With a tracing
  *   backend the dedup row still leaves with its `BEGIN`, in a span like its other statements'.
+ * - A statement or stream of a transaction run from a fiber that outlived it (forked in the
+ *   transaction, still running after its commit or rollback) dies, as `afterCommit` does there.
+ *   On `@effect/sql-pg`'s client it runs on the session the transaction gave back to the pool:
+ *   outside any transaction, or inside the next one on that session, committed or rolled back
+ *   with work it has nothing to do with.
  *
  * @since 0.1.0
  */
@@ -49,7 +54,7 @@ import { SqlClient } from "effect/sql"
 import type { SqlError } from "effect/sql/SqlError"
 import { SqlError as SqlErrorClass, UnknownError } from "effect/sql/SqlError"
 import * as Statement from "effect/sql/Statement"
-import { type Pipelining, SessionConnection, TransactionConnection } from "./internal/pipelinedSession.ts"
+import { endedError, type Pipelining, SessionConnection, TransactionConnection } from "./internal/pipelinedSession.ts"
 import * as Transactions from "./internal/transactions.ts"
 
 /**
@@ -150,7 +155,7 @@ export const make = (config: Options): Effect.Effect<PgClient.PgClient, SqlError
       begin: (conn, statement) =>
         statement === undefined ? conn.hold : Effect.asVoid(conn.executeUnprepared(statement, [], undefined)),
       commit: (conn) => conn.commit(),
-      rollback: (conn, exit) => conn.rollingBack(Exit.hasInterrupts(exit), cleanup(conn, "ROLLBACK")),
+      rollback: (conn, exit) => conn.rollingBack(Exit.hasInterrupts(exit)),
       savepoint: (conn, id) => control(conn, `SAVEPOINT effect_sql_${id}`),
       releaseSavepoint: (conn, id) => cleanup(conn, `RELEASE SAVEPOINT effect_sql_${id}`),
       rollbackSavepoint: (conn, id) => cleanup(conn, `ROLLBACK TO SAVEPOINT effect_sql_${id}`)
@@ -211,7 +216,7 @@ export const send = (statement: Statement.Statement<unknown>): Effect.Effect<voi
     if (transaction?.[1] === 0 && connection instanceof TransactionConnection) {
       // As `afterCommit` refuses to: a fiber that outlived its transaction would send into a
       // scope already closed, and the statement would never run.
-      if (connection.ended) return Effect.die(new Error("PgPipelinedClient.send: the transaction has already ended"))
+      if (connection.ended) return Effect.die(endedError("PgPipelinedClient.send"))
       if (connection.canSend) return connection.send(statement)
     }
     return Effect.asVoid(statement)

@@ -491,4 +491,45 @@ layer(database(), { excludeTestServices: true })("PgPipelinedClient.send", (it) 
       assert.strictEqual(yield* ledgerRows(a), 1)
       assert.strictEqual(yield* ledgerRows(b), 1)
     }))
+
+  it.effect("a statement or a stream from a fiber that outlived its transaction dies, rather than running in the next transaction on the session", () =>
+    Effect.gen(function*() {
+      // One session, so that the next transaction gets the one the first gave back.
+      const context = yield* storeOn("PgPipelinedClient", { writes: 0, spoilBegin: false }, 1)
+      const sql = Context.get(context, SqlClient.SqlClient)
+      const [first, late, next] = [randomUUID(), randomUUID(), randomUUID()]
+      const gate = yield* Deferred.make<void>()
+      const [outlived, streamed] = yield* Effect.provideContext(
+        sql.withTransaction(Effect.andThen(
+          record(first),
+          Effect.all([
+            Effect.forkDetach(Effect.andThen(Deferred.await(gate), record(late))),
+            Effect.forkDetach(Effect.andThen(Deferred.await(gate), Stream.runCollect(sql`SELECT 1 AS n`.stream)))
+          ])
+        )),
+        context
+      )
+      // The next transaction, on the same session: the late statement runs while it is open, and
+      // it rolls back.
+      const nextExit = yield* Effect.exit(Effect.provideContext(
+        sql.withTransaction(Effect.gen(function*() {
+          yield* record(next)
+          yield* Deferred.succeed(gate, undefined)
+          const lateExit = yield* Fiber.await(outlived).pipe(Effect.timeout("10 seconds"))
+          yield* Fiber.await(streamed).pipe(Effect.timeout("10 seconds"))
+          return yield* Effect.fail(lateExit)
+        })),
+        context
+      ))
+      const lateExit = Exit.isFailure(nextExit) ? Option.getOrUndefined(Cause.findErrorOption(nextExit.cause)) : undefined
+      assert.isTrue(lateExit !== undefined && Exit.isExit(lateExit) && Exit.hasDies(lateExit), `the late statement died: ${String(lateExit)}`)
+      assert.include(String(Cause.squash((lateExit as Exit.Failure<unknown, unknown>).cause)), "the transaction has already ended")
+      assert.deepStrictEqual([yield* ledgerRows(first), yield* ledgerRows(late), yield* ledgerRows(next)], [1, 0, 0])
+      const streamExit = yield* Fiber.await(streamed)
+      assert.isTrue(Exit.hasDies(streamExit), "a stream from the late fiber died too")
+      assert.include(String(Cause.squash(Exit.isFailure(streamExit) ? streamExit.cause : Cause.empty)), "the transaction has already ended")
+      // The session is still good.
+      yield* Effect.provideContext(sql.withTransaction(record(next)), context)
+      assert.strictEqual(yield* ledgerRows(next), 1)
+    }))
 })

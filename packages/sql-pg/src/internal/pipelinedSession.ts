@@ -102,11 +102,6 @@ export class SessionConnection implements Connection {
       ? rows
       : Stream.mapArray(rows, (chunk) => transformRows(chunk) as Arr.NonEmptyReadonlyArray<PgConnection.Row>)
   }
-
-  /** `COMMIT`, failing when PostgreSQL answers `ROLLBACK` (the transaction had aborted). */
-  commit(): Effect.Effect<void, SqlError> {
-    return this.withSession((session) => Effect.flatMap(session.query("COMMIT"), (result) => committedOrFailure(result)))
-  }
 }
 
 const committedOrFailure = (result: PgConnection.Result): Effect.Effect<void, SqlError> =>
@@ -156,6 +151,10 @@ const firstSentFailure = (
   sent: ReadonlyArray<Fiber.Fiber<unknown, SqlError>>,
   otherwise: SqlError
 ): Effect.Effect<never, SqlError> => Effect.flatMap(sentFailure(sent), (failure) => Effect.failCause(failure ?? Cause.fail(otherwise)))
+
+/** A transaction's statement or send from a fiber that outlived it, as a defect. */
+export const endedError = (what: string): Error =>
+  new Error(`${what}: the transaction has already ended (this fiber outlived it)`)
 
 /**
  * Where a {@link TransactionConnection} is: `idle` (no transaction asked for: a reservation),
@@ -264,27 +263,38 @@ export class TransactionConnection extends SessionConnection {
     })
   }))
 
+  /**
+   * A statement of the transaction. From a fiber that outlived it (its end has begun) it dies,
+   * as `afterCommit` does there: the session goes back to the pool, and the statement would run
+   * outside any transaction or in the next one on it.
+   */
   protected override withSession<A>(f: (session: PgConnection.PgConnection) => Effect.Effect<A, SqlError>): Effect.Effect<A, SqlError> {
-    return Effect.suspend(() => {
-      switch (this.state) {
-        case "idle":
-        case "open": {
-          const run = this.pinned === undefined ? this.onBase(f(this.base)) : f(this.pinned)
-          if (this.sent === undefined || this.sent.length === 0) return run
-          // After a sent statement failed, the next ones fail as the transaction is aborted
-          // (25P02): what failed first is the cause worth reporting. Only those sent before this
-          // one (a statement being sent is not among them yet, and must not wait for itself).
-          const earlier = this.sent.slice()
-          return Effect.catch(run, (error) => firstSentFailure(earlier, error))
-        }
-        case "held":
-        case "opening":
-          return Effect.andThen(this.begin, this.withSession(f))
-        case "failed":
-        case "abandoned":
-          return Effect.fail(notOpen(this.state))
+    return Effect.suspend(() => this.ended ? Effect.die(endedError("PgPipelinedClient, a statement in a transaction")) : this.onSession(f))
+  }
+
+  /**
+   * {@link withSession} without the check, also for the statements that end the transaction. It
+   * reads the state when called: call it when the statement runs (in a `suspend`).
+   */
+  private onSession<A>(f: (session: PgConnection.PgConnection) => Effect.Effect<A, SqlError>): Effect.Effect<A, SqlError> {
+    switch (this.state) {
+      case "idle":
+      case "open": {
+        const run = this.pinned === undefined ? this.onBase(f(this.base)) : f(this.pinned)
+        if (this.sent === undefined || this.sent.length === 0) return run
+        // After a sent statement failed, the next ones fail as the transaction is aborted
+        // (25P02): what failed first is the cause worth reporting. Only those sent before this
+        // one (a statement being sent is not among them yet, and must not wait for itself).
+        const earlier = this.sent.slice()
+        return Effect.catch(run, (error) => firstSentFailure(earlier, error))
       }
-    })
+      case "held":
+      case "opening":
+        return Effect.andThen(this.begin, Effect.suspend(() => this.onSession(f)))
+      case "failed":
+      case "abandoned":
+        return Effect.fail(notOpen(this.state))
+    }
   }
 
   /**
@@ -301,7 +311,13 @@ export class TransactionConnection extends SessionConnection {
     transformRows: TransformRows
   ): Stream.Stream<PgConnection.Row, SqlError> {
     const pin = Effect.andThen(
-      this.state === "held" || this.state === "opening" ? this.begin : Effect.void,
+      Effect.suspend(() =>
+        this.ended
+          ? Effect.die(endedError("PgPipelinedClient, a stream in a transaction"))
+          : this.state === "held" || this.state === "opening"
+          ? this.begin
+          : Effect.void
+      ),
       this.lock.withPermit(Effect.suspend(() =>
         this.pinned !== undefined
           ? Effect.void
@@ -404,33 +420,37 @@ export class TransactionConnection extends SessionConnection {
   }
 
   /**
-   * `COMMIT`; nothing when nothing was sent. After statements sent without waiting it leaves with
-   * them, and one of them that failed fails the commit (the `COMMIT` of an aborted transaction
-   * rolls it back).
+   * `COMMIT`, failing when PostgreSQL answers `ROLLBACK` (the transaction had aborted); nothing
+   * when nothing was sent. After statements sent without waiting it leaves with them, and one of
+   * them that failed fails the commit.
    */
-  override commit(): Effect.Effect<void, SqlError> {
+  commit(): Effect.Effect<void, SqlError> {
     return Effect.suspend(() => {
       this.ended = true
       if (this.state === "held") {
         this.state = "idle"
         return Effect.void
       }
-      if (this.sent === undefined) return super.commit()
+      const commit = this.onSession((session) => Effect.flatMap(session.query("COMMIT"), committedOrFailure))
+      if (this.sent === undefined) return commit
       const sent = this.sent
       this.sent = undefined
-      return Effect.flatMap(Effect.exit(super.commit()), (committed) =>
+      return Effect.flatMap(Effect.exit(commit), (committed) =>
         Effect.flatMap(sentFailure(sent), (failure) => failure === undefined ? committed : Effect.failCause(failure)))
     })
   }
 
   /**
-   * Runs `rollback` after a failure, ending the statements sent without waiting. When the
-   * transaction was interrupted, those still on the wire are interrupted first (which ends the
-   * session, as for any statement interrupted on the wire) rather than waited for; otherwise they
-   * are waited for after `rollback` (which answers after them), so that none is still running,
-   * to be interrupted when the transaction's scope closes.
+   * `ROLLBACK` after a failure, when a transaction may be open ({@link started}, decided when it
+   * runs: a sent statement interrupted just before may have ended the session), ending the
+   * statements sent without waiting. When the transaction was interrupted, those still on the
+   * wire are interrupted first (which ends the session, as for any statement interrupted on the
+   * wire) rather than waited for; otherwise they are waited for after the `ROLLBACK` (which
+   * answers after them), so that none is still running, to be interrupted when the transaction's
+   * scope closes.
    */
-  rollingBack(interrupted: boolean, rollback: Effect.Effect<void, SqlError>): Effect.Effect<void, SqlError> {
+  rollingBack(interrupted: boolean): Effect.Effect<void, SqlError> {
+    const rollback = Effect.suspend(() => this.started ? this.onSession((session) => Effect.asVoid(session.query("ROLLBACK"))) : Effect.void)
     return Effect.suspend(() => {
       this.ended = true
       const sent = this.sent
