@@ -54,7 +54,7 @@ import { SqlClient } from "effect/sql"
 import type { SqlError } from "effect/sql/SqlError"
 import { SqlError as SqlErrorClass, UnknownError } from "effect/sql/SqlError"
 import * as Statement from "effect/sql/Statement"
-import { endedError, type Pipelining, SessionConnection, TransactionConnection } from "./internal/pipelinedSession.ts"
+import { type Pipelining, SessionConnection, TransactionConnection } from "./internal/pipelinedSession.ts"
 import * as Transactions from "./internal/transactions.ts"
 
 /**
@@ -79,14 +79,6 @@ const terminateTimeout = Duration.seconds(5)
 /** A transaction control statement (prepared: it never changes). */
 const control = (conn: TransactionConnection, sql: string): Effect.Effect<void, SqlError> =>
   Effect.asVoid(conn.execute(sql, [], undefined))
-
-/**
- * A statement ending (part of) a transaction, sent only when one may be open: one that sent
- * nothing, or whose BEGIN failed, has nothing to roll back. Decided when it runs: a sent statement
- * interrupted just before may have ended the session.
- */
-const cleanup = (conn: TransactionConnection, sql: string): Effect.Effect<void, SqlError> =>
-  Effect.suspend(() => conn.started ? control(conn, sql) : Effect.void)
 
 /**
  * Builds the client on a pool of its own, closed with the scope.
@@ -157,8 +149,8 @@ export const make = (config: Options): Effect.Effect<PgClient.PgClient, SqlError
       commit: (conn) => conn.commit(),
       rollback: (conn, exit) => conn.rollingBack(Exit.hasInterrupts(exit)),
       savepoint: (conn, id) => control(conn, `SAVEPOINT effect_sql_${id}`),
-      releaseSavepoint: (conn, id) => cleanup(conn, `RELEASE SAVEPOINT effect_sql_${id}`),
-      rollbackSavepoint: (conn, id) => cleanup(conn, `ROLLBACK TO SAVEPOINT effect_sql_${id}`)
+      releaseSavepoint: (conn, id) => conn.ending(`RELEASE SAVEPOINT effect_sql_${id}`),
+      rollbackSavepoint: (conn, id) => conn.ending(`ROLLBACK TO SAVEPOINT effect_sql_${id}`)
     })
     const pgClient: PgClient.PgClient = Object.assign(client, transactions, {
       [PgClient.TypeId]: PgClient.TypeId,
@@ -213,12 +205,9 @@ export const send = (statement: Statement.Statement<unknown>): Effect.Effect<voi
     const sql = Context.getUnsafe(fiber.context, SqlClient.SqlClient)
     const transaction = Context.getOrUndefined(fiber.context, sql.transactionService)
     const connection = transaction?.[0]
-    if (transaction?.[1] === 0 && connection instanceof TransactionConnection) {
-      // As `afterCommit` refuses to: a fiber that outlived its transaction would send into a
-      // scope already closed, and the statement would never run.
-      if (connection.ended) return Effect.die(endedError("PgPipelinedClient.send"))
-      if (connection.canSend) return connection.send(statement)
-    }
+    // Anywhere else the statement runs as any statement; from a fiber that outlived its
+    // transaction it dies there.
+    if (transaction?.[1] === 0 && connection instanceof TransactionConnection && connection.canSend) return connection.send(statement)
     return Effect.asVoid(statement)
   })
 

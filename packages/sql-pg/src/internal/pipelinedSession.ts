@@ -152,8 +152,8 @@ const firstSentFailure = (
   otherwise: SqlError
 ): Effect.Effect<never, SqlError> => Effect.flatMap(sentFailure(sent), (failure) => Effect.failCause(failure ?? Cause.fail(otherwise)))
 
-/** A transaction's statement or send from a fiber that outlived it, as a defect. */
-export const endedError = (what: string): Error =>
+/** A transaction's statement or stream from a fiber that outlived it, as a defect. */
+const endedError = (what: string): Error =>
   new Error(`${what}: the transaction has already ended (this fiber outlived it)`)
 
 /**
@@ -390,11 +390,11 @@ export class TransactionConnection extends SessionConnection {
 
   /**
    * Whether a statement can be sent without waiting for its answer: the transaction is open (its
-   * `BEGIN` answered, so what is sent keeps the order it is sent in) and its session unpinned. Not
-   * whether it has {@link ended}, which a sender checks first (a late send is refused, not waited).
+   * `BEGIN` answered, so what is sent keeps the order it is sent in), not {@link ended} (a late
+   * statement runs as any, and dies), and its session unpinned.
    */
   get canSend(): boolean {
-    return this.state === "open" && this.pinned === undefined
+    return this.state === "open" && !this.ended && this.pinned === undefined
   }
 
   /**
@@ -441,16 +441,24 @@ export class TransactionConnection extends SessionConnection {
   }
 
   /**
-   * `ROLLBACK` after a failure, when a transaction may be open ({@link started}, decided when it
-   * runs: a sent statement interrupted just before may have ended the session), ending the
-   * statements sent without waiting. When the transaction was interrupted, those still on the
+   * `sql` (prepared: it never changes), a statement ending (part of) the transaction, sent only
+   * when one may be open ({@link started}): one that sent nothing, or whose `BEGIN` failed, has
+   * nothing to end. Decided when it runs: a sent statement interrupted just before may have ended
+   * the session. It runs after {@link ended} is set.
+   */
+  ending(sql: string): Effect.Effect<void, SqlError> {
+    return Effect.suspend(() => this.started ? Effect.asVoid(this.onSession((session) => session.query(sql))) : Effect.void)
+  }
+
+  /**
+   * `ROLLBACK` after a failure (see {@link ending}), ending the statements sent without waiting. When the transaction was interrupted, those still on the
    * wire are interrupted first (which ends the session, as for any statement interrupted on the
    * wire) rather than waited for; otherwise they are waited for after the `ROLLBACK` (which
    * answers after them), so that none is still running, to be interrupted when the transaction's
    * scope closes.
    */
   rollingBack(interrupted: boolean): Effect.Effect<void, SqlError> {
-    const rollback = Effect.suspend(() => this.started ? this.onSession((session) => Effect.asVoid(session.query("ROLLBACK"))) : Effect.void)
+    const rollback = this.ending("ROLLBACK")
     return Effect.suspend(() => {
       this.ended = true
       const sent = this.sent
