@@ -7,8 +7,8 @@
  * this process's CPU time per message on each side (the server shares the machine; CPU per
  * message moves less than rates between runs), with the bytes it allocated (and had promoted, and
  * allocated straight into the old space) and the garbage collector's time per message
- * (`gcStats.ts`). BENCH_CPU_PROFILE=dir writes a CPU profile of each of jetworker's rounds (the
- * consumer's run only) to `dir`.
+ * (`gcStats.ts`). BENCH_CPU_PROFILE=dir writes a CPU profile of each round to `dir` (jetworker's: the consumer's
+ * run only; the hand-written loop's: its consuming only).
  *
  *   node bench/engine-overhead.ts [messages=5000] [concurrency=16] [prefetch=concurrency] [rounds=3]
  */
@@ -46,6 +46,7 @@ const measured = async (consume: () => Promise<void>): Promise<Run> => {
 }
 
 let profiles = 0
+let baselineProfiles = 0
 
 const fill = async (stream: string) => {
   // Both sides skip nats.js's per-request async stack capture (an Error per request).
@@ -66,7 +67,7 @@ const baseline = async (): Promise<Run> => {
   const { nc, jsm } = await fill(stream)
   const consumer = await jetstream(nc).consumers.get(stream, "c")
   const messages = await consumer.consume({ max_messages: prefetch })
-  const run = await measured(() => ackAll(nc, messages, { count: total, concurrency }))
+  const run = await profiled(`baseline-${baselineProfiles++}`, () => measured(() => ackAll(nc, messages, { count: total, concurrency })))
   messages.stop()
   await jsm.streams.delete(stream)
   await nc.close()

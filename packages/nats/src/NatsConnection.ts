@@ -177,10 +177,17 @@ export interface Shape {
    * Publishes `payload` to `subject` with a `reply` subject, once the event loop has handled
    * every socket that was ready (`setImmediate`), together with the requests of `request` and
    * `send` queued meanwhile: what a consumer sends in answer to the replies read in one turn leaves
-   * in one write. `failed` is called once if the publish is refused (a closed connection), when
-   * the queued publishes are sent.
+   * in one write; or sooner, as soon as 8 of them wait, so that the server is not left idle while
+   * this process handles the rest of a socket read. `failed` is called once if the publish is
+   * refused (a closed connection), when the queued publishes are sent.
    */
   readonly publishSoon: (subject: string, payload: Uint8Array, reply: string, failed: (error: unknown) => void) => void
+  /**
+   * Runs `f`, and what it sends with `send`, `request` and `publishSoon` leaves in one write
+   * instead of 8 at a time (a batch's acks): at once when `f` returns with 8 or more waiting,
+   * otherwise with the rest of the turn's.
+   */
+  readonly together: <A>(f: () => A) => A
 }
 
 /** The NATS connection service. */
@@ -426,6 +433,7 @@ export const make = (options: Options) =>
       apiTimeoutMillis,
       publishPermits: Semaphore.makeUnsafe(maxPublishes),
       publishSoon: outgoing.publish,
+      together: outgoing.together,
       ...Replies.make(connection, outgoing, inboxPrefix)
     })
   })

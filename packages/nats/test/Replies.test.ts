@@ -155,6 +155,41 @@ describe("Replies (confirmed requests)", () => {
         assert.strictEqual(writes, 1)
       }))))
 
+  it.live("on nats.js's own connection, the 8th request queued in one run of code is written before that run ends", () =>
+    withConnection((connection) =>
+      withConnection((responder) =>
+        Effect.gen(function*() {
+          const echo = echoOn(responder)
+          yield* Effect.promise(() => responder.flush())
+          const replies = Replies.make(connection)
+          yield* replies.request("echo", echo, encoder.encode("first"), 5000)
+          // What nats.js hands its socket: one `send` per write.
+          const transport = Reflect.get(Reflect.get(connection, "protocol") as object, "transport") as {
+            send: (frame: Uint8Array) => void
+          }
+          const send = transport.send.bind(transport)
+          let writes = 0
+          transport.send = (frame) => {
+            writes++
+            send(frame)
+          }
+          const answered = Deferred.makeUnsafe<number>()
+          let answers = 0
+          const done = () => {
+            if (++answers === 9) Deferred.doneUnsafe(answered, Effect.succeed(answers))
+          }
+          const counted: Array<number> = []
+          for (let i = 0; i < 9; i++) {
+            replies.send("echo", echo, encoder.encode(`m${i}`), 5000, done)
+            counted.push(writes)
+          }
+          // Nothing leaves for the first 7; the 8th writes all 8 at once (the server can work on
+          // them while this code goes on); the 9th waits for the end of the poll phase.
+          assert.deepStrictEqual(counted, [0, 0, 0, 0, 0, 0, 0, 1, 1])
+          assert.strictEqual(yield* Deferred.await(answered).pipe(Effect.timeout("5 seconds")), 9)
+          assert.strictEqual(writes, 2, "the 9th in a write of its own, at the end of the poll phase")
+        }))))
+
   it.live("closing the connection fails what is pending with ConnectionClosed; an interrupted request drops its reply", () =>
     withConnection((connection) =>
       Effect.gen(function*() {

@@ -177,6 +177,11 @@ class JetStreamDelivery implements Delivery.Delivery {
     )
   }
 
+  /** Runs `f`, what it sends on this delivery's connection leaving in one write (see `Outgoing.together`). */
+  together<A>(f: () => A): A {
+    return this.#settling.connection.together(f)
+  }
+
   /** Acks and calls `done` with the broker's confirmation or why not; returns a withdrawal. */
   sendAck(done: (error: Delivery.SettleError | undefined) => void): () => void {
     const pulled = this.#pulled
@@ -206,12 +211,16 @@ export const ackAll = (deliveries: ReadonlyArray<Delivery.Delivery>): Effect.Eff
   return Effect.callback((resume) => {
     const errors: Array<Delivery.SettleError | undefined> = new Array(deliveries.length).fill(undefined)
     let left = deliveries.length
-    const withdrawals = deliveries.map((delivery, i) =>
-      delivery.sendAck((error) => {
-        errors[i] = error
-        if (--left === 0) resume(Effect.succeed(errors))
-      })
-    )
+    const send = () =>
+      deliveries.map((delivery, i) =>
+        delivery.sendAck((error) => {
+          errors[i] = error
+          if (--left === 0) resume(Effect.succeed(errors))
+        })
+      )
+    // One write for the batch's acks, not one per few of them. The deliveries of one batch come
+    // from one source, so from one connection.
+    const withdrawals = (deliveries[0] as JetStreamDelivery).together(send)
     return Effect.sync(() => {
       for (const withdraw of withdrawals) withdraw()
     })
