@@ -19,6 +19,7 @@ import { connect } from "@nats-io/transport-node"
 import { Deferred, Effect, Fiber, Logger, References, Schema } from "effect"
 import { profiled } from "./cpuProfile.ts"
 import { ackAll, publishAll } from "./rawLoop.ts"
+import * as SocketWrites from "./socketWrites.ts"
 import * as Stopwatch from "./stopwatch.ts"
 
 const total = Number(process.argv[2] ?? 5000)
@@ -28,6 +29,7 @@ const rounds = Number(process.argv[5] ?? 3)
 const servers = process.env.NATS_URL ?? "nats://127.0.0.1:4222"
 const Event = Envelope.schema("bench.event", Schema.Struct({ n: Schema.Number }))
 const encoder = new TextEncoder()
+const countsWrites = SocketWrites.install(process.env.DATABASE_URL ?? "postgres://127.0.0.1:5432", servers)
 
 /** A side's figures per message (rate, CPU, allocation, the collector's time). */
 type Run = Stopwatch.PerMessage
@@ -132,7 +134,10 @@ const range = (values: ReadonlyArray<number>) => `${Math.min(...values).toFixed(
 const rates = (runs: ReadonlyArray<Run>) => runs.map((run) => run.rate)
 const cpu = (runs: ReadonlyArray<Run>) =>
   `CPU ${median(runs.map((run) => run.cpuMicros)).toFixed(0)} µs/msg, allocated ${(median(runs.map((run) => run.allocatedBytes)) / 1024).toFixed(1)} KB/msg ` +
-  `(promoted ${(median(runs.map((run) => run.promotedBytes)) / 1024).toFixed(2)}, tenured ${(median(runs.map((run) => run.tenuredBytes)) / 1024).toFixed(2)}), GC ${median(runs.map((run) => run.gcMicros)).toFixed(1)} µs/msg`
+  `(promoted ${(median(runs.map((run) => run.promotedBytes)) / 1024).toFixed(2)}, tenured ${(median(runs.map((run) => run.tenuredBytes)) / 1024).toFixed(2)}), GC ${median(runs.map((run) => run.gcMicros)).toFixed(1)} µs/msg` +
+  (countsWrites
+    ? `, ${median(runs.map((run) => run.writesNats)).toFixed(2)} writes to NATS/msg (${median(runs.map((run) => run.inWritesMicros)).toFixed(0)} µs/msg in them)`
+    : "")
 const ratios = engines.map((run, i) => run.rate / bases[i]!.rate)
 console.log(`messages ${total}, concurrency ${concurrency}, prefetch ${prefetch}, confirmed acks, ${rounds} rounds`)
 console.log(`hand-written nats.js loop: ${median(rates(bases)).toFixed(0)} msg/s (${range(rates(bases))}), ${cpu(bases)}`)

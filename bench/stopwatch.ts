@@ -41,8 +41,9 @@ export interface PerMessage {
   readonly rate: number
   /** CPU microseconds (user + system). */
   readonly cpuMicros: number
-  /** Socket writes to PostgreSQL, and the wall time spent inside writes (µs). */
+  /** Socket writes to PostgreSQL and to NATS, and the wall time spent inside writes (µs). */
   readonly writesPostgres: number
+  readonly writesNats: number
   readonly inWritesMicros: number
   /** Bytes allocated in the young generation, promoted, and allocated straight into the old space (`gcStats.ts`). */
   readonly allocatedBytes: number
@@ -57,6 +58,7 @@ export const perMessage = ({ cpuSeconds, gc, seconds, writes }: Measured, count:
   rate: count / seconds,
   cpuMicros: cpuSeconds * 1e6 / count,
   writesPostgres: writes.postgres / count,
+  writesNats: writes.nats / count,
   inWritesMicros: writes.micros / count,
   allocatedBytes: gc.allocated / count,
   promotedBytes: gc.promoted / count,

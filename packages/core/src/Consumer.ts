@@ -23,6 +23,7 @@ import type { Metadata } from "./Envelope.ts"
 import * as ErrorSummary from "./ErrorSummary.ts"
 import * as DurationInput from "./DurationInput.ts"
 import * as Engine from "./internal/engine.ts"
+import * as EnvelopeDecoder from "./internal/envelopeDecoder.ts"
 import type { Ordering } from "./Ordering.ts"
 import type { Outcome, RejectReason } from "./Outcome.ts"
 import * as Retry from "./Retry.ts"
@@ -277,6 +278,8 @@ const utf8 = new TextDecoder("utf-8", { fatal: true })
 /** Turns a schema into the engine's payload decoder: bytes -> JSON -> `A`, or a rejection. */
 const payloadDecoder = <A>(schema: Schema.Decoder<A>) => {
   const decode = Schema.decodeUnknownExit(schema)
+  // An `Envelope.schema`'s own quicker decoder, tried first: what it cannot decode, the schema does.
+  const quick = EnvelopeDecoder.quickDecoderOf(schema)
   return (payload: Uint8Array): Result.Result<A, Engine.Rejection> => {
     let json: unknown
     try {
@@ -290,6 +293,8 @@ const payloadDecoder = <A>(schema: Schema.Decoder<A>) => {
         })
       })
     }
+    const decoded = quick?.(json)
+    if (decoded !== undefined) return Result.succeed(decoded as A)
     const exit = decode(json)
     if (Exit.isSuccess(exit)) return Result.succeed(exit.value)
     const summary = ErrorSummary.fromCause(exit.cause)

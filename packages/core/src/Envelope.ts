@@ -8,6 +8,7 @@
  */
 import { Clock, Data, DateTime, Duration, Effect, Schema } from "effect"
 import * as DurationInput from "./DurationInput.ts"
+import * as EnvelopeDecoder from "./internal/envelopeDecoder.ts"
 
 /** What the engine reads from every event: its stable id, creation time and optional expiry. */
 export interface Metadata {
@@ -19,12 +20,14 @@ export interface Metadata {
   readonly expiresAt?: DateTime.Utc | undefined
 }
 
+const eventIdPattern = /^[\x21-\x7e]{1,200}$/
+
 /**
  * A stable event id: 1 to 200 printable ASCII characters without spaces, so that it is safe as a
  * NATS header value (`Nats-Msg-Id`) and as a database key.
  */
 export const EventId = Schema.String.check(
-  Schema.isPattern(/^[\x21-\x7e]{1,200}$/, {
+  Schema.isPattern(eventIdPattern, {
     expected: "an event id of 1 to 200 printable ASCII characters without spaces"
   })
 )
@@ -39,14 +42,18 @@ export interface Envelope<Type extends string, A> extends Metadata {
  * The schema of an envelope on the wire: `{ id, type, time, expiresAt?, data }` where `time` and
  * `expiresAt` are ISO-8601 strings and `type` must equal `type`.
  */
-export const schema = <const Type extends string, S extends Schema.Top>(type: Type, data: S) =>
-  Schema.Struct({
+export const schema = <const Type extends string, S extends Schema.Top>(type: Type, data: S) => {
+  const envelope = Schema.Struct({
     id: EventId,
     type: Schema.Literal(type),
     time: Schema.DateTimeUtcFromString,
     expiresAt: Schema.optional(Schema.DateTimeUtcFromString),
     data
   })
+  // The consumer decodes with it first (see `internal/envelopeDecoder.ts`): same results, less work.
+  EnvelopeDecoder.register(envelope, type, eventIdPattern, data)
+  return envelope
+}
 
 /** A `ttl` that gives no expiry an event can carry: NaN, negative, or past the last representable date. */
 export class InvalidTtl extends Data.TaggedError("InvalidTtl")<{ readonly message: string }> {}
