@@ -28,11 +28,45 @@ const silentOn = (connection: Connection): string => {
   return silent
 }
 
+/** Counts what nats.js hands the socket of `connection` from now on: one `send` per write. */
+const countWrites = (connection: Connection): (() => number) => {
+  const transport = Reflect.get(Reflect.get(connection, "protocol") as object, "transport") as {
+    send: (frame: Uint8Array) => void
+  }
+  const send = transport.send.bind(transport)
+  let writes = 0
+  transport.send = (frame) => {
+    writes++
+    send(frame)
+  }
+  return () => writes
+}
+
 const withConnection = <A, E>(f: (connection: Connection) => Effect.Effect<A, E>) =>
   Effect.acquireUseRelease(
     Effect.promise(() => connect({ servers, noAsyncTraces: true })),
     f,
     (connection) => Effect.promise(() => connection.close().catch(() => undefined))
+  )
+
+/**
+ * `f` with the replies of a connection, an echo subject answered from a connection of its own (so
+ * that only the requests write on the first), and the count of the first connection's writes from
+ * after a first request (which also opens the reply subscription: a write of its own).
+ */
+const withCountedWrites = <A, E>(
+  f: (setup: { readonly echo: string; readonly replies: Replies.Replies; readonly writes: () => number }) => Effect.Effect<A, E>
+) =>
+  withConnection((connection) =>
+    withConnection((responder) =>
+      Effect.gen(function*() {
+        const echo = echoOn(responder)
+        yield* Effect.promise(() => responder.flush())
+        const replies = Replies.make(connection)
+        yield* replies.request("echo", echo, encoder.encode("first"), 5000)
+        return yield* f({ echo, replies, writes: countWrites(connection) })
+      })
+    )
   )
 
 describe("Replies (confirmed requests)", () => {
@@ -120,25 +154,8 @@ describe("Replies (confirmed requests)", () => {
       })))
 
   it.live("requests sent from separate macrotasks of one turn of the event loop leave in one write", () =>
-    withConnection((connection) =>
-      // The echoes answer from a connection of their own, so that only the requests write on this one.
-      withConnection((responder) =>
+    withCountedWrites(({ echo, replies, writes }) =>
       Effect.gen(function*() {
-        const echo = echoOn(responder)
-        yield* Effect.promise(() => responder.flush())
-        const replies = Replies.make(connection)
-        // The first request also opens the reply subscription: a write of its own.
-        yield* replies.request("echo", echo, encoder.encode("first"), 5000)
-        // What nats.js hands its socket: one `send` per write.
-        const transport = Reflect.get(Reflect.get(connection, "protocol") as object, "transport") as {
-          send: (frame: Uint8Array) => void
-        }
-        const send = transport.send.bind(transport)
-        let writes = 0
-        transport.send = (frame) => {
-          writes++
-          send(frame)
-        }
         const answered = Deferred.makeUnsafe<ReadonlyArray<string>>()
         const answers: Array<string> = []
         const done = (result: unknown) => {
@@ -152,27 +169,12 @@ describe("Replies (confirmed requests)", () => {
         for (const text of ["a", "b", "c"]) setImmediate(() => replies.send("echo", echo, encoder.encode(text), 5000, done))
         const received = yield* Deferred.await(answered).pipe(Effect.timeout("5 seconds"))
         assert.deepStrictEqual(received, ["a", "b", "c"])
-        assert.strictEqual(writes, 1)
-      }))))
+        assert.strictEqual(writes(), 1)
+      })))
 
   it.live("on nats.js's own connection, the 8th request queued in one run of code is written before that run ends", () =>
-    withConnection((connection) =>
-      withConnection((responder) =>
+    withCountedWrites(({ echo, replies, writes }) =>
         Effect.gen(function*() {
-          const echo = echoOn(responder)
-          yield* Effect.promise(() => responder.flush())
-          const replies = Replies.make(connection)
-          yield* replies.request("echo", echo, encoder.encode("first"), 5000)
-          // What nats.js hands its socket: one `send` per write.
-          const transport = Reflect.get(Reflect.get(connection, "protocol") as object, "transport") as {
-            send: (frame: Uint8Array) => void
-          }
-          const send = transport.send.bind(transport)
-          let writes = 0
-          transport.send = (frame) => {
-            writes++
-            send(frame)
-          }
           const answered = Deferred.makeUnsafe<number>()
           let answers = 0
           const done = () => {
@@ -181,14 +183,14 @@ describe("Replies (confirmed requests)", () => {
           const counted: Array<number> = []
           for (let i = 0; i < 9; i++) {
             replies.send("echo", echo, encoder.encode(`m${i}`), 5000, done)
-            counted.push(writes)
+            counted.push(writes())
           }
           // Nothing leaves for the first 7; the 8th writes all 8 at once (the server can work on
           // them while this code goes on); the 9th waits for the end of the poll phase.
           assert.deepStrictEqual(counted, [0, 0, 0, 0, 0, 0, 0, 1, 1])
           assert.strictEqual(yield* Deferred.await(answered).pipe(Effect.timeout("5 seconds")), 9)
-          assert.strictEqual(writes, 2, "the 9th in a write of its own, at the end of the poll phase")
-        }))))
+          assert.strictEqual(writes(), 2, "the 9th in a write of its own, at the end of the poll phase")
+        })))
 
   it.live("closing the connection fails what is pending with ConnectionClosed; an interrupted request drops its reply", () =>
     withConnection((connection) =>
