@@ -7,7 +7,8 @@
  * this process's CPU time per message on each side (the server shares the machine; CPU per
  * message moves less than rates between runs), with the bytes it allocated (and had promoted, and
  * allocated straight into the old space) and the garbage collector's time per message
- * (`gcStats.ts`). BENCH_CPU_PROFILE=dir writes a CPU profile of each round to `dir` (jetworker's: the consumer's
+ * (`gcStats.ts`), and its socket writes to NATS per message (`socketWrites.ts`).
+ * BENCH_CPU_PROFILE=dir writes a CPU profile of each round to `dir` (jetworker's: the consumer's
  * run only; the hand-written loop's: its consuming only).
  *
  *   node bench/engine-overhead.ts [messages=5000] [concurrency=16] [prefetch=concurrency] [rounds=3]

@@ -31,7 +31,7 @@ const utcOf = (value: unknown): DateTime.Utc | undefined => {
  * Registers the quick decoder of `envelope`, the schema of envelopes of `type` whose event ids
  * match `eventId` and whose `data` is `data`'s.
  */
-export const register = <S extends Schema.Top>(envelope: object, type: string, eventId: RegExp, data: S): void => {
+export const register = (envelope: object, type: string, eventId: RegExp, data: Schema.Top): void => {
   // Built on first use, as the consumer builds the schema's own.
   let decodeData: ((input: unknown) => Exit.Exit<unknown, unknown>) | undefined
   const quick: QuickDecoder = (json) => {
