@@ -55,6 +55,11 @@ interface Drained {
   readonly youngMiB: number
   /** The largest size of V8's old space during the run, in MiB. */
   readonly oldMiB: number
+  /**
+   * The heap still alive once the last message was acked, the consumer still running: V8's used
+   * heap after a full collection, in MiB. What the process keeps, whatever the heap's sizing did.
+   */
+  readonly liveMiB: number
 }
 
 interface Latencies {
@@ -74,6 +79,18 @@ const percentiles = (values: Array<number>, lastAckAt: number): Latencies => {
 
 const report = (value: unknown) => process.stdout.write(`RESULT ${JSON.stringify(value)}\n`)
 const rssMiB = () => process.resourceUsage().maxRSS / 1024
+
+/**
+ * The peak RSS so far, then the live heap ({@link Drained.liveMiB}): the full collection comes
+ * after the peak is read, so it cannot raise it. The drain children run with `--expose-gc`.
+ */
+const peakAndLive = () => {
+  const peak = rssMiB()
+  const gc: unknown = Reflect.get(globalThis, "gc")
+  if (typeof gc !== "function") throw new Error("the drain children run with --expose-gc")
+  gc()
+  return { rssMiB: peak, liveMiB: process.memoryUsage().heapUsed / 2 ** 20 }
+}
 
 /**
  * Samples the sizes V8 gives its young generation and old space every 50 ms (no timer keeps the
@@ -109,6 +126,9 @@ const rawChild = async (args: ChildArgs, latency: boolean) => {
   let started = 0
   let lastAckAt = 0
   let first = true
+  let acked = 0
+  let endedAt = 0
+  let memory = { rssMiB: 0, liveMiB: 0 }
   // The clock starts at the first confirmed ack.
   await ackAll(nc, messages, {
     count: args.count,
@@ -116,16 +136,21 @@ const rawChild = async (args: ChildArgs, latency: boolean) => {
     onAcked: (payload) => {
       if (started === 0) started = performance.now()
       lastAckAt = epochMillis()
+      // The clock stops at the last ack; the memory is read then, while the loop still runs.
+      if (++acked === args.count) {
+        endedAt = performance.now()
+        if (!latency) memory = peakAndLive()
+      }
       // The first message says the loop runs; the paced load comes after it.
       if (latency && first) report("ready")
       else if (latency) latencies.push(epochMillis() - (payload as { readonly data: { readonly t: number } }).data.t)
       first = false
     }
   })
-  const seconds = (performance.now() - started) / 1000
+  const seconds = (endedAt - started) / 1000
   messages.stop()
   await nc.close()
-  report(latency ? percentiles(latencies, lastAckAt) : ({ rssMiB: rssMiB(), rate: args.count / seconds, ...peaks() } satisfies Drained))
+  report(latency ? percentiles(latencies, lastAckAt) : ({ ...memory, rate: args.count / seconds, ...peaks() } satisfies Drained))
 }
 
 /** jetworker: `Consumer.run` over a `JetStreamSource`, a handler that does nothing. */
@@ -134,10 +159,12 @@ const engineChild = async (args: ChildArgs, latency: boolean) => {
   const sentAt = new Map<string, number>()
   const latencies: Array<number> = []
   let lastAckAt = 0
+  let memory = { rssMiB: 0, liveMiB: 0 }
   const program = Effect.gen(function*() {
     const allDone = yield* Deferred.make<void>()
     let done = 0
     let started = 0
+    let endedAt = 0
     const consumer = Consumer.make({
       name: args.consumer,
       source: JetStreamSource.make({ stream: args.stream, consumer: args.consumer }),
@@ -159,18 +186,22 @@ const engineChild = async (args: ChildArgs, latency: boolean) => {
             latencies.push(epochMillis() - sentAt.get(outcome.message.eventId)!)
             sentAt.delete(outcome.message.eventId)
           }
-          return ++done === args.count ? Deferred.succeed(allDone, undefined) : Effect.void
+          if (++done < args.count) return Effect.void
+          // The clock stops at the last outcome; the memory is read then, while the consumer runs.
+          endedAt = performance.now()
+          if (!latency) memory = peakAndLive()
+          return Deferred.succeed(allDone, undefined)
         })
     })
     yield* Effect.raceFirst(Deferred.await(allDone), Consumer.run(consumer))
-    return args.count / ((performance.now() - started) / 1000)
+    return args.count / ((endedAt - started) / 1000)
   }).pipe(
     Effect.provide(NatsConnection.layer({ servers })),
     Effect.provide(Logger.layer([Logger.consolePretty()])),
     Effect.provideService(References.MinimumLogLevel, "Error")
   )
   const rate = await Effect.runPromise(program)
-  report(latency ? percentiles(latencies, lastAckAt) : ({ rssMiB: rssMiB(), rate, ...peaks() } satisfies Drained))
+  report(latency ? percentiles(latencies, lastAckAt) : ({ ...memory, rate, ...peaks() } satisfies Drained))
 }
 
 /** A worker whose handlers each sleep 1 s; says "ready" once `concurrency` of them run. */
@@ -302,7 +333,11 @@ const parent = async () => {
       await fill(stream, backlog)
       console.log(`backlog ${backlog}: published in ${((performance.now() - filledAt) / 1000).toFixed(1)} s`)
       const run = async (side: "raw" | "engine", key: string, flags: ReadonlyArray<string>) =>
-        (await child(`${side}-drain`, { stream, consumer: `${side}-${key}`, count: backlog, concurrency }, undefined, 600_000, flags))
+        // `--expose-gc` for the live heap's collection; it changes nothing in the heap's sizing.
+        (await child(`${side}-drain`, { stream, consumer: `${side}-${key}`, count: backlog, concurrency }, undefined, 600_000, [
+          ...flags,
+          "--expose-gc"
+        ]))
           .result as Drained
       const sides: Array<Memory["sides"][number]> = []
       for (const { flags, key, name } of heapSettings) {
@@ -439,6 +474,15 @@ const parent = async () => {
         `| ${backlog} | ${sides.flatMap(({ engine, raw }) => [raw, engine]).map((side) => `${fixed(side.youngMiB)} / ${fixed(side.oldMiB)}`).join(" | ")} |`
       ),
       "",
+      "What stayed alive: the used heap after a full collection, taken when the last message was acked while the " +
+        "consumer still ran, in MiB (what the process keeps, whatever the heap's sizing did):",
+      "",
+      `| backlog | ${heapSettings.map(({ key }) => `${key}: raw loop | ${key}: jetworker`).join(" | ")} |`,
+      `|---:|${heapSettings.map(() => "---:|---:|").join("")}`,
+      ...memory.map(({ backlog, sides }) =>
+        `| ${backlog} | ${sides.flatMap(({ engine, raw }) => [raw, engine]).map((side) => fixed(side.liveMiB, 1)).join(" | ")} |`
+      ),
+      "",
       `Latency, publish to confirmed ack, at ${rate} msg/s for ${seconds} s (half the ${fixed(capacity)} msg/s the raw loop reached ` +
         `on ${backlogs[0]} messages published as it consumed them; on the backlog it reached ${fixed(memory[0]!.sides[0]!.raw.rate)}), in ms; ` +
         (latencyRounds === 1 ? "one round per side" : `each percentile the median of ${latencyRounds} alternating rounds per side, with the p99 of each round`) +
@@ -461,7 +505,9 @@ const parent = async () => {
       const [first, last] = [smallest.sides[setting]!, largest.sides[setting]!]
       return `${name[0]!.toUpperCase()}${name.slice(1)}: jetworker peak RSS / raw loop's at ${largest.backlog}: ` +
         `${fixed(last.engine.rssMiB / last.raw.rssMiB, 2)}; jetworker at ${largest.backlog} / at ${smallest.backlog}: ` +
-        `${fixed(last.engine.rssMiB / first.engine.rssMiB, 2)} (raw loop: ${fixed(last.raw.rssMiB / first.raw.rssMiB, 2)})`
+        `${fixed(last.engine.rssMiB / first.engine.rssMiB, 2)} (raw loop: ${fixed(last.raw.rssMiB / first.raw.rssMiB, 2)}); ` +
+        `live heap, jetworker at ${largest.backlog} / at ${smallest.backlog}: ${fixed(last.engine.liveMiB / first.engine.liveMiB, 2)} ` +
+        `(raw loop: ${fixed(last.raw.liveMiB / first.raw.liveMiB, 2)})`
     }).join("\n")
     console.log()
     console.log(table)
