@@ -3,8 +3,10 @@
  * the same run (no-op handler, `concurrency` handlers, prefetch = concurrency, confirmed acks):
  *
  * - peak RSS while consuming a backlog of each size in `backlogs`, each side in a child process
- *   of its own (`process.resourceUsage().maxRSS` at the end), with the rate it reached; each side
- *   under each of `heapSettings` (V8's defaults, and the heap bounded two ways);
+ *   of its own (`process.resourceUsage().maxRSS` at the last ack), with the rate it reached (the
+ *   clock stops at the last ack on both sides) and the live heap then (the used heap after a full
+ *   collection, the consumer still running); each side under each of `heapSettings` (V8's
+ *   defaults, and the heap bounded two ways);
  * - latency from publish to confirmed ack (p50, p90, p99, max) at a paced load of half the raw
  *   loop's capacity while this process publishes at full speed (its rate on the first backlog's
  *   count, published as it consumes: what the machine sustains with the publisher on it too; its
