@@ -86,9 +86,12 @@ export const make = (connection: Connection, eager = defaultEager): Outgoing => 
     flush()
   }
 
-  const sendNow = () => {
-    flush()
-    write?.()
+  // Outside `together`, `eager` waiting publishes are written at once.
+  const sendIfEager = () => {
+    if (holding === 0 && queued.length >= eager) {
+      flush()
+      write?.()
+    }
   }
 
   const publish: Outgoing["publish"] = (subject, payload, reply, failed) => {
@@ -97,7 +100,7 @@ export const make = (connection: Connection, eager = defaultEager): Outgoing => 
       setImmediate(atPollEnd)
     }
     queued.push({ subject, payload, reply, failed })
-    if (holding === 0 && queued.length >= eager) sendNow()
+    sendIfEager()
   }
 
   const together = <A>(f: () => A): A => {
@@ -106,7 +109,7 @@ export const make = (connection: Connection, eager = defaultEager): Outgoing => 
       return f()
     } finally {
       holding--
-      if (holding === 0 && queued.length >= eager) sendNow()
+      sendIfEager()
     }
   }
 
