@@ -128,9 +128,6 @@ const rawChild = async (args: ChildArgs, latency: boolean) => {
   let started = 0
   let lastAckAt = 0
   let first = true
-  let acked = 0
-  let endedAt = 0
-  let memory = { rssMiB: 0, liveMiB: 0 }
   // The clock starts at the first confirmed ack.
   await ackAll(nc, messages, {
     count: args.count,
@@ -138,21 +135,18 @@ const rawChild = async (args: ChildArgs, latency: boolean) => {
     onAcked: (payload) => {
       if (started === 0) started = performance.now()
       lastAckAt = epochMillis()
-      // The clock stops at the last ack; the memory is read then, while the loop still runs.
-      if (++acked === args.count) {
-        endedAt = performance.now()
-        if (!latency) memory = peakAndLive()
-      }
       // The first message says the loop runs; the paced load comes after it.
       if (latency && first) report("ready")
       else if (latency) latencies.push(epochMillis() - (payload as { readonly data: { readonly t: number } }).data.t)
       first = false
     }
   })
-  const seconds = (endedAt - started) / 1000
+  // The last ack is in: the clock stops, and the memory is read while the loop still runs.
+  const seconds = (performance.now() - started) / 1000
+  const drained = latency ? undefined : { ...peakAndLive(), rate: args.count / seconds }
   messages.stop()
   await nc.close()
-  report(latency ? percentiles(latencies, lastAckAt) : ({ ...memory, rate: args.count / seconds, ...peaks() } satisfies Drained))
+  report(drained === undefined ? percentiles(latencies, lastAckAt) : ({ ...drained, ...peaks() } satisfies Drained))
 }
 
 /** jetworker: `Consumer.run` over a `JetStreamSource`, a handler that does nothing. */
@@ -161,12 +155,10 @@ const engineChild = async (args: ChildArgs, latency: boolean) => {
   const sentAt = new Map<string, number>()
   const latencies: Array<number> = []
   let lastAckAt = 0
-  let memory = { rssMiB: 0, liveMiB: 0 }
   const program = Effect.gen(function*() {
     const allDone = yield* Deferred.make<void>()
     let done = 0
     let started = 0
-    let endedAt = 0
     const consumer = Consumer.make({
       name: args.consumer,
       source: JetStreamSource.make({ stream: args.stream, consumer: args.consumer }),
@@ -188,22 +180,23 @@ const engineChild = async (args: ChildArgs, latency: boolean) => {
             latencies.push(epochMillis() - sentAt.get(outcome.message.eventId)!)
             sentAt.delete(outcome.message.eventId)
           }
-          if (++done < args.count) return Effect.void
-          // The clock stops at the last outcome; the memory is read then, while the consumer runs.
-          endedAt = performance.now()
-          if (!latency) memory = peakAndLive()
-          return Deferred.succeed(allDone, undefined)
+          return ++done === args.count ? Deferred.succeed(allDone, undefined) : Effect.void
         })
     })
-    yield* Effect.raceFirst(Deferred.await(allDone), Consumer.run(consumer))
-    return args.count / ((endedAt - started) / 1000)
+    // The last outcome is in: the clock stops, and the memory is read while the consumer still
+    // runs (the race ends it after).
+    const lastOutcome = Effect.sync(() => {
+      const seconds = (performance.now() - started) / 1000
+      return latency ? undefined : { ...peakAndLive(), rate: args.count / seconds }
+    })
+    return yield* Effect.raceFirst(Effect.andThen(Deferred.await(allDone), lastOutcome), Consumer.run(consumer))
   }).pipe(
     Effect.provide(NatsConnection.layer({ servers })),
     Effect.provide(Logger.layer([Logger.consolePretty()])),
     Effect.provideService(References.MinimumLogLevel, "Error")
   )
-  const rate = await Effect.runPromise(program)
-  report(latency ? percentiles(latencies, lastAckAt) : ({ ...memory, rate, ...peaks() } satisfies Drained))
+  const drained = await Effect.runPromise(program)
+  report(drained === undefined ? percentiles(latencies, lastAckAt) : ({ ...drained, ...peaks() } satisfies Drained))
 }
 
 /** A worker whose handlers each sleep 1 s; says "ready" once `concurrency` of them run. */
